@@ -1,0 +1,30 @@
+# Two commands do all the set-up: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install docker-engine bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch==2.13.0 first: it takes the CPU wheel from this machine's disk, never a CUDA download.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[server,train,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/forkyard demo
+
+test: $(STAMP)
+	./scripts/ensure-docker.sh
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_envs.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,45 @@
+"""forkyard environments: multi-turn text envs with fork, snapshot and restore, registered with Gymnasium.
+
+After ``import envs``, ``gymnasium.make("forkyard/ClueProbe-v0", turns=5)`` works; the form
+``gymnasium.make("envs:forkyard/ClueProbe-v0")`` imports this package itself.
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from envs.actions import ActionParseError, ToolCall, format_action, parse_action
+from envs.core import (
+    INFRA_FAILURE_REASONS,
+    TERMINATION_REASONS,
+    EpisodeFinishedError,
+    IllegalActionError,
+    Snapshot,
+    TextEnv,
+)
+from envs.text_space import TextSpace, fit_text
+
+#: Every env id forkyard registers, with the entry point and its default kwargs.
+ENV_SPECS: dict[str, tuple[str, dict]] = {
+    "forkyard/ClueProbe-v0": ("envs.clueprobe:ClueProbeEnv", {"turns": 5, "bits": 3}),
+}
+
+for _env_id, (_entry, _kwargs) in ENV_SPECS.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_entry, kwargs=dict(_kwargs))
+
+__all__ = [
+    "ENV_SPECS",
+    "INFRA_FAILURE_REASONS",
+    "TERMINATION_REASONS",
+    "ActionParseError",
+    "EpisodeFinishedError",
+    "IllegalActionError",
+    "Snapshot",
+    "TextEnv",
+    "TextSpace",
+    "ToolCall",
+    "fit_text",
+    "format_action",
+    "parse_action",
+]

@@ -1,0 +1,128 @@
+"""The one action format of every forkyard env: a tool call written as a function call.
+
+Grammar (a subset of Python call syntax, parsed with :mod:`ast`, never evaluated)::
+
+    action    := NAME "(" [argument ("," argument)*] ")"
+    argument  := literal | NAME "=" literal
+    literal   := string ('..' or "..", with Python escapes) | integer | float | True | False | None
+
+Examples: ``probe(2)``, ``answer(5)``, ``cat("Lib/os.py")``, ``grep(pattern="def main", path=".")``.
+Whitespace around tokens is ignored; the canonical spelling produced by :func:`format_action`
+(``name(arg, key=value)`` with ``repr`` literals) is what ``info["legal_actions"]`` lists.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+#: Longest action text accepted, in characters.
+MAX_ACTION_CHARS = 4096
+
+Scalar = str | int | float | bool | None
+
+
+class ActionParseError(ValueError):
+    """The action text is not a tool call in forkyard's format; the message says why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed action: tool ``name`` with positional ``args`` and keyword ``kwargs`` (name, value) pairs."""
+
+    name: str
+    args: tuple[Scalar, ...] = ()
+    kwargs: tuple[tuple[str, Scalar], ...] = field(default=())
+
+    @property
+    def kwargs_dict(self) -> dict[str, Scalar]:
+        return dict(self.kwargs)
+
+    def text(self) -> str:
+        """The canonical action text of this call (see :func:`format_action`)."""
+        return format_action(self.name, *self.args, **dict(self.kwargs))
+
+
+def format_action(name: str, *args: Scalar, **kwargs: Scalar) -> str:
+    """Canonical action text: ``format_action("grep", "x", path=".")`` -> ``grep('x', path='.')``."""
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+FORMAT_HELP = (
+    "Write one tool call as name(arguments), for example probe(0) or cat(\"notes.txt\") or "
+    "grep(pattern=\"x\", path=\".\"); arguments are literals: quoted strings, numbers, True, False, None."
+)
+
+
+def _literal(node: ast.expr, where: str) -> Scalar:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
+        return node.value
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, (ast.USub, ast.UAdd))
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) in (int, float)
+    ):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    raise ActionParseError(f"{where} must be a literal (a quoted string, a number, True, False or None). {FORMAT_HELP}")
+
+
+def parse_action(text: str) -> ToolCall:
+    """Parse an action text into a :class:`ToolCall`. Results are cached (the same text parses once).
+
+    Raises:
+        ActionParseError: if ``text`` is not a ``str``, is longer than :data:`MAX_ACTION_CHARS`, or is not
+            exactly one call of a bare tool name with literal arguments.
+    """
+    if not isinstance(text, str):
+        raise ActionParseError(f"the action must be text, got {type(text).__name__}. {FORMAT_HELP}")
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=8192)
+def _parse_text(text: str) -> ToolCall:
+    if len(text) > MAX_ACTION_CHARS:
+        raise ActionParseError(f"the action is {len(text)} characters long; the limit is {MAX_ACTION_CHARS}.")
+    if "\x00" in text:
+        raise ActionParseError("the action contains a NUL character.")
+    stripped = text.strip()
+    if not stripped:
+        raise ActionParseError(f"the action is empty. {FORMAT_HELP}")
+    try:
+        tree = ast.parse(stripped, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        msg = getattr(exc, "msg", None) or type(exc).__name__
+        raise ActionParseError(f"could not parse the action ({msg}). {FORMAT_HELP}") from None
+    call = tree.body
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise ActionParseError(f"the action must be a single tool call such as name(...). {FORMAT_HELP}")
+    args = tuple(_literal(a, f"argument {i + 1}") for i, a in enumerate(call.args))
+    kwargs = []
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise ActionParseError(f"**arguments are not allowed. {FORMAT_HELP}")
+        kwargs.append((kw.arg, _literal(kw.value, f"argument {kw.arg!r}")))
+    return ToolCall(call.func.id, args, tuple(kwargs))
+
+
+def bind_arguments(call: ToolCall, params: list[str]) -> dict[str, Any]:
+    """Map a call's positional and keyword arguments onto the parameter names ``params`` (in order).
+
+    Raises:
+        ActionParseError: on too many positional arguments, an unknown keyword, or one given twice.
+    """
+    if len(call.args) > len(params):
+        raise ActionParseError(
+            f"{call.name}() takes at most {len(params)} argument(s) ({', '.join(params) or 'none'}), got {len(call.args)}."
+        )
+    bound: dict[str, Any] = dict(zip(params, call.args))
+    for key, value in call.kwargs:
+        if key not in params:
+            raise ActionParseError(f"{call.name}() has no argument {key!r}; its arguments are: {', '.join(params) or 'none'}.")
+        if key in bound:
+            raise ActionParseError(f"{call.name}() got argument {key!r} twice.")
+        bound[key] = value
+    return bound

@@ -1,0 +1,120 @@
+"""ClueProbe-v0: find a hidden target by probing its bits, then answer.
+
+The benchmark task of the granularity study (seed article 000, section 4): a hidden target is one of
+``2**bits`` candidates, drawn from the env's seeded RNG at ``reset``. An episode has ``turns`` turns.
+On turns 1..T-1 the agent calls ``probe(k)`` (``0 <= k < bits``), which returns bit ``k`` of the target
+(``target >> k & 1``); on turn T it calls ``answer(c)``. Reward 1.0 for the right answer, else 0.0.
+Probing a bit twice is allowed but wastes a turn. Answering before turn T or probing on turn T is an
+illegal action (reward 0.0, turn consumed).
+
+With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from envs.actions import ToolCall, format_action
+from envs.core import IllegalActionError, Outcome, TextEnv
+
+MAX_BITS = 16
+_PROBE_RESULT = re.compile(r"probe\((\d+)\) -> bit \d+ of the target is ([01])\.")
+
+
+class ClueProbeEnv(TextEnv):
+    """ClueProbe-v0 (see module docstring).
+
+    Args:
+        turns: turns per episode T, 1..64 (default 5).
+        bits: number of target bits, 1..16 (default 3, i.e. 8 candidates).
+        render_mode: ``None`` or ``"ansi"``.
+
+    Raises:
+        ValueError: on out-of-range ``turns`` or ``bits``.
+    """
+
+    max_observation_length = 1024
+    max_action_length = 256
+
+    def __init__(self, turns: int = 5, bits: int = 3, render_mode: str | None = None):
+        if not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
+            raise ValueError(f"bits must be an int in 1..{MAX_BITS}, got {bits!r}")
+        if not isinstance(turns, int) or not 1 <= turns <= 64:
+            raise ValueError(f"turns must be an int in 1..64, got {turns!r}")
+        super().__init__(max_turns=turns, kwargs={"turns": turns, "bits": bits}, render_mode=render_mode)
+        self.turns = turns
+        self.bits = bits
+        self.n_candidates = 2**bits
+        self._probe_actions = [format_action("probe", k) for k in range(bits)]
+        self._answer_actions = [format_action("answer", c) for c in range(self.n_candidates)]
+        self._target = 0
+
+    def _reset_task(self, options: dict[str, Any] | None) -> str:
+        self._target = int(self.np_random.integers(self.n_candidates))
+        return (
+            f"ClueProbe: a hidden target is one of {self.n_candidates} candidates, 0..{self.n_candidates - 1}. "
+            f"You have {self.turns} turn(s). On turns 1..{self.turns - 1} call probe(k) with k in "
+            f"0..{self.bits - 1} to read bit k of the target; on turn {self.turns} call answer(c).\n"
+            + self._prompt()
+        )
+
+    def _is_answer_turn(self) -> bool:
+        return self._turn == self.turns - 1
+
+    def _prompt(self) -> str:
+        what = "answer(c)" if self._is_answer_turn() else "probe(k)"
+        return f"Turn {self._turn + 1} of {self.turns}: call {what}."
+
+    def _legal_actions(self) -> list[str]:
+        return list(self._answer_actions if self._is_answer_turn() else self._probe_actions)
+
+    def _act(self, call: ToolCall) -> Outcome:
+        name = call.name
+        if name not in ("probe", "answer") or call.kwargs or len(call.args) != 1 or type(call.args[0]) is not int:
+            raise IllegalActionError(
+                f"this env has two tools: probe(k) with an int k in 0..{self.bits - 1}, and answer(c) with an "
+                f"int c in 0..{self.n_candidates - 1}; got {call.text()}."
+            )
+        value = call.args[0]
+        if self._is_answer_turn():
+            if name != "answer":
+                raise IllegalActionError(f"turn {self._turn + 1} is the last turn: call answer(c), not {call.text()}.")
+            if not 0 <= value < self.n_candidates:
+                raise IllegalActionError(f"answer(c) needs c in 0..{self.n_candidates - 1}, got {value}.")
+            correct = value == self._target
+            verdict = "correct" if correct else f"wrong; the target was {self._target}"
+            return Outcome(f"answer({value}) is {verdict}.", reward=1.0 if correct else 0.0, terminated=True, reason="answered")
+        if name != "probe":
+            raise IllegalActionError(f"answer(c) is for the last turn ({self.turns}); on this turn call probe(k).")
+        if not 0 <= value < self.bits:
+            raise IllegalActionError(f"probe(k) needs k in 0..{self.bits - 1}, got {value}.")
+        return Outcome(f"probe({value}) -> bit {value} of the target is {(self._target >> value) & 1}.")
+
+    def _task_state(self) -> dict[str, Any]:
+        return {"target": self._target}
+
+    def _load_task_state(self, state: dict[str, Any]) -> None:
+        self._target = int(state["target"])
+
+    # ----------------------------------------------------------------- reference policies
+    def oracle_action(self) -> str:
+        """The optimal action from the *visible* history alone (never the hidden target).
+
+        Probes bits 0, 1, ... in order while turns remain, then answers the candidate whose known bits
+        match what was observed (unknown bits 0). Success rate ``min(1, 2**(T-1) / 2**bits)``.
+        """
+        known: dict[int, int] = {}
+        for _, obs in self._history:
+            match = _PROBE_RESULT.match(obs)
+            if match:
+                known[int(match[1])] = int(match[2])
+        if self._is_answer_turn():
+            return format_action("answer", sum(b << k for k, b in known.items()))
+        unknown = [k for k in range(self.bits) if k not in known]
+        return format_action("probe", unknown[0] if unknown else 0)
+
+    def demo_action(self, rng: random.Random) -> str:
+        """A uniformly random legal action: demonstrations of the format without the strategy."""
+        return rng.choice(self._legal_actions())

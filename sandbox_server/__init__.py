@@ -1,0 +1,1 @@
+"""forkyard sandbox service: sandboxes, tool whitelist, pool and HTTP API."""

@@ -1,0 +1,213 @@
+"""ClueProbe-v0 and the TextEnv core: registration, checker, optimal accuracy, invalid actions, fork, snapshot."""
+
+import copy
+import json
+import random
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import envs
+from envs import ENV_SPECS, EpisodeFinishedError, Snapshot
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def make(**kwargs):
+    return gym.make("forkyard/ClueProbe-v0", **kwargs).unwrapped
+
+
+def play(env, policy, seed):
+    obs, info = env.reset(seed=seed)
+    total = 0.0
+    while not env.done:
+        obs, r, term, trunc, info = env.step(policy(env, info))
+        total += r
+    return total, info
+
+
+def test_registration_both_forms():
+    env = gym.make("forkyard/ClueProbe-v0", turns=3)
+    assert env.unwrapped.turns == 3
+    code = "import gymnasium as g; e = g.make('envs:forkyard/ClueProbe-v0'); print(type(e.unwrapped).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "ClueProbeEnv"
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_SPECS))
+def test_check_env_passes_without_warnings(env_id):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = gym.make(env_id).unwrapped
+        try:
+            check_env(env)
+        finally:
+            env.close()
+
+
+@pytest.mark.parametrize("turns, optimum", [(2, 0.25), (3, 0.5), (4, 1.0), (5, 1.0)])
+def test_oracle_reaches_optimum_and_random_sits_near_chance(turns, optimum):
+    env = make(turns=turns)
+    n = 4000
+    oracle = sum(play(env, lambda e, i: e.oracle_action(), s)[0] for s in range(n)) / n
+    rng = random.Random(0)
+    rand = sum(play(env, lambda e, i: rng.choice(i["legal_actions"]), s)[0] for s in range(n)) / n
+    # 4000 episodes: binomial sd <= 0.008, so 0.03 is > 3.5 sd.
+    assert abs(oracle - optimum) < 0.03
+    assert turns == 2 or oracle > rand + 0.1
+    # Random play: the answer is uniform over 8 candidates unless probes narrow it (they do not, it is random).
+    assert abs(rand - 0.125) < 0.03
+
+
+def test_targets_cover_candidates_and_follow_seed():
+    env = make()
+    targets = []
+    for s in range(400):
+        env.reset(seed=s)
+        targets.append(env.snapshot().state["task"]["target"])
+    assert set(targets) == set(range(8))
+    env.reset(seed=7)
+    a = env.snapshot().state["task"]["target"]
+    env.reset(seed=7)
+    assert env.snapshot().state["task"]["target"] == a
+
+
+def test_info_contract():
+    env = make(turns=3)
+    obs, info = env.reset(seed=1)
+    assert info["turn"] == 0 and info["legal_actions"] == ["probe(0)", "probe(1)", "probe(2)"]
+    assert len(info["anchor_key"]) == 32
+    obs, r, te, tr, info = env.step("probe(0)")
+    assert info["turn"] == 1 and "bit 0 of the target is" in obs and "termination_reason" not in info
+    obs, r, te, tr, info = env.step("probe(1)")
+    assert info["legal_actions"] == [f"answer({c})" for c in range(8)]
+    obs, r, te, tr, info = env.step("answer(3)")
+    assert te and not tr and info["termination_reason"] == "answered" and info["legal_actions"] == []
+    assert info["turn"] == 3
+
+
+@pytest.mark.parametrize(
+    "action, says",
+    [
+        ("probe(", "could not parse"),
+        ("answer(1)", "last turn"),
+        ("probe(7)", "k in 0..2"),
+        ("rm('-rf')", "two tools"),
+        ("probe('1')", "two tools"),
+        ("", "empty"),
+    ],
+)
+def test_invalid_action_explains_consumes_turn_and_scores_zero(action, says):
+    env = make(turns=3)
+    env.reset(seed=0)
+    obs, r, te, tr, info = env.step(action)
+    assert says in obs and "Turn 2 of 3" in obs
+    assert r == 0.0 and not te and not tr and info["invalid_action"] and info["turn"] == 1
+
+
+def test_invalid_last_action_truncates_with_reason_invalid():
+    env = make(turns=2)
+    env.reset(seed=0)
+    env.step("probe(0)")
+    obs, r, te, tr, info = env.step("probe(1)")
+    assert (te, tr, r, info["termination_reason"]) == (False, True, 0.0, "invalid")
+    with pytest.raises(EpisodeFinishedError):
+        env.step("answer(0)")
+
+
+def test_step_before_reset_raises_reset_needed():
+    with pytest.raises(gym.error.ResetNeeded):
+        make().step("probe(0)")
+
+
+def test_anchor_key_is_visible_history_only():
+    """Two episodes with different hidden targets that saw the same things share an anchor key."""
+    env = make(turns=3)
+    first_keys, keys_by_obs, targets_by_key = set(), {}, {}
+    for seed in range(200):
+        _, info = env.reset(seed=seed)
+        first_keys.add(info["anchor_key"])
+        obs, _, _, _, info = env.step("probe(2)")
+        keys_by_obs.setdefault(obs, set()).add(info["anchor_key"])
+        targets_by_key.setdefault(info["anchor_key"], set()).add(env.snapshot().state["task"]["target"])
+    assert len(first_keys) == 1  # every episode starts at the same anchor
+    assert len(keys_by_obs) == 2 and all(len(v) == 1 for v in keys_by_obs.values())
+    assert all(len(t) == 4 for t in targets_by_key.values())  # 4 hidden targets behind each visible state
+
+
+def test_fork_independence_s11():
+    env = make(turns=5)
+    env.reset(seed=0)
+    env.step("probe(0)")
+    child = env.fork(1)[0]
+    child.step("probe(1)")
+    env.step("probe(2)")
+    assert env.turn == child.turn == 2
+    assert env.history[-1][0] == "probe(2)" and child.history[-1][0] == "probe(1)"
+    assert env.current_info()["anchor_key"] != child.current_info()["anchor_key"]
+    # Editing the child's history or info changes nothing in the parent.
+    child.history.append(("x", "y"))
+    child.current_info()["legal_actions"].append("x")
+    assert len(env.history) == 2 and "x" not in env.current_info()["legal_actions"]
+    child.close()
+    env.step("probe(1)")
+    # 8 children start from identical observations and hidden state.
+    kids = env.fork(8)
+    finals = [k.step("probe(0)")[0] for k in kids]
+    assert len(set(finals)) == 1
+    assert {k.snapshot().state["task"]["target"] for k in kids} == {env.snapshot().state["task"]["target"]}
+    with pytest.raises(TypeError, match="fork"):
+        copy.copy(env)
+    with pytest.raises(ValueError):
+        env.fork(0)
+
+
+def test_fork_copies_rng():
+    env = make()
+    env.reset(seed=11)
+    a, b = env.fork(2)
+    a.reset()
+    b.reset()
+    env.reset()
+    targets = {e.snapshot().state["task"]["target"] for e in (a, b, env)}
+    assert len(targets) == 1
+
+
+def test_snapshot_is_plain_data_and_restores():
+    env = make(turns=4)
+    env.reset(seed=5)
+    env.step("probe(1)")
+    snap = env.snapshot()
+    data = json.loads(snap.to_bytes())
+    assert data["state"]["turn"] == 1 and data["kwargs"] == {"turns": 4, "bits": 3}
+    other = make(turns=4)
+    other.restore(snap.to_bytes())
+    rest = [env.step(a) for a in ("probe(0)", "probe(2)", "answer(5)")]
+    rest2 = [other.step(a) for a in ("probe(0)", "probe(2)", "answer(5)")]
+    assert rest == rest2
+    with pytest.raises(ValueError, match="cannot restore"):
+        make(turns=5).restore(Snapshot.from_bytes(snap.to_bytes()))
+
+
+def test_constructor_validation():
+    for kwargs in ({"turns": 0}, {"bits": 0}, {"bits": 17}, {"turns": "5"}):
+        with pytest.raises(ValueError):
+            make(**kwargs)
+
+
+def test_render_ansi_transcript():
+    env = make(turns=2, render_mode="ansi")
+    env.reset(seed=0)
+    env.step("probe(0)")
+    text = env.render()
+    assert "[action] probe(0)" in text and text.count("[observation]") == 2
+
+
+def test_demo_runs_and_explains():
+    out = subprocess.run([sys.executable, "-m", "trainer.cli", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "fork(4)" in out.stdout and "oracle policy: success rate 1.000" in out.stdout
