@@ -12,6 +12,7 @@ from envs.actions import ActionParseError, ToolCall, format_action, parse_action
 from envs.core import (
     INFRA_FAILURE_REASONS,
     TERMINATION_REASONS,
+    EnvInfraError,
     EpisodeFinishedError,
     IllegalActionError,
     Snapshot,
@@ -33,6 +34,7 @@ __all__ = [
     "INFRA_FAILURE_REASONS",
     "TERMINATION_REASONS",
     "ActionParseError",
+    "EnvInfraError",
     "EpisodeFinishedError",
     "IllegalActionError",
     "Snapshot",

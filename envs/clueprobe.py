@@ -4,7 +4,8 @@ The benchmark task of the granularity study (seed article 000, section 4): a hid
 ``2**bits`` candidates, drawn from the env's seeded RNG at ``reset``. An episode has ``turns`` turns.
 On turns 1..T-1 the agent calls ``probe(k)`` (``0 <= k < bits``), which returns bit ``k`` of the target
 (``target >> k & 1``); on turn T it calls ``answer(c)``. Reward 1.0 for the right answer, else 0.0.
-Probing a bit twice is allowed but wastes a turn. Answering before turn T or probing on turn T is an
+Probing a bit twice is allowed but wastes a turn. ``reset(options={"target": c})`` fixes the target
+(for exact evaluation over all candidates). Answering before turn T or probing on turn T is an
 illegal action (reward 0.0, turn consumed).
 
 With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
@@ -53,6 +54,11 @@ class ClueProbeEnv(TextEnv):
 
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         self._target = int(self.np_random.integers(self.n_candidates))
+        if options and "target" in options:  # evaluation: enumerate every target exactly
+            target = options["target"]
+            if not isinstance(target, int) or not 0 <= target < self.n_candidates:
+                raise ValueError(f"options['target'] must be an int in 0..{self.n_candidates - 1}, got {target!r}")
+            self._target = target
         return (
             f"ClueProbe: a hidden target is one of {self.n_candidates} candidates, 0..{self.n_candidates - 1}. "
             f"You have {self.turns} turn(s). On turns 1..{self.turns - 1} call probe(k) with k in "

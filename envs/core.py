@@ -51,6 +51,13 @@ class IllegalActionError(ActionParseError):
     """A well-formed tool call that is not allowed now (unknown tool, bad argument, wrong turn)."""
 
 
+class EnvInfraError(RuntimeError):
+    """The environment's infrastructure failed (a sandbox lost, a server error), not the agent.
+
+    Trainers catch it, end the episode with ``termination_reason="infra_error"`` and leave the episode
+    out of group statistics."""
+
+
 class EpisodeFinishedError(RuntimeError):
     """``step`` was called after the episode terminated or was truncated; call ``reset`` first."""
 

@@ -1,0 +1,243 @@
+"""Rollouts over any forkyard env: independent groups and tree forks.
+
+The rollout code sees an env only through the Gymnasium API (``reset``, ``step``, ``info``) plus
+``fork(n)`` and ``close()``; it never reads an env's internals. A policy is seen only through
+:class:`PolicySession` objects (one per episode branch), so the tabular policy and the text policy
+plug into the same code.
+
+Every ``env.step`` call is counted in :attr:`Rollout.env_calls`, branch steps included; every env
+``fork`` call in :attr:`Rollout.forks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
+
+log = logging.getLogger(__name__)
+
+FORK_SELECTIONS = ("uniform", "entropy")
+
+
+@dataclass
+class Step:
+    """One action the policy took.
+
+    Attributes:
+        turn: 0-based turn index of the action.
+        anchor_key: ``info["anchor_key"]`` of the state the action was taken in.
+        action: the action text sent to ``env.step``.
+        logp: behavior log-prob of the action under the sampling policy (natural log).
+        entropy: entropy of the policy's action distribution at that state (nats).
+        data: policy-specific record (tabular: ``(row, action_index)``; text: token ids, log-probs).
+    """
+
+    turn: int
+    anchor_key: str
+    action: str
+    logp: float
+    entropy: float
+    data: Any = None
+
+
+@dataclass
+class Episode:
+    """One episode (or one branch of a tree), with the steps it took itself.
+
+    A branch's ``steps`` start at its ``fork_turn``; the prefix before it belongs to the base episode.
+    ``reward`` is the full return, prefix rewards included. ``infra_failure`` marks an episode ended
+    by the infrastructure (``EnvInfraError`` or ``termination_reason == "infra_error"``); trainers
+    leave it out of group statistics. A truncation adds no reward of its own and nothing is
+    bootstrapped past the last step.
+    """
+
+    steps: list[Step] = field(default_factory=list)
+    reward: float = 0.0
+    reason: str | None = None
+    infra_failure: bool = False
+    seed: int | None = None
+    base: int | None = None  # tree: index of the base this episode belongs to
+    branch: int = 0  # tree: 0 for the base's own continuation, 1..m-1 for new branches
+    fork_turn: int | None = None  # tree: turn at which the base was forked
+
+
+@dataclass
+class Rollout:
+    """The episodes of one iteration and what they cost."""
+
+    kind: str  # "group" or "tree"
+    episodes: list[Episode]
+    env_calls: int = 0
+    forks: int = 0
+
+    @property
+    def valid(self) -> list[bool]:
+        return [not e.infra_failure for e in self.episodes]
+
+
+class PolicySession(Protocol):
+    """A policy's view of one episode branch: chooses actions, sees observations, can be forked."""
+
+    def act(self, rng: random.Random) -> Step: ...
+
+    def observe(self, observation: str, info: dict[str, Any]) -> None: ...
+
+    def fork(self) -> "PolicySession": ...
+
+    def entropy(self) -> float:
+        """Entropy (nats) of the action distribution at the current state."""
+        ...
+
+
+class Policy(Protocol):
+    def session(self, observation: str, info: dict[str, Any]) -> PolicySession: ...
+
+
+class _Counter:
+    __slots__ = ("env_calls", "forks")
+
+    def __init__(self) -> None:
+        self.env_calls = 0
+        self.forks = 0
+
+
+def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter: _Counter) -> bool:
+    """Take one action. Returns True when the episode has ended."""
+    step = session.act(rng)
+    ep.steps.append(step)
+    counter.env_calls += 1
+    try:
+        obs, reward, terminated, truncated, info = env.step(step.action)
+    except EnvInfraError as exc:
+        log.warning("episode lost to infrastructure at turn %d: %s", step.turn, exc)
+        ep.infra_failure, ep.reason = True, "infra_error"
+        return True
+    ep.reward += reward
+    if terminated or truncated:
+        ep.reason = info.get("termination_reason")
+        ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
+        return True
+    session.observe(obs, info)
+    return False
+
+
+def _start(env, policy: Policy, seed: int | None, options: dict | None = None):
+    obs, info = env.reset(seed=seed, options=options)
+    return policy.session(obs, info)
+
+
+def group_rollout(env, policy: Policy, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
+    """G independent episodes of one env configuration, episode i reset with ``seeds[i]``.
+
+    Args:
+        env: a forkyard env (reused: reset before each episode).
+        policy: the sampling policy.
+        group_size: G >= 1.
+        seeds: [G] reset seeds (each episode its own hidden state).
+        rng: the policy's sampling RNG.
+
+    Raises:
+        ValueError: if ``len(seeds) != group_size``.
+    """
+    if len(seeds) != group_size:
+        raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
+    counter = _Counter()
+    episodes = []
+    for seed in seeds:
+        ep = Episode(seed=seed)
+        try:
+            session = _start(env, policy, seed)
+        except EnvInfraError as exc:
+            log.warning("reset lost to infrastructure: %s", exc)
+            ep.infra_failure, ep.reason = True, "infra_error"
+            episodes.append(ep)
+            continue
+        while not _step(env, session, ep, rng, counter):
+            pass
+        episodes.append(ep)
+    return Rollout("group", episodes, counter.env_calls, counter.forks)
+
+
+def tree_rollout(
+    env,
+    policy: Policy,
+    n_base: int,
+    branches: int,
+    seeds: list[int],
+    rng: random.Random,
+    fork_selection: str = "uniform",
+) -> Rollout:
+    """Tree-fork rollout: ``n_base`` base episodes, each forked once into ``branches`` branches in total.
+
+    For each base: run the episode; at the chosen fork turn t, fork the env (and the policy session)
+    and run ``branches - 1`` new branches from that state to the end, each sampling its own action at
+    turn t. The base's own continuation is branch 0. Fork-turn selection:
+
+    * ``uniform``: t uniform over the turns the base actually took (reservoir sampling: at turn t a
+      fork replaces the kept one with probability 1/(t+1)), so episodes of unknown length work;
+    * ``entropy``: t is the turn where the policy's action entropy was highest on the base's path
+      (earliest on ties), as ARPO (arXiv:2507.19849) branches where the policy is uncertain; a fork
+      is kept at each new maximum.
+
+    Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's
+    ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards.
+
+    Raises:
+        ValueError: on bad sizes or an unknown ``fork_selection``.
+    """
+    if fork_selection not in FORK_SELECTIONS:
+        raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
+    if n_base < 1 or branches < 1 or len(seeds) != n_base:
+        raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, {len(seeds)}")
+    counter = _Counter()
+    episodes: list[Episode] = []
+    for b, seed in enumerate(seeds):
+        base = Episode(seed=seed, base=b, branch=0)
+        try:
+            session = _start(env, policy, seed)
+        except EnvInfraError as exc:
+            log.warning("reset lost to infrastructure: %s", exc)
+            base.infra_failure, base.reason = True, "infra_error"
+            episodes.append(base)
+            continue
+        checkpoint = None  # (turn, env copy, session copy, prefix reward)
+        best_entropy = float("-inf")
+        turn = 0
+        done = False
+        while not done:
+            take = False
+            if branches > 1:
+                if fork_selection == "uniform":
+                    take = rng.random() * (turn + 1) < 1.0
+                else:
+                    take = session.entropy() > best_entropy
+            if take:
+                if checkpoint is not None:
+                    checkpoint[1].close()
+                counter.forks += 1
+                checkpoint = (turn, env.fork(1)[0], session.fork(), base.reward)
+                if fork_selection == "entropy":
+                    best_entropy = session.entropy()
+            done = _step(env, session, base, rng, counter)
+            turn += 1
+        episodes.append(base)
+        if checkpoint is None:
+            continue
+        t, fork_env, fork_session, prefix_reward = checkpoint
+        base.fork_turn = t
+        envs_ = [fork_env]
+        if branches > 2:
+            counter.forks += 1
+            envs_ += fork_env.fork(branches - 2)
+        for j, branch_env in enumerate(envs_, start=1):
+            ep = Episode(seed=seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
+            branch_session = fork_session if j == len(envs_) else fork_session.fork()
+            while not _step(branch_env, branch_session, ep, rng, counter):
+                pass
+            branch_env.close()
+            episodes.append(ep)
+    return Rollout("tree", episodes, counter.env_calls, counter.forks)

@@ -1,0 +1,167 @@
+"""A tabular softmax policy in torch: one logit vector per anchor key over ``info["legal_actions"]``.
+
+The logits live in one torch tensor ``table`` of shape [rows, width] (float32, on ``device``); row r
+belongs to one anchor key and uses its first ``n_actions[r]`` columns (the rest are masked to -inf).
+A key seen for the first time gets a new row of zeros (a uniform distribution).
+
+Sampling runs in plain Python on a cached copy of the probabilities (refreshed after each update),
+so the rollout hot loop never calls torch; only :meth:`TabularPolicy.log_probs` (the update) does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+
+from trainer.rollout import Step
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else CPU; otherwise ``torch.device(device)``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class TabularPolicy:
+    """Softmax policy ``pi(a | anchor_key) = softmax(table[row(anchor_key)])[a]`` over the legal actions.
+
+    Args:
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        capacity: initial number of rows (grows by doubling).
+
+    Raises:
+        ValueError: if one anchor key is seen with two different legal-action lists.
+    """
+
+    def __init__(self, device: str = "auto", capacity: int = 1024):
+        self.device = resolve_device(device)
+        self.table = torch.zeros(capacity, 1, device=self.device)
+        self.mask = torch.zeros(capacity, 1, dtype=torch.bool, device=self.device)
+        self.rows: dict[str, int] = {}
+        self.legal: list[tuple[str, ...]] = []
+        self._probs: list[list[float]] = []  # per row, refreshed by refresh()
+        self._entropy: list[float] = []
+
+    # ------------------------------------------------------------------ table management
+    @property
+    def n_rows(self) -> int:
+        return len(self.legal)
+
+    def row(self, anchor_key: str, legal_actions: list[str]) -> int:
+        """The row of ``anchor_key``, created (uniform) on first sight."""
+        r = self.rows.get(anchor_key)
+        if r is not None:
+            if len(self.legal[r]) != len(legal_actions):
+                raise ValueError(f"anchor {anchor_key} seen with {len(self.legal[r])} and {len(legal_actions)} legal actions")
+            return r
+        r = len(self.legal)
+        n = len(legal_actions)
+        if n == 0:
+            raise ValueError(f"anchor {anchor_key} has no legal actions")
+        cap, width = self.table.shape
+        if r >= cap or n > width:
+            new_cap, new_width = max(cap, 2 * cap if r >= cap else cap), max(width, n)
+            table = torch.zeros(new_cap, new_width, device=self.device)
+            mask = torch.zeros(new_cap, new_width, dtype=torch.bool, device=self.device)
+            table[:cap, :width] = self.table
+            mask[:cap, :width] = self.mask
+            self.table, self.mask = table, mask
+        self.mask[r, :n] = True
+        self.rows[anchor_key] = r
+        self.legal.append(tuple(legal_actions))
+        self._probs.append([1.0 / n] * n)
+        self._entropy.append(math.log(n))
+        return r
+
+    def refresh(self) -> None:
+        """Recompute the cached probabilities of every row from ``table`` (call after an update)."""
+        n = self.n_rows
+        if n == 0:
+            return
+        logits = self.table[:n].masked_fill(~self.mask[:n], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        ent = -(probs * torch.log_softmax(logits, dim=-1)).nan_to_num(0.0).sum(-1)
+        rows = probs.cpu().tolist()
+        self._probs = [row[: len(self.legal[i])] for i, row in enumerate(rows)]
+        self._entropy = ent.cpu().tolist()
+
+    # ------------------------------------------------------------------ acting
+    def sample(self, anchor_key: str, legal_actions: list[str], rng: random.Random) -> tuple[int, float, float]:
+        """Sample an action at ``anchor_key``. Returns ``(index, log-prob, entropy in nats, row)``."""
+        r = self.row(anchor_key, legal_actions)
+        probs = self._probs[r]
+        u = rng.random()
+        acc = 0.0
+        idx = len(probs) - 1
+        for i, p in enumerate(probs):
+            acc += p
+            if u < acc:
+                idx = i
+                break
+        return idx, math.log(max(probs[idx], 1e-300)), self._entropy[r], r
+
+    def greedy(self, anchor_key: str, legal_actions: list[str]) -> str:
+        """The most probable legal action (the first one on ties; unseen keys are uniform -> the first)."""
+        r = self.rows.get(anchor_key)
+        if r is None:
+            return legal_actions[0]
+        probs = self._probs[r]
+        return legal_actions[max(range(len(probs)), key=probs.__getitem__)]
+
+    def entropy_at(self, anchor_key: str, legal_actions: list[str]) -> float:
+        return self._entropy[self.row(anchor_key, legal_actions)]
+
+    def session(self, observation: str, info: dict[str, Any]) -> "TabularSession":
+        return TabularSession(self, info)
+
+    # ------------------------------------------------------------------ learning
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.table]
+
+    def log_probs(self, steps: list[Step]) -> torch.Tensor:
+        """Log-probs under the current table of the actions in ``steps``: a [N] float32 tensor with grad
+        w.r.t. ``table`` (``table.requires_grad`` is switched on)."""
+        self.table.requires_grad_(True)
+        rows = torch.tensor([s.data[0] for s in steps], dtype=torch.long, device=self.device)
+        acts = torch.tensor([s.data[1] for s in steps], dtype=torch.long, device=self.device)
+        logits = self.table[rows].masked_fill(~self.mask[rows], float("-inf"))
+        return torch.log_softmax(logits, dim=-1).gather(1, acts[:, None]).squeeze(1)
+
+    @torch.no_grad()
+    def sgd_step(self, lr: float) -> None:
+        """``table -= lr * table.grad``; clears the gradient and refreshes the cached probabilities."""
+        if self.table.grad is not None:
+            self.table -= lr * self.table.grad
+            self.table.grad = None
+        self.refresh()
+
+
+class TabularSession:
+    """The tabular policy's view of one episode branch: the current anchor key and legal actions."""
+
+    __slots__ = ("policy", "key", "legal", "turn")
+
+    def __init__(self, policy: TabularPolicy, info: dict[str, Any]):
+        self.policy = policy
+        self.observe("", info)
+
+    def observe(self, observation: str, info: dict[str, Any]) -> None:
+        self.key = info["anchor_key"]
+        self.legal = info["legal_actions"]
+        self.turn = info["turn"]
+
+    def act(self, rng: random.Random) -> Step:
+        idx, logp, ent, row = self.policy.sample(self.key, self.legal, rng)
+        return Step(self.turn, self.key, self.legal[idx], logp, ent, (row, idx))
+
+    def entropy(self) -> float:
+        return self.policy.entropy_at(self.key, self.legal)
+
+    def fork(self) -> "TabularSession":
+        twin = object.__new__(TabularSession)
+        twin.policy, twin.key, twin.legal, twin.turn = self.policy, self.key, self.legal, self.turn
+        return twin
