@@ -1,0 +1,44 @@
+"""Errors of the sandbox service, shared by the backends, the service, the HTTP app and the clients."""
+
+from __future__ import annotations
+
+from sandbox_server.tools import ToolRefused
+
+
+class SandboxError(RuntimeError):
+    """Base class of sandbox failures (not of refused tool calls, see :class:`ToolRefused`)."""
+
+
+class SandboxNotFound(SandboxError, KeyError):
+    """No sandbox (or snapshot) with that id: it was deleted, expired, or never existed (HTTP 404)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class AgentTimeout(SandboxError):
+    """The in-sandbox agent did not answer before the server's own deadline (it is then replaced)."""
+
+
+class AgentFailed(SandboxError):
+    """The in-sandbox agent exited, closed its stream, or answered with an error."""
+
+
+class ServiceUnavailable(SandboxError):
+    """The engine is down or the pool is exhausted (HTTP 503); ``retry_after_s`` says when to retry."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineUnavailable(ServiceUnavailable):
+    """The container engine did not answer or refused to start a sandbox."""
+
+
+class PoolExhausted(ServiceUnavailable):
+    """``max_total`` sandboxes are in use and none became free in time."""
+
+
+__all__ = ["SandboxError", "SandboxNotFound", "AgentTimeout", "AgentFailed", "ServiceUnavailable",
+           "EngineUnavailable", "PoolExhausted", "ToolRefused"]

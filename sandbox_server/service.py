@@ -1,0 +1,420 @@
+"""The sandbox service: sessions over a warm pool, validated tool calls, snapshots, clone and fork.
+
+:class:`SandboxService` is what the HTTP app serves and what an env uses in-process (the embedded
+default): its methods have the same names and models as :class:`sandbox_server.client.SandboxClient`.
+Every method blocks; the HTTP app runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox_server.backends import Backend
+from sandbox_server.errors import AgentFailed, AgentTimeout, SandboxError, SandboxNotFound, ToolRefused
+from sandbox_server.metrics import Metrics
+from sandbox_server.models import PoolStatus, SandboxInfo, SessionState, SnapshotInfo
+from sandbox_server.pool import SandboxPool
+from sandbox_server.tools import READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call
+
+#: Most bytes of per-episode files one write may carry.
+MAX_WRITE_BYTES = 8 << 20
+
+
+@dataclass
+class ServiceConfig:
+    """Limits of a service. Times in seconds, sizes in bytes."""
+
+    min_idle: int = 2
+    max_total: int = 16
+    max_concurrent_starts: int = 2
+    acquire_timeout_s: float = 15.0
+    idle_ttl_s: float = 900.0
+    snapshot_ttl_s: float = 900.0
+    default_timeout_s: float = 10.0
+    max_timeout_s: float = 60.0
+    output_cap_bytes: int = 65536
+    reap_interval_s: float = 5.0
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "ServiceConfig":
+        """Defaults, then ``FORKYARD_<FIELD>`` environment variables, then ``overrides``."""
+        cfg = cls()
+        for name, value in vars(cls()).items():
+            env = os.environ.get(f"FORKYARD_{name.upper()}")
+            if env is not None:
+                setattr(cfg, name, type(value)(env))
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(cfg, k, v)
+        return cfg
+
+
+@dataclass
+class _Session:
+    id: str
+    sid: str  # backend sandbox id
+    state: SessionState
+    created_at: float
+    last_used_at: float
+    restore_point: bytes | None = None  # tar the sandbox is rebuilt from if its agent hangs
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    deleted: bool = False
+
+
+@dataclass
+class _Snapshot:
+    id: str
+    source: str
+    data: bytes
+    state: SessionState
+    created_at: float
+    expires_at: float
+
+
+def _check_cwd(cwd: str) -> str:
+    if not isinstance(cwd, str) or "\x00" in cwd or not cwd.startswith("/") or ".." in cwd.split("/"):
+        raise ToolRefused(f"cwd must be an absolute path under {', '.join(READABLE_ROOTS)} without '..', got {cwd!r}")
+    norm = posixpath.normpath(cwd)
+    if not any(norm == r or norm.startswith(r + "/") for r in READABLE_ROOTS):
+        raise ToolRefused(f"cwd {cwd!r} is outside {', '.join(READABLE_ROOTS)}")
+    return norm
+
+
+class SandboxService:
+    """Sessions, tool calls, snapshots, clone and fork over a :class:`SandboxPool`.
+
+    Args:
+        backend: a :class:`sandbox_server.backends.Backend` (the service closes it in :meth:`close`).
+        config: limits (:class:`ServiceConfig`).
+        registry: the tool whitelist (default :data:`sandbox_server.tools.TOOLS`).
+    """
+
+    def __init__(self, backend: Backend, config: ServiceConfig | None = None, *, registry: dict[str, Tool] | None = None,
+                 metrics: Metrics | None = None):
+        self.backend = backend
+        self.config = config or ServiceConfig()
+        self.registry = TOOLS if registry is None else registry
+        self.metrics = metrics or Metrics()
+        c = self.config
+        self.pool = SandboxPool(backend, min_idle=c.min_idle, max_total=c.max_total,
+                                max_concurrent_starts=c.max_concurrent_starts, acquire_timeout_s=c.acquire_timeout_s,
+                                metrics=self.metrics)
+        self._sessions: dict[str, _Session] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._mu = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+        self._fanout = ThreadPoolExecutor(max_workers=8, thread_name_prefix="forkyard-fanout")
+        self.orphans_removed = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> "SandboxService":
+        """Remove orphans of an earlier run, warm the pool (``wait``: until ``min_idle`` are idle), start the reaper."""
+        self.orphans_removed = self.pool.start(wait=wait)
+        self._reaper = threading.Thread(target=self._reap_loop, name="forkyard-reaper", daemon=True)
+        self._reaper.start()
+        return self
+
+    def close(self) -> None:
+        """Destroy every session and pooled sandbox and close the backend."""
+        self._stop.set()
+        with self._mu:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+            self._snapshots.clear()
+        for s in sessions:
+            self.pool.release(s.sid)
+        self.pool.close()
+        self._fanout.shutdown(wait=True)
+        try:
+            self.backend.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "SandboxService":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(self.config.reap_interval_s):
+            try:
+                self.reap()
+            except Exception:
+                pass
+
+    def reap(self, now: float | None = None) -> tuple[int, int]:
+        """Delete sessions idle longer than ``idle_ttl_s`` and expired snapshots. Returns (sessions, snapshots)."""
+        now = time.time() if now is None else now
+        with self._mu:
+            dead = [s for s in self._sessions.values() if now - s.last_used_at > self.config.idle_ttl_s]
+            old = [k for k, v in self._snapshots.items() if v.expires_at <= now]
+            for k in old:
+                del self._snapshots[k]
+        for s in dead:
+            try:
+                self.delete(s.id)
+            except SandboxNotFound:
+                pass
+        self._gauges()
+        return len(dead), len(old)
+
+    def _gauges(self) -> None:
+        self.metrics.sessions.set(len(self._sessions))
+        self.metrics.snapshots.set(len(self._snapshots))
+
+    # -- sessions -------------------------------------------------------------------------------------
+    def _session(self, sandbox_id: str) -> _Session:
+        s = self._sessions.get(sandbox_id)
+        if s is None or s.deleted:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r} (deleted, expired after {self.config.idle_ttl_s:g} s idle, or never created)")
+        return s
+
+    def _info(self, s: _Session) -> SandboxInfo:
+        return SandboxInfo(id=s.id, backend=self.backend.name, state=s.state.model_copy(deep=True),
+                           created_at=s.created_at, last_used_at=s.last_used_at, idle_ttl_s=self.config.idle_ttl_s)
+
+    def _new_session(self, sid: str, state: SessionState, restore_point: bytes | None = None) -> _Session:
+        now = time.time()
+        s = _Session(id="sb-" + uuid.uuid4().hex[:16], sid=sid, state=state, created_at=now, last_used_at=now,
+                     restore_point=restore_point)
+        with self._mu:
+            self._sessions[s.id] = s
+        self._gauges()
+        return s
+
+    def create(self, cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
+               files: dict[str, bytes] | None = None) -> SandboxInfo:
+        """Take a warm sandbox for a new session; optionally write per-episode ``files`` into /scratch.
+
+        Raises:
+            ToolRefused: a bad ``cwd`` or file path.
+            ServiceUnavailable: engine down or pool exhausted (retry later).
+        """
+        state = SessionState(cwd=_check_cwd(cwd or "/data"), env=dict(env or {}), metadata=dict(metadata or {}))
+        sid = self.pool.acquire()
+        s = self._new_session(sid, state)
+        if files:
+            try:
+                self.write_files(s.id, files)
+            except Exception:
+                self.delete(s.id)
+                raise
+        return self._info(s)
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        """The session's info. Raises SandboxNotFound."""
+        return self._info(self._session(sandbox_id))
+
+    def list(self) -> list[SandboxInfo]:
+        """Every live session."""
+        return [self._info(s) for s in list(self._sessions.values())]
+
+    def delete(self, sandbox_id: str) -> None:
+        """End a session: its sandbox is destroyed and the pool refills. Raises SandboxNotFound."""
+        with self._mu:
+            s = self._sessions.pop(sandbox_id, None)
+        if s is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        s.deleted = True
+        self.pool.release(s.sid)
+        self._gauges()
+
+    def update_state(self, sandbox_id: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                     metadata: dict[str, Any] | None = None) -> SandboxInfo:
+        """Replace the given parts of the session state. Raises SandboxNotFound, ToolRefused (bad cwd)."""
+        s = self._session(sandbox_id)
+        with s.lock:
+            if cwd is not None:
+                s.state.cwd = _check_cwd(cwd)
+            if env is not None:
+                s.state.env = dict(env)
+            if metadata is not None:
+                s.state.metadata = dict(metadata)
+            s.last_used_at = time.time()
+        return self._info(s)
+
+    def write_files(self, sandbox_id: str, files: dict[str, bytes]) -> None:
+        """Write ``{path relative to /scratch: bytes}`` into the sandbox (done by the server, not by a tool).
+
+        Raises:
+            ToolRefused: absolute paths, ``..``, NUL, or more than :data:`MAX_WRITE_BYTES` in all.
+            SandboxNotFound; SandboxError if the sandbox failed.
+        """
+        total = 0
+        for rel, data in files.items():
+            if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
+                raise ToolRefused(f"file path {rel!r} must be relative to /scratch, without '..' or NUL")
+            total += len(data)
+        if total > MAX_WRITE_BYTES:
+            raise ToolRefused(f"{total} bytes of files; the limit is {MAX_WRITE_BYTES}")
+        s = self._session(sandbox_id)
+        with s.lock:
+            self._with_replace(s, lambda: self.backend.write_files(s.sid, files))
+            s.restore_point = self.backend.snapshot(s.sid)
+            s.last_used_at = time.time()
+
+    # -- tool calls -----------------------------------------------------------------------------------
+    def tools(self) -> list[ToolSpec]:
+        """The whitelist with ordered parameter names and JSON schemas."""
+        return tool_specs(self.registry)
+
+    def exec(self, sandbox_id: str, tool: str, args: dict[str, Any] | None = None,
+             timeout_s: float | None = None) -> ToolResult:
+        """Validate and run one tool call. ``timeout_s``: per-call deadline (None: default; clamped to max).
+
+        A call that runs past its deadline returns ``status="timeout"`` with its partial output, and the
+        sandbox stays usable. If the sandbox's agent itself stops answering, the sandbox is replaced from
+        its last restore point and the result has ``status="timeout"`` (or ``"error"`` if it died).
+
+        Raises:
+            ToolRefused: the call is not allowed (nothing ran); HTTP 422.
+            SandboxNotFound: unknown sandbox; HTTP 404.
+        """
+        s = self._session(sandbox_id)
+        try:
+            t = clamp_timeout(timeout_s, self.config.default_timeout_s, self.config.max_timeout_s)
+            call = validate_call(tool, args, cwd=s.state.cwd, registry=self.registry)
+        except ToolRefused:
+            self.metrics.rejected.inc()
+            raise
+        res = self._run(s, call.argv, call.path_args, t)
+        if res.status == "refused":  # the agent's on-filesystem check (symlink escape): nothing ran
+            self.metrics.rejected.inc()
+            raise ToolRefused(res.message)
+        self.metrics.exec_s.labels(tool).observe(res.duration_s)
+        self.metrics.calls.labels(tool, res.status).inc()
+        return res
+
+    def exec_argv(self, sandbox_id: str, argv: list[str], timeout_s: float | None = None,
+                  path_args: list[int] | None = None) -> ToolResult:
+        """Run a raw argv in a sandbox, bypassing the whitelist. Not exposed over HTTP: for tests and
+        trusted server-side code only. Raises SandboxNotFound, ToolRefused (bad timeout)."""
+        s = self._session(sandbox_id)
+        t = clamp_timeout(timeout_s, self.config.default_timeout_s, self.config.max_timeout_s)
+        return self._run(s, list(argv), list(path_args or []), t)
+
+    def _run(self, s: _Session, argv: list[str], path_args: list[int], timeout_s: float) -> ToolResult:
+        t0 = time.perf_counter()
+        with s.lock:
+            s.last_used_at = time.time()
+            try:
+                res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
+                                        cap_bytes=self.config.output_cap_bytes, path_args=path_args)
+            except (AgentTimeout, AgentFailed) as exc:
+                self._replace(s)
+                status = "timeout" if isinstance(exc, AgentTimeout) else "error"
+                res = ToolResult(status=status, duration_s=time.perf_counter() - t0,
+                                 message=f"{exc}; the sandbox was replaced from its last snapshot")
+            s.last_used_at = time.time()
+        if res.status == "timeout":
+            self.metrics.timeouts.inc()
+        return res
+
+    def _replace(self, s: _Session) -> None:
+        """Swap a hung or dead sandbox for a fresh one restored to the session's restore point."""
+        old = s.sid
+        self.metrics.replaced.inc()
+        s.sid = self.pool.acquire()
+        self.pool.release(old)
+        if s.restore_point:
+            self.backend.restore(s.sid, s.restore_point)
+
+    def _with_replace(self, s: _Session, fn: Any) -> Any:
+        try:
+            return fn()
+        except (AgentTimeout, AgentFailed):
+            self._replace(s)
+            return fn()
+
+    # -- snapshots, clone, fork -----------------------------------------------------------------------
+    def snapshot(self, sandbox_id: str, ttl_s: float | None = None) -> SnapshotInfo:
+        """Capture /scratch, /tmp and the session state as plain data kept ``ttl_s`` seconds. Raises SandboxNotFound."""
+        s = self._session(sandbox_id)
+        with s.lock:
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            s.restore_point = data
+            state = s.state.model_copy(deep=True)
+        now = time.time()
+        snap = _Snapshot(id="snap-" + uuid.uuid4().hex[:16], source=s.id, data=data, state=state, created_at=now,
+                         expires_at=now + (ttl_s or self.config.snapshot_ttl_s))
+        with self._mu:
+            self._snapshots[snap.id] = snap
+        self._gauges()
+        return self._snap_info(snap)
+
+    def _snap_info(self, snap: _Snapshot) -> SnapshotInfo:
+        return SnapshotInfo(id=snap.id, source_sandbox=snap.source, size_bytes=len(snap.data),
+                            state=snap.state.model_copy(deep=True), created_at=snap.created_at, expires_at=snap.expires_at)
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """A stored snapshot's info. Raises SandboxNotFound."""
+        snap = self._snapshots.get(snapshot_id)
+        if snap is None or snap.expires_at <= time.time():
+            raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
+        return self._snap_info(snap)
+
+    def snapshot_bytes(self, snapshot_id: str) -> bytes:
+        """The tar of a stored snapshot's writable areas. Raises SandboxNotFound."""
+        self.get_snapshot(snapshot_id)
+        return self._snapshots[snapshot_id].data
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Forget a snapshot. Raises SandboxNotFound."""
+        with self._mu:
+            if self._snapshots.pop(snapshot_id, None) is None:
+                raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
+        self._gauges()
+
+    def _clone_data(self, data: bytes, state: SessionState, n: int) -> list[SandboxInfo]:
+        if not 1 <= n <= 64:
+            raise ToolRefused(f"n must be between 1 and 64, got {n}")
+        sids = self.pool.acquire_many(n)
+        try:
+            if data:
+                list(self._fanout.map(lambda sid: self.backend.restore(sid, data), sids)) if n > 1 else \
+                    self.backend.restore(sids[0], data)
+        except Exception as exc:
+            for sid in sids:
+                self.pool.release(sid)
+            raise SandboxError(f"could not restore the clones: {exc}") from None
+        return [self._info(self._new_session(sid, state.model_copy(deep=True), data)) for sid in sids]
+
+    def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
+        """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other.
+
+        Raises SandboxNotFound, ToolRefused (n out of 1..64), ServiceUnavailable.
+        """
+        t0 = time.perf_counter()
+        snap = self._snapshots.get(snapshot_id)
+        if snap is None or snap.expires_at <= time.time():
+            raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
+        out = self._clone_data(snap.data, snap.state, n)
+        self.metrics.fork_s.labels("clone").observe(time.perf_counter() - t0)
+        return out
+
+    def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
+        """Snapshot + clone in one call (the snapshot is not stored). Raises like :meth:`clone`."""
+        t0 = time.perf_counter()
+        s = self._session(sandbox_id)
+        with s.lock:
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            state = s.state.model_copy(deep=True)
+            s.last_used_at = time.time()
+        out = self._clone_data(data, state, n)
+        self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
+        return out
+
+    # -- status ---------------------------------------------------------------------------------------
+    def pool_status(self) -> PoolStatus:
+        """Pool counts and limits plus session and snapshot counts."""
+        st = self.pool.status()
+        return PoolStatus(backend=self.backend.name, sessions=len(self._sessions), snapshots=len(self._snapshots), **st)

@@ -1,0 +1,317 @@
+"""The tool whitelist: every tool a sandbox may run, declared once as data.
+
+A :class:`Tool` has a name, a description, JSON-schema'd arguments (in order: the env layer binds text
+calls such as ``grep("x", path=".")`` with ``envs.actions.bind_arguments(call, tool.param_names)``)
+and a builder that maps validated arguments to an argv. No shell ever runs: argv only.
+
+Validation (:func:`validate_call`) happens once, before any backend sees the call, and refuses with
+:class:`ToolRefused` (HTTP 422, nothing executed):
+
+* unknown tools and unknown / missing / mistyped arguments;
+* strings with a NUL byte, longer than :data:`MAX_ARG_CHARS`, or a path with a control character;
+* paths that are absolute outside the readable roots (``/data``, ``/scratch``), or contain ``..``;
+* option injection: paths and patterns never reach a tool where it would read them as an option
+  (patterns go after ``-e``, paths after ``--``; ``find``'s start path is made ``./-x``);
+* ``find`` takes only ``name`` / ``type`` / ``maxdepth``: there is no way to pass ``-exec`` & co.
+
+The agent in the sandbox checks each path once more *on the sandbox's filesystem* (symlinks resolved,
+component-wise containment) before it runs anything.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+#: Longest string argument, in characters.
+MAX_ARG_CHARS = 1024
+#: Sandbox roots tools may read: the read-only corpus and the per-episode scratch area.
+READABLE_ROOTS = ("/data", "/scratch")
+#: Writable areas captured by snapshots.
+WRITABLE_AREAS = ("/scratch", "/tmp")
+
+
+class ToolRefused(ValueError):
+    """A tool call was refused before execution; ``str(exc)`` names the problem (HTTP 422)."""
+
+
+class ToolResult(BaseModel):
+    """The outcome of one tool call.
+
+    ``status``: ``ok`` (ran to the end; see ``exit_code``), ``timeout`` (killed at its deadline; output
+    is what was captured until then), ``refused`` (never ran), ``error`` (could not run, or the sandbox
+    failed). ``truncated``: the output passed the cap and was cut (a marker line ends ``stdout``).
+    ``duration_s``: wall time in the sandbox, in seconds.
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    status: Literal["ok", "timeout", "refused", "error"] = "ok"
+    truncated: bool = False
+    duration_s: float = 0.0
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tool argument: JSON type (``string`` | ``integer`` | ``boolean``), default, kind."""
+
+    name: str
+    type: str
+    description: str
+    required: bool = False
+    default: Any = None
+    is_path: bool = False
+    enum: tuple[str, ...] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A whitelisted tool: ``build(args) -> (argv, path_arg_indices)`` over validated args."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    build: Callable[[dict[str, Any]], tuple[list[str], list[int]]] = field(repr=False)
+
+    @property
+    def param_names(self) -> list[str]:
+        """Ordered parameter names (for positional binding of text calls)."""
+        return [p.name for p in self.params]
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of this tool's arguments object."""
+        props: dict[str, Any] = {}
+        for p in self.params:
+            s: dict[str, Any] = {"type": p.type, "description": p.description}
+            if p.default is not None:
+                s["default"] = p.default
+            if p.enum:
+                s["enum"] = list(p.enum)
+            if p.minimum is not None:
+                s["minimum"] = p.minimum
+            if p.maximum is not None:
+                s["maximum"] = p.maximum
+            if p.type == "string":
+                s["maxLength"] = MAX_ARG_CHARS
+            props[p.name] = s
+        return {"type": "object", "properties": props, "required": [p.name for p in self.params if p.required],
+                "additionalProperties": False}
+
+
+class ToolSpec(BaseModel):
+    """A tool as listed by ``GET /v1/tools``."""
+
+    name: str
+    description: str
+    params: list[str]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+    model_config = {"populate_by_name": True}
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A validated call: the argv to run and which argv items are paths (checked again in the sandbox)."""
+
+    tool: str
+    argv: list[str]
+    path_args: list[int]
+
+
+def _path_arg(value: str) -> str:
+    """Normalise a path argument so no tool can read it as an option (``-x`` -> ``./-x``)."""
+    return "./" + value if value.startswith("-") else value
+
+
+def _ls(a: dict) -> tuple[list[str], list[int]]:
+    argv = ["ls", "-1"] + (["-a"] if a["all"] else []) + (["-l"] if a["long"] else []) + ["--", a["path"]]
+    return argv, [len(argv) - 1]
+
+
+def _cat(a: dict) -> tuple[list[str], list[int]]:
+    return ["cat", "--", a["path"]], [2]
+
+
+def _head(a: dict) -> tuple[list[str], list[int]]:
+    if a.get("bytes") is not None:
+        return ["head", "-c", str(a["bytes"]), "--", a["path"]], [4]
+    return ["head", "-n", str(a["lines"]), "--", a["path"]], [4]
+
+
+def _tail(a: dict) -> tuple[list[str], list[int]]:
+    return ["tail", "-n", str(a["lines"]), "--", a["path"]], [4]
+
+
+def _wc(a: dict) -> tuple[list[str], list[int]]:
+    return ["wc", "--", a["path"]], [2]
+
+
+def _stat(a: dict) -> tuple[list[str], list[int]]:
+    return ["stat", "--", a["path"]], [2]
+
+
+def _grep(a: dict) -> tuple[list[str], list[int]]:
+    argv = ["grep", "-n", "-I", "-F" if a["fixed"] else "-E"]
+    if a["recursive"]:
+        argv.append("-r")  # -r (not -R): symbolic links met while recursing are not followed
+    if a["ignore_case"]:
+        argv.append("-i")
+    if a.get("max_count") is not None:
+        argv += ["-m", str(a["max_count"])]
+    argv += ["-e", a["pattern"], "--", a["path"]]
+    return argv, [len(argv) - 1]
+
+
+def _find(a: dict) -> tuple[list[str], list[int]]:
+    # `find` takes its start path before any option, so `--` cannot protect it: -x became ./-x above.
+    argv = ["find", "-P", a["path"]]
+    if a.get("maxdepth") is not None:
+        argv += ["-maxdepth", str(a["maxdepth"])]
+    if a.get("name") is not None:
+        argv += ["-name", a["name"]]
+    if a.get("type") is not None:
+        argv += ["-type", a["type"]]
+    return argv, [2]
+
+
+_PATH = Param("path", "string", "file or directory, relative to the working directory (/data) or absolute "
+              "under /data or /scratch", is_path=True)
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in [
+        Tool("ls", "list a directory (one name per line)",
+             (Param("path", "string", _PATH.description, default=".", is_path=True),
+              Param("all", "boolean", "include names starting with a dot", default=False),
+              Param("long", "boolean", "long format (mode, size, date)", default=False)), _ls),
+        Tool("cat", "print a file", (Param("path", "string", _PATH.description, required=True, is_path=True),), _cat),
+        Tool("head", "print the first lines (or bytes) of a file",
+             (Param("path", "string", _PATH.description, required=True, is_path=True),
+              Param("lines", "integer", "number of lines", default=10, minimum=0, maximum=100000),
+              Param("bytes", "integer", "number of bytes instead of lines", minimum=0, maximum=10_000_000)), _head),
+        Tool("tail", "print the last lines of a file",
+             (Param("path", "string", _PATH.description, required=True, is_path=True),
+              Param("lines", "integer", "number of lines", default=10, minimum=0, maximum=100000)), _tail),
+        Tool("wc", "count lines, words and bytes of a file",
+             (Param("path", "string", _PATH.description, required=True, is_path=True),), _wc),
+        Tool("grep", "search files for a pattern (extended regex, or a fixed string), recursively by default; "
+             "prints file:line:text",
+             (Param("pattern", "string", "the pattern (a regex unless fixed=True)", required=True),
+              Param("path", "string", _PATH.description, default=".", is_path=True),
+              Param("fixed", "boolean", "match the pattern as a fixed string", default=False),
+              Param("recursive", "boolean", "search directories recursively", default=True),
+              Param("ignore_case", "boolean", "ignore case", default=False),
+              Param("max_count", "integer", "stop after this many matches per file", minimum=1, maximum=100000)), _grep),
+        Tool("find", "list files under a directory, filtered by name glob, type and depth",
+             (Param("path", "string", _PATH.description, default=".", is_path=True),
+              Param("name", "string", "shell glob the file name must match, e.g. '*.py'"),
+              Param("type", "string", "f (file), d (directory) or l (symbolic link)", enum=("f", "d", "l")),
+              Param("maxdepth", "integer", "descend at most this many levels", minimum=0, maximum=32)), _find),
+        Tool("stat", "show a file's metadata", (Param("path", "string", _PATH.description, required=True, is_path=True),), _stat),
+    ]
+}
+
+
+def tool_specs(registry: dict[str, Tool] | None = None) -> list[ToolSpec]:
+    """Every tool of ``registry`` (default :data:`TOOLS`) with its ordered params and JSON schema."""
+    reg = TOOLS if registry is None else registry
+    return [ToolSpec(name=t.name, description=t.description, params=t.param_names, schema=t.json_schema())
+            for t in reg.values()]
+
+
+def check_path(value: str, cwd: str = "/data") -> str:
+    """Lexically validate a path argument against :data:`READABLE_ROOTS`; return the form passed to the tool.
+
+    Raises:
+        ToolRefused: ``..`` components, an absolute path outside the roots, control characters, empty.
+    """
+    if value == "":
+        raise ToolRefused("the path is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ToolRefused("the path contains a control character")
+    if ".." in value.split("/"):
+        raise ToolRefused(f"the path {value!r} contains '..'; paths must stay inside {', '.join(READABLE_ROOTS)}")
+    resolved = posixpath.normpath(posixpath.join(cwd, value))
+    if not any(resolved == r or resolved.startswith(r + "/") for r in READABLE_ROOTS):
+        raise ToolRefused(f"the path {value!r} is outside the readable roots {', '.join(READABLE_ROOTS)}")
+    return _path_arg(value)
+
+
+def _check_value(tool: Tool, p: Param, value: Any) -> Any:
+    where = f"{tool.name}() argument {p.name!r}"
+    if p.type == "string":
+        if not isinstance(value, str):
+            raise ToolRefused(f"{where} must be a string, got {type(value).__name__}")
+        if "\x00" in value:
+            raise ToolRefused(f"{where} contains a NUL byte")
+        if len(value) > MAX_ARG_CHARS:
+            raise ToolRefused(f"{where} is {len(value)} characters long; the limit is {MAX_ARG_CHARS}")
+        if p.enum and value not in p.enum:
+            raise ToolRefused(f"{where} must be one of {', '.join(p.enum)}, got {value!r}")
+    elif p.type == "integer":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ToolRefused(f"{where} must be an integer, got {type(value).__name__}")
+        if (p.minimum is not None and value < p.minimum) or (p.maximum is not None and value > p.maximum):
+            raise ToolRefused(f"{where} must be between {p.minimum} and {p.maximum}, got {value}")
+    elif p.type == "boolean":
+        if not isinstance(value, bool):
+            raise ToolRefused(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, Tool] | None = None) -> PreparedCall:
+    """Validate a JSON tool call ``{"tool": name, "args": {...}}`` and build its argv.
+
+    ``cwd`` is the sandbox working directory that relative paths resolve against.
+
+    Raises:
+        ToolRefused: with a message naming the problem; nothing must be executed then.
+    """
+    reg = TOOLS if registry is None else registry
+    if not isinstance(name, str) or name not in reg:
+        raise ToolRefused(f"unknown tool {name!r}; the tools are: {', '.join(reg)}")
+    tool = reg[name]
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ToolRefused(f"{name}() arguments must be an object of name: value")
+    known = {p.name: p for p in tool.params}
+    extra = [k for k in args if k not in known]
+    if extra:
+        raise ToolRefused(f"{name}() has no argument {extra[0]!r}; its arguments are: {', '.join(known)}")
+    bound: dict[str, Any] = {}
+    for p in tool.params:
+        if p.name not in args or args[p.name] is None:
+            if p.required:
+                raise ToolRefused(f"{name}() needs the argument {p.name!r}")
+            bound[p.name] = p.default
+            continue
+        value = _check_value(tool, p, args[p.name])
+        bound[p.name] = check_path(value, cwd) if p.is_path else value
+    argv, path_args = tool.build(bound)
+    return PreparedCall(tool=name, argv=argv, path_args=path_args)
+
+
+def clamp_timeout(value: Any, default_s: float, max_s: float) -> float:
+    """Resolve a per-call timeout in seconds: ``None`` -> ``default_s``; above ``max_s`` -> ``max_s``.
+
+    Raises:
+        ToolRefused: if the value is not a number, is NaN, or is zero or negative.
+    """
+    if value is None:
+        return default_s
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ToolRefused(f"timeout_s must be a number of seconds, got {value!r}")
+    if math.isnan(value) or value <= 0:
+        raise ToolRefused(f"timeout_s must be positive (seconds), got {value!r}; the maximum is {max_s:g}")
+    return float(min(value, max_s))
