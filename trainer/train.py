@@ -42,6 +42,7 @@ class TrainConfig:
     n_base: int = 5  # tree rollouts
     branches: int = 4  # m, tree rollouts (the base's own continuation included)
     iterations: int = 250
+    max_env_calls: int | None = None  # stop once this many env calls were spent (equal-budget comparisons)
     lr: float = 0.1
     seed: int = 0
     omega: float = 1.0  # anchor_fallback: weight of the step-level term
@@ -250,13 +251,17 @@ def train(cfg: TrainConfig) -> TrainResult:
     metrics: list[dict[str, float]] = []
     warned = False
     n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
+    spent = 0
     try:
         for it in range(cfg.iterations):
+            if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
+                break
             seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
             if cfg.estimator == "tree":
                 ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
             else:
                 ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
+            spent += ro.env_calls
             assigned = step_advantages(ro, cfg)
             gnorm = 0.0
             if assigned.steps and any(a != 0.0 for a in assigned.advantages):

@@ -1,0 +1,223 @@
+"""The granularity experiment: advantage estimators against episode length on ClueProbe.
+
+``forkyard compare`` sweeps T (turns) x variant x seed, one process per run on every core, and writes
+to ``OUT`` (default ``runs/compare-<time>``): ``results.csv`` (one row per run), ``table.md`` (the
+markdown table it prints), ``accuracy_vs_T.png`` and one ``metrics/<run>.jsonl`` per run.
+
+Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the seed article, plus
+``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn).
+Greedy accuracy is exact: the greedy policy plays every one of the ``2**bits`` targets once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.train import TrainConfig
+
+VARIANTS: dict[str, dict] = {
+    "traj": {"estimator": "traj"},
+    "anchor": {"estimator": "anchor"},
+    "tree": {"estimator": "tree", "fork_selection": "uniform"},
+    "anchor_fallback": {"estimator": "anchor_fallback"},
+    "tree_entropy": {"estimator": "tree", "fork_selection": "entropy"},
+}
+ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, degeneration)
+    2: (0.25, 0.251, 0.257, 0.257, 0.151),
+    3: (0.50, 0.451, 0.430, 0.395, 0.536),
+    4: (1.00, 0.556, 0.394, 0.603, 0.709),
+    5: (1.00, 0.691, 0.168, 0.778, 0.797),
+}
+
+
+@dataclass
+class SweepConfig:
+    turns: tuple[int, ...] = (2, 3, 4, 5)
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    seeds: int = 5
+    iterations: int = 250
+    lr: float = 0.1
+    group_size: int = 16
+    n_base: int = 5
+    branches: int = 4
+    # Equal env-call budget: every run at T gets budget_iterations * group_size * T env calls (what
+    # `traj` spends in budget_iterations iterations) and trains until it is spent; iterations is ignored.
+    budget_iterations: int | None = None
+    bits: int = 3
+    workers: int | None = None
+    out: str | None = None
+    progress: bool = True
+
+
+def optimum(turns: int, bits: int = 3) -> float:
+    """Best achievable ClueProbe accuracy: ``min(1, 2**(T-1) / 2**bits)``."""
+    return min(1.0, 2 ** (turns - 1) / 2**bits)
+
+
+def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
+    import logging
+
+    import torch
+
+    from trainer.train import train
+
+    torch.set_num_threads(1)
+    logging.getLogger("trainer.train").setLevel(logging.ERROR)  # degeneration is a column of the table
+    turns, variant, seed, sweep, metrics_dir = job
+    budget = None
+    if sweep.budget_iterations is not None:
+        budget = sweep.budget_iterations * sweep.group_size * turns
+    cfg = TrainConfig(
+        env_kwargs={"turns": turns, "bits": sweep.bits},
+        iterations=sweep.iterations if budget is None else 100 * sweep.budget_iterations,
+        lr=sweep.lr,
+        seed=seed,
+        group_size=sweep.group_size,
+        n_base=sweep.n_base,
+        branches=sweep.branches,
+        max_env_calls=budget,
+        device="cpu",
+        **VARIANTS[variant],
+    )
+    result = train(cfg)
+    ms = result.metrics
+    if metrics_dir:
+        with open(Path(metrics_dir) / f"T{turns}_{variant}_s{seed}.jsonl", "w") as f:
+            for m in ms:
+                f.write(json.dumps(m) + "\n")
+    n = len(ms)
+    return {
+        "turns": turns,
+        "variant": variant,
+        "seed": seed,
+        "accuracy": result.evaluation["accuracy"],
+        "distinct_probes": result.evaluation["distinct_tools"],
+        "iterations": n,
+        "env_calls_per_iter": sum(m["env_calls"] for m in ms) / n,
+        "env_calls_total": sum(m["env_calls"] for m in ms),
+        "degeneration": sum(m["degeneration"] for m in ms) / n,
+        "final_reward_mean": sum(m["reward_mean"] for m in ms[-20:]) / min(20, n),
+        "wall_s": result.wall_s,
+    }
+
+
+def ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of a two-sided 95% Student-t confidence interval (half-width nan if n < 2)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Aggregate per-run rows into one row per (T, variant) with mean, min, max and 95% CI."""
+    out = []
+    keys = sorted({(r["turns"], r["variant"]) for r in rows}, key=lambda k: (k[0], list(VARIANTS).index(k[1])))
+    for turns, variant in keys:
+        rs = [r for r in rows if r["turns"] == turns and r["variant"] == variant]
+        accs = [r["accuracy"] for r in rs]
+        mean, half = ci95(accs)
+        out.append({
+            "turns": turns,
+            "variant": variant,
+            "seeds": len(rs),
+            "acc_mean": mean,
+            "acc_ci95": half,
+            "acc_min": min(accs),
+            "acc_max": max(accs),
+            "distinct_probes": sum(r["distinct_probes"] for r in rs) / len(rs),
+            "env_calls_per_iter": sum(r["env_calls_per_iter"] for r in rs) / len(rs),
+            "iterations": sum(r["iterations"] for r in rs) / len(rs),
+            "degeneration": sum(r["degeneration"] for r in rs) / len(rs),
+        })
+    return out
+
+
+def markdown_table(summary: list[dict], bits: int = 3) -> str:
+    """The markdown table ``forkyard compare`` prints."""
+    lines = [
+        "| T | optimum | variant | greedy accuracy mean ± 95% CI | min | max | distinct probes | env calls / iter | iterations | degeneration |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        ci = "n/a" if math.isnan(s["acc_ci95"]) else f"{s['acc_ci95']:.3f}"
+        lines.append(
+            f"| {s['turns']} | {optimum(s['turns'], bits):.2f} | {s['variant']} | {s['acc_mean']:.3f} ± {ci} | "
+            f"{s['acc_min']:.3f} | {s['acc_max']:.3f} | {s['distinct_probes']:.2f} | {s['env_calls_per_iter']:.1f} | "
+            f"{s['iterations']:.0f} | {100 * s['degeneration']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def plot(summary: list[dict], path: Path, bits: int = 3, title: str = "") -> None:
+    """Accuracy against T per variant with 95% CI error bars, and the optimum; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    variants = [v for v in VARIANTS if any(s["variant"] == v for s in summary)]
+    for k, v in enumerate(variants):
+        ss = [s for s in summary if s["variant"] == v]
+        xs = [s["turns"] + (k - len(variants) / 2) * 0.05 for s in ss]
+        err = [0 if math.isnan(s["acc_ci95"]) else s["acc_ci95"] for s in ss]
+        ax.errorbar(xs, [s["acc_mean"] for s in ss], yerr=err, marker="o", capsize=3, label=v)
+    ts = sorted({s["turns"] for s in summary})
+    ax.plot(ts, [optimum(t, bits) for t in ts], "k--", label="optimum")
+    ax.axhline(1 / 2**bits, color="grey", lw=0.8, ls=":", label="chance")
+    ax.set_xlabel("turns T")
+    ax.set_ylabel("greedy accuracy (exact over all targets)")
+    ax.set_xticks(ts)
+    ax.set_title(title or "ClueProbe: advantage granularity vs episode length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_sweep(sweep: SweepConfig) -> tuple[list[dict], list[dict], Path]:
+    """Run the sweep on ``workers`` processes (default: every core). Returns (per-run rows, summary, out dir)."""
+    from multiprocessing import get_context
+
+    unknown = set(sweep.variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    out = Path(sweep.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    (out / "metrics").mkdir(parents=True, exist_ok=True)
+    jobs = [(t, v, s, sweep, str(out / "metrics")) for t in sweep.turns for v in sweep.variants for s in range(sweep.seeds)]
+    # Longest runs first so the pool's tail is short.
+    jobs.sort(key=lambda j: -j[0])
+    workers = sweep.workers or os.cpu_count() or 1
+    rows: list[dict] = []
+    bar = None
+    if sweep.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), desc="runs", unit="run")
+    with get_context("fork").Pool(workers) as pool:
+        for row in pool.imap_unordered(_run_one, jobs):
+            rows.append(row)
+            if bar:
+                bar.update(1)
+    if bar:
+        bar.close()
+    rows.sort(key=lambda r: (r["turns"], list(VARIANTS).index(r["variant"]), r["seed"]))
+    summary = summarize(rows)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "table.md").write_text(markdown_table(summary, sweep.bits) + "\n")
+    plot(summary, out / "accuracy_vs_T.png", sweep.bits)
+    return rows, summary, out
