@@ -18,6 +18,7 @@ from envs.core import (
     Snapshot,
     TextEnv,
 )
+from envs.remote import RemoteEnv, env_factory
 from envs.text_space import TextSpace, fit_text
 
 #: Every env id forkyard registers, with the entry point and its default kwargs.
@@ -27,7 +28,8 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
 
 for _env_id, (_entry, _kwargs) in ENV_SPECS.items():
     if _env_id not in registry:
-        register(id=_env_id, entry_point=_entry, kwargs=dict(_kwargs))
+        # The entry point builds the local env, or a RemoteEnv when given server_url=...
+        register(id=_env_id, entry_point=env_factory(_entry, _env_id), kwargs=dict(_kwargs))
 
 __all__ = [
     "ENV_SPECS",
@@ -37,6 +39,7 @@ __all__ = [
     "EnvInfraError",
     "EpisodeFinishedError",
     "IllegalActionError",
+    "RemoteEnv",
     "Snapshot",
     "TextEnv",
     "TextSpace",

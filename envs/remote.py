@@ -1,0 +1,135 @@
+"""A Gymnasium env that proxies to a forkyard server's env sessions over HTTP.
+
+``gymnasium.make("forkyard/ClueProbe-v0", server_url="http://localhost:8000")`` (any forkyard id)
+returns a :class:`RemoteEnv`: ``reset`` opens a session on the server (or resets it), ``step`` sends
+the action, ``fork(n)`` forks the server-side session and returns n ``RemoteEnv``s sharing this one's
+HTTP connection pool, ``close`` deletes the session. The server runs the env (and its sandbox).
+
+Transport: one ``httpx.Client`` with keep-alive, a timeout per request (``timeout_s``) and retries on
+connection errors only (a request that reached the server is never repeated, so a step is never
+applied twice). Server and network failures raise :class:`~envs.core.EnvInfraError` (trainers drop
+such episodes); a step after the episode ended raises :class:`~envs.core.EpisodeFinishedError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import httpx
+
+from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.text_space import TextSpace
+
+
+class RemoteEnv(gym.Env):
+    """Proxy to one env session on a forkyard server.
+
+    Args:
+        env_id: the registered id the server should run.
+        server_url: base URL of the server, e.g. ``http://localhost:8000``.
+        timeout_s: seconds to wait for any one request (sandbox tool calls included), default 60.
+        connect_retries: retries of a failed connection (not of a request that was sent), default 3.
+        **kwargs: the env's constructor kwargs, sent to the server.
+    """
+
+    metadata = {"render_modes": [], "render_fps": 1}
+
+    def __init__(self, env_id: str, server_url: str, timeout_s: float = 60.0, connect_retries: int = 3, **kwargs: Any):
+        self.env_id = env_id
+        self.server_url = server_url.rstrip("/")
+        self.kwargs = kwargs
+        self._client = httpx.Client(
+            base_url=self.server_url,
+            timeout=timeout_s,
+            transport=httpx.HTTPTransport(retries=connect_retries),
+            limits=httpx.Limits(max_keepalive_connections=32, max_connections=64),
+        )
+        self._owns_client = True
+        self.session_id: str | None = None
+        self.turn = 0
+        self.done = False
+        self.observation_space = TextSpace(8192)
+        self.action_space = TextSpace(4096)
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, method: str, path: str, json: dict | None = None) -> dict:
+        try:
+            resp = self._client.request(method, path, json=json)
+        except httpx.HTTPError as exc:
+            raise EnvInfraError(f"{method} {self.server_url}{path} failed: {exc!r}") from exc
+        if resp.status_code == 409:
+            raise EpisodeFinishedError(resp.json().get("detail", "the episode has ended"))
+        if resp.status_code >= 500 or resp.status_code == 404 and path != "/v1/envs":
+            raise EnvInfraError(f"{method} {path}: HTTP {resp.status_code}: {resp.text[:500]}")
+        if resp.status_code >= 400:
+            raise ValueError(f"{method} {path}: HTTP {resp.status_code}: {resp.text[:500]}")
+        return resp.json() if resp.content else {}
+
+    def _adopt(self, data: dict) -> None:
+        self.observation_space = TextSpace(data["observation_max_length"])
+        self.action_space = TextSpace(data["action_max_length"])
+
+    # ------------------------------------------------------------------ Gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        if self.session_id is None:
+            data = self._request("POST", "/v1/envs", {"env_id": self.env_id, "kwargs": self.kwargs, "seed": seed, "options": options})
+            self.session_id = data["session_id"]
+        else:
+            data = self._request("POST", f"/v1/envs/{self.session_id}/reset", {"seed": seed, "options": options})
+        self._adopt(data)
+        self.turn, self.done = data["info"]["turn"], False
+        return data["observation"], data["info"]
+
+    def step(self, action: str):
+        if self.session_id is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        data = self._request("POST", f"/v1/envs/{self.session_id}/step", {"action": action})
+        self.turn = data["info"]["turn"]
+        self.done = data["terminated"] or data["truncated"]
+        return data["observation"], data["reward"], data["terminated"], data["truncated"], data["info"]
+
+    def fork(self, n: int = 1) -> list["RemoteEnv"]:
+        """n remote envs at this env's state (server-side fork: env, history and sandbox)."""
+        if self.session_id is None:
+            raise gym.error.ResetNeeded("call reset() before fork()")
+        data = self._request("POST", f"/v1/envs/{self.session_id}/fork", {"n": n})
+        children = []
+        for sid in data["session_ids"]:
+            child = object.__new__(RemoteEnv)
+            child.__dict__.update(self.__dict__)
+            child.session_id, child._owns_client = sid, False
+            children.append(child)
+        return children
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            try:
+                self._client.delete(f"/v1/envs/{self.session_id}")
+            except httpx.HTTPError:
+                pass  # the server's TTL reaps it
+            self.session_id = None
+        if self._owns_client:
+            self._client.close()
+
+    def __del__(self):  # best effort: a garbage-collected env frees its server session
+        try:
+            if getattr(self, "session_id", None) is not None and not self._client.is_closed:
+                self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def env_factory(entry_point: str, env_id: str):
+    """A Gymnasium entry point that builds the local env, or a :class:`RemoteEnv` given ``server_url``."""
+
+    def make(server_url: str | None = None, **kwargs: Any):
+        if server_url:
+            return RemoteEnv(env_id, server_url, **kwargs)
+        module, _, name = entry_point.partition(":")
+        cls = getattr(__import__(module, fromlist=[name]), name)
+        return cls(**kwargs)
+
+    make.__name__ = f"make_{env_id.split('/')[-1].replace('-', '_')}"
+    return make
