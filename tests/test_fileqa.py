@@ -1,0 +1,187 @@
+"""FileQA-v0 on the local sandbox backend, in-process and over a real uvicorn (S11, S12, gates, fork)."""
+
+import gymnasium as gym
+import httpx
+import pytest
+
+import envs
+from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer, sandbox_provider
+from sandbox_server.env_api import create_env_app
+from tests.docker_support import UvicornThread
+
+
+def make(**kwargs):
+    return gym.make("forkyard/FileQA-v0", **kwargs).unwrapped
+
+
+@pytest.fixture(autouse=True)
+def no_sandbox_left_behind():
+    yield
+    assert sandbox_provider("local").list() == []
+
+
+def test_determinism_by_seed_and_every_kind_answerable():
+    env = make()
+    seen = set()
+    for seed in range(30):
+        obs, info = env.reset(seed=seed)
+        obs2, info2 = make_once(seed)
+        assert (obs, info) == (obs2, info2)
+        seen.add(env._question["kind"])
+        assert env.observation_space.contains(obs)
+        assert f"answer({env._question['answer']!r})" in info["legal_actions"]
+    assert seen == set(QUESTION_KINDS)
+    env.close()
+
+
+def make_once(seed):
+    e = make()
+    try:
+        return e.reset(seed=seed)
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("kind", QUESTION_KINDS)
+def test_the_menu_tool_reveals_the_answer_and_the_checker_accepts_it(kind):
+    env = make(kinds=[kind])
+    for seed in range(3):
+        obs, info = env.reset(seed=seed)
+        obs, r, te, tr, info = env.step(info["legal_actions"][0])
+        assert not te and not tr and info["tool_status"] == "ok", obs
+        answer = env._question["answer"]
+        if kind == "log_errors":
+            assert obs.count(" ERROR ") == answer
+        if kind == "line_count":
+            assert f"{answer} " in obs  # wc prints "LINES WORDS BYTES path"
+        obs, r, te, tr, info = env.step(f"answer({answer!r})")
+        assert (r, te, info["termination_reason"], info["correct"]) == (1.0, True, "answered", True)
+    env.close()
+
+
+def test_normalize_answer():
+    assert normalize_answer("/data/Lib/os.py") == normalize_answer("./Lib/os.py") == "Lib/os.py"
+    assert normalize_answer("'42'") == normalize_answer(42) == normalize_answer(" 42 ") == "42"
+    assert normalize_answer("utf-8") == normalize_answer("'utf-8'")
+    assert normalize_answer(41) != normalize_answer(42)
+
+
+def test_gates():
+    env = make(min_tool_calls=1, required_tools=["grep"], kinds=["line_count"])
+    obs, info = env.reset(seed=1)
+    answer = env._question["answer"]
+    assert "at least 1 tool call" in obs
+    o, r, te, tr, info = env.step(f"answer({answer})")
+    assert r == 0.0 and te and "at least 1 tool call" in info["gate"] and info["correct"]
+    env.reset(seed=1)
+    env.step(f"wc('{env._question['text'].split('/data/')[1].split(' ')[0]}')")
+    o, r, te, tr, info = env.step(f"answer({answer})")
+    assert r == 0.0 and "grep" in info["gate"]
+    env.reset(seed=1)
+    env.step("grep('import', 'Lib/abc.py')")
+    o, r, te, tr, info = env.step(f"answer({answer})")
+    assert r == 1.0 and "gate" not in info
+    env.close()
+
+
+def test_refusals_and_errors_are_observations():
+    env = make(kinds=["defines"])
+    env.reset(seed=0)
+    for action, says in [
+        ("cat('../../etc/passwd')", "refused"),
+        ("cat('/etc/passwd')", "refused"),
+        ("rm('-rf', '/')", "unknown tool"),
+        ("find('.', exec='touch /tmp/pwned')", "no argument 'exec'"),
+        ("cat('no_such_file.txt')", "exit code"),
+    ]:
+        obs, r, te, tr, info = env.step(action)
+        assert says in obs, (action, obs)
+        assert r == 0.0 and not te and not tr
+    env.close()
+
+
+def test_s12_truncated_versus_terminated():
+    env = make(max_turns=3, kinds=["line_count"])
+    env.reset(seed=0)
+    for _ in range(3):
+        obs, r, te, tr, info = env.step("ls('Lib')")
+    assert (te, tr, info["termination_reason"]) == (False, True, "max_turns")
+    env.reset(seed=0)
+    env.step("ls('Lib')")
+    env.step("ls('Lib')")
+    obs, r, te, tr, info = env.step(f"answer({env._question['answer']})")
+    assert (te, tr, r, info["termination_reason"]) == (True, False, 1.0, "answered")
+    env.close()
+    slow = make(max_turns=3, per_turn_timeout_s=0.001)
+    slow.reset(seed=0)
+    obs, r, te, tr, info = slow.step("grep('zzzz', '.')")
+    assert (te, tr, r, info["termination_reason"]) == (False, True, 0.0, "timeout")
+    assert "timed out" in obs
+    slow.close()
+    goes_on = make(max_turns=3, per_turn_timeout_s=0.001, continue_on_timeout=True)
+    goes_on.reset(seed=0)
+    obs, r, te, tr, info = goes_on.step("grep('zzzz', '.')")
+    assert not te and not tr and info["tool_status"] == "timeout" and "Turn 2 of 3" in obs
+    goes_on.close()
+
+
+def test_fork_after_reset_keeps_scratch_files_and_sandboxes_are_separate():
+    env = make(kinds=["log_errors"])
+    env.reset(seed=4)
+    answer = env._question["answer"]
+    kids = env.fork(3)
+    assert len({k._sandbox for k in kids} | {env._sandbox}) == 4
+    for k in kids:
+        obs, *_ = k.step(f"grep('ERROR', '/scratch/app.log')")
+        assert obs.count(" ERROR ") == answer
+    a, b = env.fork(2)
+    a.step("ls('Lib')")
+    assert a.turn == 1 and b.turn == 0 and env.turn == 0
+    a.close()
+    obs, r, *_ = b.step(f"answer({answer})")
+    assert r == 1.0
+    for e in (*kids, b, env):
+        e.close()
+
+
+def test_check_env_passes_on_fileqa_local():
+    import warnings
+
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = make()
+        check_env(env)
+        env.close()
+
+
+def test_fileqa_over_http_with_remote_client():
+    srv = UvicornThread(create_env_app()).start()
+    try:
+        env = gym.make("forkyard/FileQA-v0", server_url=srv.url, kinds=["constant"]).unwrapped
+        obs, info = env.reset(seed=2)
+        local = make(kinds=["constant"])
+        lobs, linfo = local.reset(seed=2)
+        assert obs == lobs and info == linfo
+        a, b = env.fork(2)
+        ra = a.step(info["legal_actions"][0])
+        rb = b.step(info["legal_actions"][0])
+        assert ra[0] == rb[0] and ra[4]["turn"] == 1
+        answer = local._question["answer"]
+        assert a.step(f"answer({answer!r})")[1] == 1.0
+        with httpx.Client(base_url=srv.url) as http:
+            r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["nope"]}})
+            assert r.status_code == 422 and "unknown question kinds" in r.text
+        for e in (a, b, env, local):
+            e.close()
+    finally:
+        srv.stop()
+
+
+def test_corpus_facts_are_real():
+    from sandbox_server.corpus import ensure_corpus
+
+    facts = corpus_facts(ensure_corpus())
+    assert ("dataclass", "Lib/dataclasses.py") in facts["defines"]
+    assert any(p == "Lib/json/decoder.py" for p, _ in facts["lines"])
