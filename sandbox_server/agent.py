@@ -300,7 +300,7 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
         pass
     proc.stdout.close()
     proc.stderr.close()
-    _reap()
+    _wait_group_gone(pgid)
     status = "timeout" if timed_out else "ok"
     out_b = bytes(out[:cap_bytes])
     err_trunc = len(err) > err_cap
@@ -316,6 +316,31 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
         msg = f"the output passed the {cap_bytes}-byte cap; the call was stopped"
     return {"stdout": stdout, "stderr": stderr, "exit_code": None if (timed_out or truncated) else proc.returncode,
             "status": status, "truncated": truncated, "duration_s": time.monotonic() - t0, "message": msg}
+
+
+def _wait_group_gone(pgid: int, limit_s: float = 2.0) -> None:
+    """Reap and wait until no process of group ``pgid`` is left (the agent is a child subreaper)."""
+    end = time.monotonic() + limit_s
+    while True:
+        _reap()
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if time.monotonic() > end:
+            return
+        _killpg(pgid)
+        time.sleep(0.001)
+
+
+def _become_subreaper() -> None:
+    """Make orphans of tool calls re-parent to the agent (Linux prctl), so it can reap them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
 
 
 def _reap() -> None:
@@ -339,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     roots = dict(r.split("=", 1) for r in ns.root)
     agent = Agent(roots, ns.readable or ["/data", "/scratch"], ns.writable or ["/scratch", "/tmp"])
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _become_subreaper()
     stdin = sys.stdin.buffer
     stdout = sys.stdout.buffer
     while True:

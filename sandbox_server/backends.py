@@ -275,7 +275,7 @@ class LocalBackend(_AgentBackend):
             argv += ["--ro-bind", prefix, prefix]
         argv += ["--ro-bind", self.data_dir, "/data", "--tmpfs", "/scratch", "--tmpfs", "/tmp",
                  "--ro-bind", str(AGENT_PATH), "/opt/forkyard/agent.py", "--proc", "/proc", "--dev", "/dev",
-                 "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+                 "--unshare-all", "--die-with-parent", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
                  py, "-u", "-I", "/opt/forkyard/agent.py", *agent_args]
         return argv

@@ -1,0 +1,205 @@
+"""Shared fixtures of the sandbox tests: the fixture data tree, images, and session-wide services.
+
+Import the fixtures a module needs (``from tests.docker_support import ...``). Session-wide objects are
+cached here at module level, so several test modules share one service per backend and one server.
+
+Docker: in CI (``CI=true``) a missing engine or image is a failure, never a skip; elsewhere the Docker
+tests skip with the reason. Every container the tests create carries the label
+``forkyard.sandbox=pytest-...``; at the end of the session no such container may remain.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI") == "true"
+TEST_LABEL_PREFIX = "pytest-"
+SERVER_NAME = f"{TEST_LABEL_PREFIX}{os.getpid()}"
+CAP = 65536
+
+_cache: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def docker_reason() -> str | None:
+    """Why Docker tests cannot run here (None when they can)."""
+    if "docker_reason" not in _cache:
+        reason = None
+        try:
+            import docker
+
+            c = docker.from_env(timeout=10)
+            c.ping()
+            c.close()
+        except Exception as exc:  # noqa: BLE001
+            reason = f"no Docker engine answers ({exc}); run ./scripts/ensure-docker.sh"
+        _cache["docker_reason"] = reason
+    return _cache["docker_reason"]  # type: ignore[return-value]
+
+
+def require_docker() -> None:
+    """Skip (outside CI) or fail (in CI) when no engine answers; build the images once per session."""
+    reason = docker_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    with _lock:
+        if "images" not in _cache:
+            r = subprocess.run([str(ROOT / "scripts" / "build-images.sh")], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "PYTHON": sys.executable})
+            _cache["images"] = "" if r.returncode == 0 else (r.stderr + r.stdout)[-2000:]
+    if _cache["images"]:
+        pytest.fail(f"building the sandbox image failed: {_cache['images']}")
+
+
+def leftover_containers(prefix: str = TEST_LABEL_PREFIX) -> list[str]:
+    """Names of containers whose forkyard.sandbox label starts with ``prefix``."""
+    import docker
+
+    c = docker.from_env(timeout=30)
+    try:
+        out = []
+        for ct in c.containers.list(all=True, filters={"label": "forkyard.sandbox"}):
+            if str(ct.labels.get("forkyard.sandbox", "")).startswith(prefix):
+                out.append(f"{ct.name} ({ct.labels.get('forkyard.sandbox')})")
+        return out
+    finally:
+        c.close()
+
+
+def make_fixture_tree(root: Path) -> Path:
+    """Build the test data tree at ``root/data`` (plus a sibling ``root/data2``) and return ``root/data``.
+
+    Holds corpus files, the field cases' fixtures (a FIFO, links out of the root, Latin-1, NUL/CR, files of
+    exactly CAP and CAP+1 bytes, a file whose cap falls inside a 2-byte character) and a 1 MiB file.
+    """
+    from sandbox_server.corpus import build_corpus
+
+    data = root / "data"
+    build_corpus(str(data))
+    (data / "notes.txt").write_text("alpha\nbeta\ngamma root\n-dash line\n")
+    (data / "a.txt").write_text("apple\n")
+    (data / "sub" / "deep").mkdir(parents=True)
+    (data / "sub" / "deep" / "file.txt").write_text("deep needle\n")
+    (data / "-rf").write_text("a file named -rf\n")
+    os.mkfifo(data / "fifo")
+    os.symlink("/etc/passwd", data / "link")
+    os.symlink("/", data / "dirlink")
+    os.symlink("notes.txt", data / "oklink")
+    (data / "latin1.txt").write_bytes(b"caf\xe9\n")
+    (data / "nulcr.bin").write_bytes(b"a\x00b\r\nc\x00\r")
+    (data / "binary.bin").write_bytes(bytes(range(256)) * 4)
+    (data / "exact.txt").write_bytes(b"a" * CAP)
+    (data / "over.txt").write_bytes(b"a" * (CAP + 1))
+    (data / "split.txt").write_bytes(b"a" * (CAP - 1) + "é".encode() + b"tail")
+    (data / "big.txt").write_bytes((b"0123456789abcdef" * 4 + b"\n") * 16384)
+    (data / "weird name;rm -rf x").write_text("literal name\n")
+    sib = root / "data2"
+    sib.mkdir()
+    (sib / "secret").write_text("secret\n")
+    for d, dirs, files in os.walk(root):
+        os.chmod(d, 0o755)
+        for f in files:
+            p = os.path.join(d, f)
+            if not os.path.islink(p):
+                os.chmod(p, 0o644)
+    return data
+
+
+@pytest.fixture(scope="session")
+def fixture_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test data tree (shared by both backends: Docker bind-mounts it read-only over /data)."""
+    if "fixture_data" not in _cache:
+        _cache["fixture_data"] = make_fixture_tree(tmp_path_factory.mktemp("sandbox-fixture"))
+    return _cache["fixture_data"]  # type: ignore[return-value]
+
+
+def _service(kind: str, data: Path, request: pytest.FixtureRequest):
+    from sandbox_server.backends import DockerBackend, LocalBackend
+    from sandbox_server.service import SandboxService, ServiceConfig
+
+    key = f"service-{kind}"
+    with _lock:
+        if key not in _cache:
+            cfg = ServiceConfig(min_idle=4, max_total=40, max_concurrent_starts=2, default_timeout_s=5.0,
+                                max_timeout_s=10.0, output_cap_bytes=CAP, acquire_timeout_s=30.0)
+            if kind == "docker":
+                backend = DockerBackend(server_name=SERVER_NAME, data_dir=data)
+            else:  # "local" (bubblewrap when it works) or "local-nobwrap" (path checks only)
+                backend = LocalBackend(data, server_name=f"{SERVER_NAME}-{kind}",
+                                       use_bwrap=False if kind == "local-nobwrap" else None)
+            svc = SandboxService(backend, cfg).start()
+            _cache[key] = svc
+            request.session.config.add_cleanup(close_all)
+    return _cache[key]
+
+
+def close_all() -> None:
+    """Close every cached service (their containers are removed); later fixtures rebuild them."""
+    with _lock:
+        for key in [k for k in _cache if k.startswith("service-")]:
+            _cache.pop(key).close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session", params=["local", "local-nobwrap", "docker"])
+def service(request: pytest.FixtureRequest, fixture_data: Path):
+    """A started SandboxService per backend over the fixture data (session-wide, shared across modules)."""
+    if request.param == "docker":
+        require_docker()
+    return _service(request.param, fixture_data, request)
+
+
+@pytest.fixture(scope="session")
+def local_service(request: pytest.FixtureRequest, fixture_data: Path):
+    return _service("local", fixture_data, request)
+
+
+@pytest.fixture(scope="session")
+def docker_service(request: pytest.FixtureRequest, fixture_data: Path):
+    require_docker()
+    return _service("docker", fixture_data, request)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UvicornThread:
+    """A real uvicorn server on loopback in a background thread."""
+
+    def __init__(self, app, port: int | None = None):
+        import uvicorn
+
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> "UvicornThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -1,0 +1,132 @@
+"""The tool registry and its validation (no sandbox needed): every refusal rule, table-driven."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envs.actions import bind_arguments, parse_action
+from sandbox_server.agent import utf8_cut
+from sandbox_server.tools import MAX_ARG_CHARS, TOOLS, ToolRefused, clamp_timeout, tool_specs, validate_call
+
+# (tool, args, words the refusal message must contain)
+REFUSED = [
+    ("rm", {"path": "x"}, "unknown tool"),
+    ("sh", {}, "unknown tool"),
+    ("cat notes.txt; rm -rf /data", {}, "unknown tool"),  # S1: the whole string is not a tool name
+    ("cat", {"path": "../../etc/passwd"}, ".."),  # S9
+    ("cat", {"path": "/data/../data2/secret"}, ".."),  # S9
+    ("cat", {"path": "/data2/secret"}, "outside"),  # S9: a sibling whose name starts like the root
+    ("cat", {"path": "/etc/passwd"}, "outside"),
+    ("head", {"path": "/proc/self/environ"}, "outside"),  # S9
+    ("grep", {"pattern": "", "path": "/"}, "outside"),  # S4: grep -r '' /
+    ("find", {"path": "/"}, "outside"),  # S4: find /
+    ("cat", {"path": "a\x00b"}, "NUL"),
+    ("grep", {"pattern": "a\x00"}, "NUL"),
+    ("cat", {"path": "a\nb"}, "control character"),  # S1: a newline then a second command
+    ("cat", {"path": "x" * (MAX_ARG_CHARS + 1)}, "limit"),
+    ("grep", {"pattern": "x" * (MAX_ARG_CHARS + 1)}, "limit"),
+    ("cat", {}, "needs the argument"),
+    ("cat", {"path": 3}, "must be a string"),
+    ("cat", {"path": "a", "flags": "-n"}, "has no argument"),
+    ("find", {"exec": "touch /tmp/pwned {} ;"}, "has no argument"),  # S2: -exec & co are not parameters
+    ("find", {"execdir": "x"}, "has no argument"),
+    ("find", {"delete": True}, "has no argument"),
+    ("find", {"fprint": "out"}, "has no argument"),
+    ("find", {"follow": True}, "has no argument"),
+    ("find", {"type": "f -delete"}, "must be one of"),
+    ("find", {"maxdepth": 1000}, "between"),
+    ("find", {"maxdepth": "1; rm"}, "must be an integer"),
+    ("head", {"path": "a", "lines": -1}, "between"),
+    ("head", {"path": "a", "lines": True}, "must be an integer"),
+    ("grep", {"pattern": "x", "recursive": "yes"}, "true or false"),
+    ("sort", {"path": "a"}, "unknown tool"),  # S2: sort is not whitelisted at all
+    ("cat", {"path": ""}, "empty"),
+]
+
+
+@pytest.mark.parametrize("tool,args,words", REFUSED, ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(REFUSED)])
+def test_refused_before_execution(tool, args, words):
+    with pytest.raises(ToolRefused) as exc:
+        validate_call(tool, args)
+    assert words.lower() in str(exc.value).lower()
+
+
+# S1: shell metacharacters are *allowed* as data: they reach the tool as literal argv items, never a shell.
+SHELLISH = ["notes.txt; rm -rf /data", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a.txt && touch /tmp/pwned",
+            "a.txt | sh", "x > a.txt"]
+
+
+@pytest.mark.parametrize("path", SHELLISH)
+def test_shell_syntax_stays_one_literal_argument(path):
+    call = validate_call("cat", {"path": path})
+    assert call.argv == ["cat", "--", path]
+
+
+@pytest.mark.parametrize("tool,args", [("cat", {"path": "-rf"}), ("grep", {"pattern": "-r", "path": "-rf"}),
+                                       ("find", {"path": "-delete"}), ("ls", {"path": "--help"}),
+                                       ("find", {"name": "-exec"})])
+def test_leading_dash_never_reads_as_an_option(tool, args):
+    call = validate_call(tool, args)
+    for i in call.path_args:
+        assert not call.argv[i].startswith("-")
+    if tool == "grep":
+        assert call.argv[call.argv.index("-e") + 1] == "-r"
+    if tool == "find" and "name" in args:
+        assert call.argv[call.argv.index("-name") + 1] == "-exec" and "-P" == call.argv[1]
+    if tool != "find":
+        assert call.argv.index("--") < min(call.path_args)
+
+
+def test_every_tool_builds_an_argv_and_has_a_schema():
+    specs = {s.name: s for s in tool_specs()}
+    assert set(specs) == {"ls", "cat", "head", "tail", "wc", "grep", "find", "stat"}
+    for name, tool in TOOLS.items():
+        assert specs[name].params == tool.param_names
+        assert specs[name].schema_["additionalProperties"] is False
+        args = {p.name: ("x" if p.type == "string" else None) for p in tool.params if p.required}
+        call = validate_call(name, args)
+        assert call.argv[0] == name and all(isinstance(a, str) for a in call.argv)
+
+
+def test_text_actions_bind_to_the_schemas():
+    call = parse_action('grep("def main", path="Lib", fixed=True)')
+    args = bind_arguments(call, TOOLS["grep"].param_names)
+    assert validate_call(call.name, args).argv[-3:] == ["def main", "--", "Lib"]
+    args = bind_arguments(parse_action('head("Lib/abc.py", 3)'), TOOLS["head"].param_names)
+    assert validate_call("head", args).argv == ["head", "-n", "3", "--", "Lib/abc.py"]
+
+
+def test_paths_under_scratch_and_relative_cwd():
+    assert validate_call("cat", {"path": "/scratch/q.txt"}).argv[-1] == "/scratch/q.txt"
+    assert validate_call("cat", {"path": "q.txt"}, cwd="/scratch").argv[-1] == "q.txt"
+    with pytest.raises(ToolRefused):
+        validate_call("cat", {"path": "/tmp/x"})
+
+
+@pytest.mark.parametrize("value,expected", [(None, 5.0), (2, 2.0), (1e9, 10.0), (10.5, 10.0), (0.25, 0.25)])
+def test_timeouts_are_clamped(value, expected):
+    assert clamp_timeout(value, 5.0, 10.0) == expected
+
+
+@pytest.mark.parametrize("value", [-1, 0, math.nan, "5", True])
+def test_bad_timeouts_are_refused(value):
+    with pytest.raises(ToolRefused, match="timeout_s"):
+        clamp_timeout(value, 5.0, 10.0)
+
+
+@given(st.text(max_size=40), st.integers(min_value=0, max_value=200))
+def test_utf8_cut_never_splits_a_character(text, cut):
+    raw = text.encode("utf-8")[:cut]
+    out = utf8_cut(raw)
+    assert raw.startswith(out) and len(raw) - len(out) <= 3
+    out.decode("utf-8")  # no exception: a cut of valid UTF-8 stays valid
+
+
+def test_utf8_cut_keeps_invalid_bytes_for_replacement():
+    assert utf8_cut(b"caf\xe9") == b"caf"  # a lone lead byte at the end is an incomplete sequence
+    assert utf8_cut(b"caf\xe9x") == b"caf\xe9x"
+    assert utf8_cut(b"a\xc3\xa9") == b"a\xc3\xa9"
