@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
     p.set_defaults(handler=_compare)
+
+    from trainer.text_cli import register as register_text
+
+    register_text(sub)
     return parser
 
 

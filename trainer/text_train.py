@@ -1,0 +1,429 @@
+"""Text-policy training: SFT warm start on format-only demonstrations, then PPO-style RL with tree forks.
+
+SFT (:func:`sft`): episodes played by the env's ``demo_action`` (ClueProbe: a uniformly random legal
+action, i.e. the action format without the strategy) are rendered with the chat template and the model
+is trained by cross-entropy on the action tokens only (loss mask 1 on the action bytes and the
+``<|end|>`` that closes them). The result writes valid tool calls and still has the strategy to learn.
+
+RL (:func:`train_rl`), one iteration:
+
+1. Rollout with the sampling policy (:class:`trainer.text_policy.TextPolicy`): a tree-fork rollout
+   (``n_base`` bases x ``branches``) or a group of ``group_size`` independent episodes, through the same
+   :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` as the tabular policy.
+2. Per-step advantages from the existing estimators (:func:`trainer.train.step_advantages`), broadcast
+   over that step's generated tokens.
+3. Rows: one token row per episode or branch, exactly the ids it sampled and was shown (the last step's
+   context plus its action; a branch's row contains the base prefix with mask 0). Each step's tokens
+   are located by position and checked against the row (no re-tokenisation; a mismatch raises).
+4. ``ppo_epochs`` full-batch epochs of :func:`trainer.losses.ppo_loss` (ratio against the recorded
+   behavior log-probs; on the first epoch the ratio is 1 up to float rounding), Adam, grad-norm clip.
+5. Monitors (:mod:`trainer.monitors`) and ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import advantages as adv
+from trainer.lm import ByteTokenizer, LMConfig, build_model, load_checkpoint, resolve_device, save_checkpoint
+from trainer.losses import PPOConfig, ppo_loss
+from trainer.monitors import EchoTrapDetector
+from trainer.rollout import Rollout, group_rollout, tree_rollout
+from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
+from trainer.train import TrainConfig, make_env, step_advantages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TextTrainConfig:
+    """Hyperparameters of a text-policy run (SFT and RL share it)."""
+
+    env_id: str = "forkyard/ClueProbe-v0"
+    turns: int = 4
+    bits: int = 3
+    # model
+    d_model: int = 96
+    n_layers: int = 2
+    n_heads: int = 4
+    context: int = 512
+    device: str = "auto"
+    dtype: str = "float32"
+    threads: int = 0  # torch CPU threads (0: leave torch's default)
+    # SFT
+    sft_steps: int = 300
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    # RL
+    estimator: str = "tree"
+    iterations: int = 60
+    n_base: int = 6
+    branches: int = 4
+    group_size: int = 16
+    fork_selection: str = "uniform"
+    lr: float = 1e-3
+    ppo_epochs: int = 2
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    reduction: str = "token-mean"
+    filter_top_p: float | None = None  # StarPO-S: keep the top-p groups by reward std
+    drop_zero_variance: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    # bookkeeping
+    seed: int = 0
+    eval_every: int = 10
+    eval_samples: int = 64
+    checkpoint: str | None = None
+    run_dir: str | None = None
+
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"turns": self.turns}
+
+    def lm_config(self) -> LMConfig:
+        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, context=self.context)
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- batches
+@dataclass
+class Batch:
+    """Padded rows for one forward pass; every tensor [B, L] (``group`` [B]) on the model's device."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    group: torch.Tensor
+    rows: list[list[int]] = field(default_factory=list)
+
+
+def pad_rows(rows: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    """[B, max len] int64 tensor of ``rows`` right-padded with ``pad_id`` (causal attention: padding
+    after a token never changes that token's log-prob)."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+
+
+def build_batch(rollout: Rollout, steps: list, advantages: list[float], pad_id: int, device) -> Batch | None:
+    """Token rows of the episodes whose steps are trained (see the module docstring, item 3).
+
+    A row is ``ids[window_start:end]`` of one episode's token history, where ``end`` is the end of the
+    last trained step; one row per distinct ``window_start`` (one row per episode when the history fits
+    in the context). Mask 1 exactly on the sampled ids of trained steps (the ``<|end|>`` they generated
+    included); advantage and behavior log-prob are set there. ``group`` is the episode's tree base (or 0).
+
+    Returns None when no step is trained. Raises RuntimeError if a step's ids are not where its record
+    says they are in the episode's history (re-tokenisation drift).
+    """
+    adv_of = {id(s): a for s, a in zip(steps, advantages)}
+    rows, masks, advs, olds, groups = [], [], [], [], []
+    for ei, ep in enumerate(rollout.episodes):
+        trained = [s for s in ep.steps if id(s) in adv_of]
+        if not trained:
+            continue
+        last = ep.steps[-1].data
+        history = last.context + last.action_ids
+        by_ws: dict[int, list] = {}
+        for s in trained:
+            by_ws.setdefault(s.data.window_start, []).append(s)
+        for ws, group_steps in by_ws.items():
+            end = max(len(s.data.context) + len(s.data.action_ids) for s in group_steps)
+            row = history[ws:end]
+            m = [0.0] * len(row)
+            a = [0.0] * len(row)
+            o = [0.0] * len(row)
+            for s in group_steps:
+                d = s.data
+                start = len(d.context) - ws
+                if history[: len(d.context)] != d.context or row[start:start + len(d.action_ids)] != d.action_ids:
+                    raise RuntimeError(f"step at turn {s.turn}: token ids drifted from what was sampled")
+                for j, lp in enumerate(d.logps):
+                    m[start + j] = 1.0
+                    a[start + j] = adv_of[id(s)]
+                    o[start + j] = lp
+            rows.append(row)
+            masks.append(m)
+            advs.append(a)
+            olds.append(o)
+            groups.append(ep.base if ep.base is not None else 0)
+    if not rows:
+        return None
+    width = max(len(r) for r in rows)
+
+    def pad(x, v=0.0):
+        return torch.tensor([r + [v] * (width - len(r)) for r in x], dtype=torch.float32, device=device)
+
+    return Batch(pad_rows(rows, pad_id, device), pad(masks), pad(advs), pad(olds),
+                 torch.tensor(groups, dtype=torch.long, device=device), rows)
+
+
+# ---------------------------------------------------------------------------------------------- SFT
+def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
+
+    Returns ``(rows, masks)``: token ids and loss masks (1 on action bytes and their ``<|end|>``)."""
+    env = make_env(cfg.env_id, cfg.env_kwargs())
+    template = ChatTemplate(ByteTokenizer())
+    rng = random.Random(seed)
+    rows, masks = [], []
+    for i in range(n_episodes):
+        first, info = env.reset(seed=seed * 1_000_003 + i)
+        turns = []
+        while True:
+            action = env.demo_action(rng)
+            obs, r, te, tr, info = env.step(action)
+            done = te or tr
+            turns.append((action, None if done else obs))
+            if done:
+                break
+        ids, mask = template.render(first, turns)
+        rows.append(ids)
+        masks.append(mask)
+    env.close()
+    return rows, masks
+
+
+def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, list[dict]]:
+    """Supervised warm start on demonstrations (module docstring). Returns ``(model, metrics)``; writes
+    ``RUN_DIR/sft.pt`` and ``RUN_DIR/sft_metrics.jsonl`` when ``cfg.run_dir`` is set."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    model = model or build_model(cfg.lm_config(), cfg.device, cfg.dtype, cfg.seed)
+    tok = ByteTokenizer()
+    rows, masks = demo_rows(cfg, cfg.sft_steps * cfg.sft_batch // 4 + cfg.sft_batch, cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / cfg.sft_steps))
+    rng = random.Random(cfg.seed)
+    metrics = []
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(cfg.sft_steps):
+        idx = rng.sample(range(len(rows)), cfg.sft_batch)
+        ids = pad_rows([rows[i] for i in idx], tok.pad_id, device)
+        width = ids.shape[1]
+        mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32, device=device)
+        logp, _, _ = token_logprobs(model, ids)
+        loss = -torch.where(mask > 0, logp, torch.zeros_like(logp)).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        metrics.append({"step": step, "loss": float(loss.detach()), "wall_s": time.perf_counter() - t0})
+        if progress and step % 20 == 0:
+            print(f"sft step {step} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    model.eval()
+    if cfg.run_dir:
+        out = Path(cfg.run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(model, str(out / "sft.pt"), turns=cfg.turns, env_id=cfg.env_id)
+        with (out / "sft_metrics.jsonl").open("w") as f:
+            for m in metrics:
+                f.write(json.dumps(m) + "\n")
+    return model, metrics
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def evaluate(model, cfg: TextTrainConfig, samples: int | None = None) -> dict[str, float]:
+    """Greedy accuracy over every ClueProbe target (exact), and sampled accuracy (the training temperature)
+    over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions."""
+    env = make_env(cfg.env_id, cfg.env_kwargs())
+    greedy = TextPolicy(model, sampling=SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
+    sampled = TextPolicy(model, sampling=cfg.sampling())
+    rng = random.Random(12345)
+    out: dict[str, float] = {}
+    for name, policy, resets in (
+        ("greedy", greedy, [(0, {"target": c}) for c in range(2 ** cfg.bits)] if "ClueProbe" in cfg.env_id
+         else [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
+        ("sampled", sampled, [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
+    ):
+        total = invalid = actions = 0.0
+        distinct = 0
+        for seed, options in resets:
+            obs, info = env.reset(seed=seed, options=options)
+            session = policy.session(obs, info)
+            used = set()
+            while True:
+                step = session.act(rng)
+                obs, r, te, tr, info = env.step(step.action)
+                actions += 1
+                invalid += bool(info.get("invalid_action"))
+                if step.action.startswith("probe"):
+                    used.add(step.action)
+                total += r
+                if te or tr:
+                    break
+                session.observe(obs, info)
+            distinct += len(used)
+        n = max(len(resets), 1)
+        out[f"{name}_accuracy"] = total / n
+        out[f"{name}_invalid_share"] = invalid / max(actions, 1)
+        out[f"{name}_distinct_probes"] = distinct / n
+    env.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- RL
+@dataclass
+class TextTrainResult:
+    config: TextTrainConfig
+    metrics: list[dict]
+    evaluation: dict[str, float]
+    model: Any
+    wall_s: float
+    warnings: list[str]
+
+
+def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTrainResult:
+    """RL from ``model`` (or ``cfg.checkpoint``, or a fresh model). See the module docstring."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    device = resolve_device(cfg.device)
+    if model is None:
+        model = load_checkpoint(cfg.checkpoint, cfg.device, cfg.dtype) if cfg.checkpoint else build_model(
+            cfg.lm_config(), cfg.device, cfg.dtype, cfg.seed)
+    policy = TextPolicy(model, sampling=cfg.sampling())
+    tok = policy.tok
+    env = make_env(cfg.env_id, cfg.env_kwargs())
+    est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
+                          drop_zero_variance=cfg.drop_zero_variance, top_p=cfg.filter_top_p)
+    est_cfg.validate() if cfg.iterations >= 1 else None
+    ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    ref = None
+    if cfg.kl_coef:
+        import copy
+
+        ref = copy.deepcopy(model).eval()
+    detector = EchoTrapDetector()
+    warnings: list[str] = []
+    out = Path(cfg.run_dir) if cfg.run_dir else None
+    sink = None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        sink = (out / "metrics.jsonl").open("w")
+    metrics: list[dict] = []
+    n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
+    try:
+        for it in range(cfg.iterations):
+            model.eval()
+            seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
+            if cfg.estimator == "tree":
+                ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
+            else:
+                ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
+            assigned = step_advantages(ro, est_cfg)
+            batch = build_batch(ro, assigned.steps, assigned.advantages, tok.pad_id, device)
+            all_steps = [s for e in ro.episodes for s in e.steps]
+            legal_known = [s for s in all_steps if s.data.legal is not None]
+            valid_rewards = [e.reward for e in ro.episodes if not e.infra_failure]
+            m: dict[str, Any] = {
+                "iteration": it,
+                "reward_mean": sum(valid_rewards) / max(len(valid_rewards), 1),
+                "reward_std": adv.group_std(valid_rewards),
+                "entropy": sum(x for s in all_steps for x in s.data.entropies) / max(sum(len(s.data.entropies) for s in all_steps), 1),
+                "response_length": sum(len(s.data.action_ids) for s in all_steps) / max(len(all_steps), 1),
+                "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
+                "env_calls": ro.env_calls,
+                "episodes": len(ro.episodes),
+                "trained_steps": len(assigned.steps),
+                **assigned.stats,
+            }
+            gnorm, first_stats = 0.0, {}
+            if batch is not None and any(a != 0.0 for a in assigned.advantages):
+                model.train()
+                ref_logp = None
+                if ref is not None:
+                    with torch.no_grad():
+                        ref_logp = token_logprobs(ref, batch.ids, cfg.temperature)[0]
+                for epoch in range(cfg.ppo_epochs):
+                    logp, ent, _ = token_logprobs(model, batch.ids, cfg.temperature)
+                    loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, ppo, ent, ref_logp, batch.group)
+                    opt.zero_grad()
+                    loss.backward()
+                    g = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+                    opt.step()
+                    if epoch == 0:
+                        first_stats, gnorm = st, g
+                        m["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
+                    last_stats = st
+                m.update(grad_norm=gnorm, clip_frac=last_stats["clip_frac"], ratio_mean=last_stats["ratio_mean"],
+                         ratio_min=last_stats["ratio_min"], ratio_max=last_stats["ratio_max"], loss=float(loss),
+                         trained_tokens=first_stats["tokens"])
+            else:
+                m.update(grad_norm=0.0, clip_frac=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0, loss=0.0, trained_tokens=0)
+            warn = detector.update(it, m["reward_std"], m["entropy"], m["grad_norm"])
+            if warn:
+                warnings.append(warn)
+                m["echo_trap_warning"] = 1
+            if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
+                model.eval()
+                m.update({f"eval_{k}": v for k, v in evaluate(model, cfg).items()})
+            m["wall_s"] = time.perf_counter() - t0
+            metrics.append(m)
+            if sink:
+                sink.write(json.dumps(m) + "\n")
+                sink.flush()
+            if progress:
+                print("it %d reward %.3f std %.3f ent %.3f gnorm %.3f %s" % (it, m["reward_mean"], m["reward_std"],
+                         m["entropy"], m["grad_norm"],
+                         {k: round(v, 3) for k, v in m.items() if k.startswith("eval_") and "accuracy" in k}), flush=True)
+    finally:
+        if sink:
+            sink.close()
+    model.eval()
+    evaluation = evaluate(model, cfg, samples=max(cfg.eval_samples, 128))
+    env.close()
+    wall = time.perf_counter() - t0
+    if out:
+        save_checkpoint(model, str(out / "model.pt"), turns=cfg.turns, env_id=cfg.env_id)
+        (out / "summary.json").write_text(json.dumps({"evaluation": evaluation, "wall_s": wall, "warnings": warnings}, indent=2))
+    return TextTrainResult(cfg, metrics, evaluation, model, wall, warnings)
+
+
+# ---------------------------------------------------------------------------------------------- CLI glue
+def config_from_args(args) -> TextTrainConfig:
+    """A :class:`TextTrainConfig` from an argparse Namespace; attributes absent from it keep defaults."""
+    cfg = TextTrainConfig()
+    env = getattr(args, "env", None)
+    if env:
+        cfg.env_id = env if "/" in env else f"forkyard/{env}"
+    via_train = getattr(args, "policy", None) == "lm"  # `forkyard train --policy lm`: its --lr is the tabular one
+    for name in asdict(cfg):
+        if name == "env_id" or (via_train and name == "lr"):
+            continue
+        if getattr(args, name, None) is not None:
+            setattr(cfg, name, getattr(args, name))
+    return cfg
+
+
+def train_lm_from_args(args) -> int:
+    """``forkyard train --policy lm`` / ``forkyard train-lm``: RL from an argparse Namespace with at least
+    ``env``, ``turns``, ``iterations``, ``seed``, ``estimator``, ``run_dir``, ``device``, ``checkpoint``
+    (SFT weights, optional). Prints the evaluation; returns the exit status 0. Under ``train --policy lm``
+    that command's ``--lr`` (the tabular policy's step size) is ignored: the LM keeps its Adam lr
+    (:class:`TextTrainConfig`; ``train-lm --lr`` sets it)."""
+    cfg = config_from_args(args)
+    result = train_rl(cfg, progress=True)
+    print(json.dumps({"evaluation": result.evaluation, "wall_s": round(result.wall_s, 1), "warnings": result.warnings}, indent=2))
+    return 0
