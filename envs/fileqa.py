@@ -48,6 +48,7 @@ LOG_PATH = "/scratch/app.log"
 
 _providers: dict[str, Any] = {}
 _providers_lock = threading.Lock()
+_verified: set[tuple[str, str]] = set()  # (backend, content hash) pairs whose sandbox corpus matched
 
 
 def sandbox_provider(backend: str):
@@ -212,6 +213,8 @@ class FileQAEnv(TextEnv):
     # ------------------------------------------------------------------ sandbox plumbing
     def _check_corpus(self) -> None:
         manifest, _ = load_corpus(self.corpus_dir)
+        if (self.backend, manifest["content_hash"]) in _verified:
+            return
         sid = self._provider.create().id
         try:
             res = self._provider.exec(sid, "cat", {"path": "MANIFEST.json"})
@@ -225,6 +228,7 @@ class FileQAEnv(TextEnv):
             raise EnvInfraError(
                 f"the sandbox corpus ({theirs}) differs from the question generator's ({manifest['content_hash']} "
                 f"at {self.corpus_dir}); questions would have wrong answers")
+        _verified.add((self.backend, manifest["content_hash"]))
 
     def _release(self) -> None:
         if self._sandbox is not None:

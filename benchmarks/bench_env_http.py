@@ -1,0 +1,157 @@
+"""Env steps per second in-process and over HTTP (1 and 32 concurrent sessions), and env fork(4) over HTTP.
+
+Starts ``uvicorn --factory sandbox_server.env_api:create_env_app`` in a subprocess on loopback (so the
+client does not share the server's interpreter), measures, and prints figures with the HTTP overhead
+as a ratio to in-process in the same run. Run:
+
+    .venv/bin/python benchmarks/bench_env_http.py [--env clueprobe|fileqa|both] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import httpx
+
+import envs  # noqa: F401
+
+ENVS = {
+    "clueprobe": ("forkyard/ClueProbe-v0", {"turns": 5}),
+    "fileqa": ("forkyard/FileQA-v0", {"max_turns": 6, "kinds": ["line_count"]}),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _action(info: dict) -> str:
+    legal = info["legal_actions"]
+    return legal[0]
+
+
+def in_process(env_id: str, kwargs: dict, seconds: float) -> float:
+    env = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+    obs, info = env.reset(seed=0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        obs, r, te, tr, info = env.step(_action(info))
+        n += 1
+        if te or tr:
+            obs, info = env.reset()
+    rate = n / (time.perf_counter() - t0)
+    env.close()
+    return rate
+
+
+def http_one(url: str, env_id: str, kwargs: dict, seconds: float) -> tuple[float, float]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        d = c.post("/v1/envs", json={"env_id": env_id, "kwargs": kwargs, "seed": 0}).json()
+        sid, info = d["session_id"], d["info"]
+        lat, t0 = [], time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            t = time.perf_counter()
+            r = c.post(f"/v1/envs/{sid}/step", json={"action": _action(info)}).json()
+            lat.append(time.perf_counter() - t)
+            info = r["info"]
+            if r["terminated"] or r["truncated"]:
+                info = c.post(f"/v1/envs/{sid}/reset", json={}).json()["info"]
+        rate = len(lat) / (time.perf_counter() - t0)
+        c.delete(f"/v1/envs/{sid}")
+    return rate, statistics.median(lat) * 1000
+
+
+async def _http_many(url: str, env_id: str, kwargs: dict, seconds: float, sessions: int) -> float:
+    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as c:
+        made = await asyncio.gather(*[c.post("/v1/envs", json={"env_id": env_id, "kwargs": kwargs, "seed": i}) for i in range(sessions)])
+        bad = [m for m in made if m.status_code != 201]
+        if bad:
+            raise RuntimeError(f"{len(bad)} of {sessions} sessions failed: HTTP {bad[0].status_code} {bad[0].text[:300]}")
+        count = [0]
+        stop = time.perf_counter() + seconds
+
+        async def drive(d):
+            sid, info = d["session_id"], d["info"]
+            while time.perf_counter() < stop:
+                r = (await c.post(f"/v1/envs/{sid}/step", json={"action": _action(info)})).json()
+                count[0] += 1
+                info = r["info"]
+                if r["terminated"] or r["truncated"]:
+                    info = (await c.post(f"/v1/envs/{sid}/reset", json={})).json()["info"]
+            await c.delete(f"/v1/envs/{sid}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[drive(m.json()) for m in made])
+        return count[0] / (time.perf_counter() - t0)
+
+
+def http_fork(url: str, env_id: str, kwargs: dict, n: int = 40) -> tuple[float, float]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        d = c.post("/v1/envs", json={"env_id": env_id, "kwargs": kwargs, "seed": 0}).json()
+        sid = d["session_id"]
+        c.post(f"/v1/envs/{sid}/step", json={"action": _action(d["info"])})
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            kids = c.post(f"/v1/envs/{sid}/fork", json={"n": 4}).json()["session_ids"]
+            lat.append(time.perf_counter() - t)
+            for k in kids:
+                c.delete(f"/v1/envs/{k}")
+        c.delete(f"/v1/envs/{sid}")
+    lat.sort()
+    return statistics.median(lat) * 1000, lat[int(0.95 * (len(lat) - 1))] * 1000
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", choices=["clueprobe", "fileqa", "both"], default="both")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--sessions", type=int, default=32)
+    args = ap.parse_args(argv)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--factory", "sandbox_server.env_api:create_env_app", "--port", str(port),
+         "--log-level", "warning", "--no-access-log"],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    try:
+        for _ in range(200):
+            try:
+                httpx.get(url + "/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        names = ["clueprobe", "fileqa"] if args.env == "both" else [args.env]
+        print(f"env steps over HTTP to uvicorn on loopback (server: 1 process), {args.seconds:g} s per figure")
+        for name in names:
+            env_id, kw = ENVS[name]
+            local = in_process(env_id, kw, args.seconds)
+            one, p50 = http_one(url, env_id, kw, args.seconds)
+            # FileQA holds one sandbox per session: stay within the pool's default max_total (16).
+            n_sessions = args.sessions if name == "clueprobe" else min(args.sessions, 8)
+            many = asyncio.run(_http_many(url, env_id, kw, args.seconds, n_sessions))
+            f50, f95 = http_fork(url, env_id, kw)
+            print(f"{env_id}:")
+            print(f"  in-process:                 {local:>10,.0f} steps/s")
+            print(f"  HTTP, 1 session:            {one:>10,.0f} steps/s  (p50 {p50:.2f} ms; in-process / HTTP = {local / one:.1f}x)")
+            print(f"  HTTP, {n_sessions:>2} sessions:          {many:>10,.0f} steps/s  (in-process / HTTP = {local / many:.1f}x)")
+            print(f"  env fork(4) over HTTP:      p50 {f50:.2f} ms, p95 {f95:.2f} ms")
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
