@@ -69,9 +69,11 @@ def leftover_containers(prefix: str = TEST_LABEL_PREFIX) -> list[str]:
     c = docker.from_env(timeout=30)
     try:
         out = []
-        for ct in c.containers.list(all=True, filters={"label": "forkyard.sandbox"}):
-            if str(ct.labels.get("forkyard.sandbox", "")).startswith(prefix):
-                out.append(f"{ct.name} ({ct.labels.get('forkyard.sandbox')})")
+        # sparse: no per-container inspect, so containers removed meanwhile cannot make this fail
+        for ct in c.containers.list(all=True, sparse=True, filters={"label": "forkyard.sandbox"}):
+            label = str((ct.attrs.get("Labels") or {}).get("forkyard.sandbox", ""))
+            if label.startswith(prefix):
+                out.append(f"{ct.id[:12]} ({label})")
         return out
     finally:
         c.close()

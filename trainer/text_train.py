@@ -368,7 +368,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                         m["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
                     last_stats = st
                 m.update(grad_norm=gnorm, clip_frac=last_stats["clip_frac"], ratio_mean=last_stats["ratio_mean"],
-                         ratio_min=last_stats["ratio_min"], ratio_max=last_stats["ratio_max"], loss=float(loss),
+                         ratio_min=last_stats["ratio_min"], ratio_max=last_stats["ratio_max"], loss=float(loss.detach()),
                          trained_tokens=first_stats["tokens"])
             else:
                 m.update(grad_norm=0.0, clip_frac=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0, loss=0.0, trained_tokens=0)

@@ -1,0 +1,18 @@
+# The sandbox service: uvicorn + FastAPI over the Docker backend (it drives the engine through the
+# socket compose mounts at /var/run/docker.sock). Build context: the repository root.
+# Python packages: docker/vendor/site-packages when scripts/vendor-server-deps.sh filled it (offline CI
+# build; needs the base's python to match .venv's minor version), else pip from PyPI.
+ARG BASE_IMAGE=python:3.12-slim
+FROM ${BASE_IMAGE}
+ARG SRC_SHA=dev
+LABEL org.opencontainers.image.title="forkyard-server" forkyard.src_sha="${SRC_SHA}"
+COPY docker/vendor/ /opt/forkyard/vendor/
+RUN if [ -d /opt/forkyard/vendor/site-packages ]; then echo "using vendored packages"; \
+    else python3 -m pip install --no-cache-dir 'fastapi>=0.110' 'uvicorn>=0.29' 'docker>=7.0' \
+         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'httpx>=0.27,<1'; fi
+COPY sandbox_server /opt/forkyard/src/sandbox_server
+ENV PYTHONPATH=/opt/forkyard/vendor/site-packages:/opt/forkyard/src PYTHONDONTWRITEBYTECODE=1 \
+    FORKYARD_BACKEND=docker FORKYARD_HOST=0.0.0.0 FORKYARD_PORT=8000
+EXPOSE 8000
+HEALTHCHECK --interval=5s --timeout=3s --retries=20 CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
+CMD ["python3", "-m", "sandbox_server"]
