@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install docker-engine bench clean
+.PHONY: run test install docker-engine bench clean images serve compose-up bench-sandbox
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	./scripts/ensure-docker.sh
+	PYTHON=$(BIN)/python ./scripts/build-images.sh
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -30,3 +31,19 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+images: $(STAMP)
+	./scripts/ensure-docker.sh
+	PYTHON=$(BIN)/python ./scripts/build-images.sh --server
+
+serve: $(STAMP)
+	$(BIN)/python -m sandbox_server
+
+compose-up: $(STAMP)
+	./scripts/ensure-docker.sh
+	./scripts/compose-up.sh
+
+bench-sandbox: $(STAMP)
+	./scripts/ensure-docker.sh
+	PYTHON=$(BIN)/python ./scripts/build-images.sh
+	$(BIN)/python benchmarks/bench_sandbox.py

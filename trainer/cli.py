@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
     p.set_defaults(handler=_compare)
 
+    p = sub.add_parser("serve", help="run the sandbox service (same as python -m sandbox_server)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend", choices=["local", "docker"], default="local")
+    p.set_defaults(handler=lambda a: __import__("sandbox_server.app", fromlist=["serve"]).serve(a.host, a.port, backend=a.backend))
+
     from trainer.text_cli import register as register_text
 
     register_text(sub)
