@@ -69,7 +69,7 @@ class TextTrainConfig:
     branches: int = 4
     group_size: int = 16
     fork_selection: str = "uniform"
-    lr: float = 1e-3
+    lr: float = 2e-4  # 1e-3 collapsed to invalid actions within 2 iterations (docs/results/text_policy.md)
     ppo_epochs: int = 2
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
