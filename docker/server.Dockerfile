@@ -9,8 +9,10 @@ LABEL org.opencontainers.image.title="forkyard-server" forkyard.src_sha="${SRC_S
 COPY docker/vendor/ /opt/forkyard/vendor/
 RUN if [ -d /opt/forkyard/vendor/site-packages ]; then echo "using vendored packages"; \
     else python3 -m pip install --no-cache-dir 'fastapi>=0.110' 'uvicorn>=0.29' 'docker>=7.0' \
-         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'httpx>=0.27,<1'; fi
+         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'httpx>=0.27,<1' 'gymnasium>=1.0,<2' numpy orjson; fi
 COPY sandbox_server /opt/forkyard/src/sandbox_server
+# The env sessions (/v1/envs) host forkyard's envs in the server process.
+COPY envs /opt/forkyard/src/envs
 ENV PYTHONPATH=/opt/forkyard/vendor/site-packages:/opt/forkyard/src PYTHONDONTWRITEBYTECODE=1 \
     FORKYARD_BACKEND=docker FORKYARD_HOST=0.0.0.0 FORKYARD_PORT=8000
 EXPOSE 8000

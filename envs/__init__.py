@@ -24,7 +24,7 @@ from envs.text_space import TextSpace, fit_text
 #: Every env id forkyard registers, with the entry point and its default kwargs.
 ENV_SPECS: dict[str, tuple[str, dict]] = {
     "forkyard/ClueProbe-v0": ("envs.clueprobe:ClueProbeEnv", {"turns": 5, "bits": 3}),
-    "forkyard/FileQA-v0": ("envs.fileqa:FileQAEnv", {"max_turns": 6, "backend": "local"}),
+    "forkyard/FileQA-v0": ("envs.fileqa:FileQAEnv", {"max_turns": 6}),
 }
 
 for _env_id, (_entry, _kwargs) in ENV_SPECS.items():

@@ -190,8 +190,9 @@ class TextEnv(gym.Env):
     def _load_task_state(self, state: dict[str, Any]) -> None:
         pass
 
-    def _fork_into(self, child: "TextEnv") -> None:
-        """Give ``child`` its own copy of any resource this env owns beyond plain Python state."""
+    def _fork_into(self, children: list["TextEnv"]) -> None:
+        """Give each child its own copy of any resource this env owns beyond plain Python state
+        (one call for all n children, so a sandbox can be snapshotted once and cloned n times)."""
 
     # ----------------------------------------------------------------- Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -282,7 +283,9 @@ class TextEnv(gym.Env):
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"fork(n) needs an int n >= 1, got {n!r}")
-        return [self._clone() for _ in range(n)]
+        children = [self._clone() for _ in range(n)]
+        self._fork_into(children)
+        return children
 
     def _clone(self) -> "TextEnv":
         child = object.__new__(type(self))
@@ -293,7 +296,6 @@ class TextEnv(gym.Env):
         # Generator from the state on first use (see ``np_random``).
         child._rng_pending = self._rng_state()
         child._np_random = None
-        self._fork_into(child)
         return child
 
     def __copy__(self):

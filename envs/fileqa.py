@@ -75,9 +75,7 @@ def sandbox_provider(backend: str):
                 from sandbox_server.backends import make_backend
                 from sandbox_server.service import SandboxService, ServiceConfig
 
-                kw = {}
-                if backend == "docker":
-                    kw = {"image": os.environ.get("FORKYARD_SANDBOX_IMAGE", "forkyard-sandbox:latest")}
+                kw = {"image": sandbox_image()} if backend == "docker" else {}
                 provider = SandboxService(make_backend(backend, **kw), ServiceConfig.from_env()).start(wait=False)
                 atexit.register(provider.close)
             else:
@@ -86,6 +84,68 @@ def sandbox_provider(backend: str):
             raise EnvInfraError(f"sandbox backend {backend!r} is unavailable: {exc}") from exc
         _providers[backend] = provider
         return provider
+
+
+def sandbox_image() -> str:
+    """The sandbox image the docker backend runs: ``$FORKYARD_SANDBOX_IMAGE`` or ``forkyard-sandbox:latest``."""
+    return os.environ.get("FORKYARD_SANDBOX_IMAGE", "forkyard-sandbox:latest")
+
+
+def image_corpus(image: str) -> str:
+    """Copy ``/data`` out of a sandbox image into a host cache folder (once per image id) and return it.
+
+    The image builds its corpus from its own Python's standard library, which may differ from the host's,
+    so FileQA on the docker backend generates its questions from exactly these files. Uses a created,
+    never started container, removed at once.
+
+    Raises:
+        EnvInfraError: if the engine or the image is unavailable.
+    """
+    import io
+    import shutil
+    import tarfile
+    import tempfile
+
+    try:
+        import docker
+
+        client = docker.from_env()
+        img = client.images.get(image)
+    except Exception as exc:  # noqa: BLE001 - docker's errors are many; all mean "no corpus from the image"
+        raise EnvInfraError(f"cannot read the corpus of image {image!r}: {exc}") from exc
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "forkyard")
+    dest = os.path.join(cache, f"corpus-image-{img.id.split(':')[-1][:16]}")
+    if os.path.isfile(os.path.join(dest, "MANIFEST.json")):
+        return dest
+    container = client.containers.create(image, command=["true"], network_mode="none")
+    try:
+        stream, _ = container.get_archive("/data")
+        data = b"".join(stream)
+    finally:
+        container.remove(force=True)
+    os.makedirs(cache, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=cache)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        # Plain files and folders under data/ only (Python < 3.11.4 has no extraction filters).
+        safe = [m for m in tar.getmembers()
+                if (m.isfile() or m.isdir()) and m.name.split("/")[0] == "data" and ".." not in m.name.split("/")]
+        tar.extractall(tmp, members=safe)
+    try:
+        os.replace(os.path.join(tmp, "data"), dest)
+    except OSError:  # another process won the race: its copy is the same
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def set_provider(backend: str, provider: Any | None) -> None:
+    """Make FileQA envs of this process with ``backend`` use ``provider`` (a server's own
+    ``SandboxService``), or forget it with ``None``."""
+    with _providers_lock:
+        if provider is None:
+            _providers.pop(backend, None)
+        else:
+            _providers[backend] = provider
 
 
 @lru_cache(maxsize=4)
@@ -159,13 +219,16 @@ class FileQAEnv(TextEnv):
 
     Args:
         max_turns: turn budget, >= 1 (default 6).
-        backend: ``"local"`` (default, no Docker), ``"docker"``, or the URL of a forkyard server.
+        backend: ``"local"`` (no Docker), ``"docker"``, or the URL of a forkyard server; default
+            ``$FORKYARD_BACKEND`` or ``"local"``. With ``"docker"`` the questions come from the sandbox
+            image's own corpus (:func:`image_corpus`); with a URL, from the local corpus, which must match
+            the server's (else :class:`EnvInfraError`): run the env on the server (``server_url=``) instead.
         per_turn_timeout_s: deadline of each tool call in seconds, > 0 (default 5).
         continue_on_timeout: if True a timed-out call is explained and the episode goes on.
         min_tool_calls: gate: tool calls needed before an answer counts (default 0).
         required_tools: gate: tool names that must have been called before an answer counts.
         kinds: question kinds to draw from (default all of :data:`QUESTION_KINDS`).
-        corpus_dir: where the question generator reads the corpus (default: ``ensure_corpus()``).
+        corpus_dir: where the question generator reads the corpus (default: see ``backend``).
         render_mode: ``None`` or ``"ansi"``.
 
     Raises:
@@ -177,9 +240,10 @@ class FileQAEnv(TextEnv):
     max_observation_length = 4096
     max_action_length = 1024
 
-    def __init__(self, max_turns: int = 6, backend: str = "local", per_turn_timeout_s: float = 5.0,
+    def __init__(self, max_turns: int = 6, backend: str | None = None, per_turn_timeout_s: float = 5.0,
                  continue_on_timeout: bool = False, min_tool_calls: int = 0, required_tools: tuple | list = (),
                  kinds: tuple | list | None = None, corpus_dir: str | None = None, render_mode: str | None = None):
+        backend = backend or os.environ.get("FORKYARD_BACKEND", "local")
         kinds = tuple(kinds) if kinds else QUESTION_KINDS
         if set(kinds) - set(QUESTION_KINDS):
             raise ValueError(f"unknown question kinds {sorted(set(kinds) - set(QUESTION_KINDS))}; choose from {QUESTION_KINDS}")
@@ -200,7 +264,9 @@ class FileQAEnv(TextEnv):
         self._provider = sandbox_provider(backend)
         from sandbox_server.corpus import ensure_corpus
 
-        self.corpus_dir = corpus_dir or ensure_corpus()
+        if corpus_dir is None:
+            corpus_dir = image_corpus(sandbox_image()) if backend == "docker" else ensure_corpus()
+        self.corpus_dir = corpus_dir
         self._tools = {t.name: list(t.params) for t in self._provider.tools()}
         unknown = set(self.required_tools) - set(self._tools)
         if unknown:
@@ -248,17 +314,21 @@ class FileQAEnv(TextEnv):
         except Exception:  # noqa: BLE001
             pass
 
-    def _fork_into(self, child: "FileQAEnv") -> None:
+    def _fork_into(self, children: list["FileQAEnv"]) -> None:
+        for child in children:
+            child._calls = list(self._calls)
+            child._question = dict(self._question)
+            child._sandbox = None
         if self._sandbox is None:
             return
         from sandbox_server.errors import SandboxError
 
-        try:
-            child._sandbox = self._provider.fork(self._sandbox, 1)[0].id
+        try:  # one snapshot, n clones from the warm pool
+            boxes = self._provider.fork(self._sandbox, len(children))
         except SandboxError as exc:
             raise EnvInfraError(f"sandbox fork failed: {exc}") from exc
-        child._calls = list(self._calls)
-        child._question = dict(self._question)
+        for child, box in zip(children, boxes):
+            child._sandbox = box.id
 
     # ------------------------------------------------------------------ the task
     def _draw_question(self) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -17,6 +17,7 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from sandbox_server import env_api
 from sandbox_server.backends import Backend, make_backend
 from sandbox_server.errors import SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
@@ -84,15 +85,27 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         app.state.backend_error = backend_error[0] if backend_error else None
         if svc is not None:
             await anyio.to_thread.run_sync(lambda: svc.start(wait=warm))
+            # Sandbox-backed envs served by this app (FileQA) take their sandboxes from this pool.
+            from envs.fileqa import set_provider
+
+            set_provider(svc.backend.name, svc)
+        reaper_task = asyncio.create_task(env_api.reaper(app.state.env_sessions))
         try:
             yield
         finally:
+            reaper_task.cancel()
+            await anyio.to_thread.run_sync(app.state.env_sessions.close_all)
             if svc is not None:
+                from envs.fileqa import set_provider
+
+                set_provider(svc.backend.name, None)
                 await anyio.to_thread.run_sync(svc.close)
 
     app = FastAPI(title="forkyard sandbox service", version="1",
                   description="A pool of snapshot-cloneable sandboxes with a read-only tool whitelist and "
-                              "per-turn timeouts. See docs/sandbox.md.", lifespan=lifespan)
+                              "per-turn timeouts, and env sessions (/v1/envs) for every registered "
+                              "forkyard env. See docs/sandbox.md.", lifespan=lifespan)
+    env_api.install(app)
 
     def svc_of(request: Request) -> SandboxService:
         svc = request.app.state.service

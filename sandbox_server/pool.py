@@ -215,10 +215,13 @@ class SandboxPool:
             self._update_gauges()
             self._cond.notify_all()
             closed = self._closed
-        if closed:
-            self._destroy(sid)
-        else:
-            self._bg.submit(self._destroy, sid)
+        if not closed:
+            try:
+                self._bg.submit(self._destroy, sid)
+                return
+            except RuntimeError:  # interpreter shutdown stopped the worker threads first: destroy inline
+                pass
+        self._destroy(sid)
 
     def status(self) -> dict:
         """Counts and limits: idle, busy, starting, min_idle, max_total, max_concurrent_starts, last_error."""

@@ -123,6 +123,25 @@ def test_compose_up_serves_the_api():
             assert c.exec(sb.id, "cat", {"path": "/scratch/q.txt"}).stdout == "hello"
             assert "def dedent" in c.exec(sb.id, "grep", {"pattern": "def dedent", "path": "Lib"}).stdout
             assert len(c.fork(sb.id, 2)) == 2
+        # The same server hosts env sessions; FileQA runs on its docker pool, the trainer drives it remotely.
+        import gymnasium as gym
+
+        import envs  # noqa: F401
+        from trainer.train import TrainConfig, train
+
+        remote = gym.make("forkyard/FileQA-v0", server_url=f"http://127.0.0.1:{port}", kinds=["log_errors"]).unwrapped
+        obs, info = remote.reset(seed=1)
+        out, *_ = remote.step(info["legal_actions"][0])
+        assert " ERROR " in out and "/scratch/app.log" in obs
+        kid = remote.fork(1)[0]
+        kid_out = kid.step(info["legal_actions"][0])[0]
+        assert kid_out.splitlines()[1:-1] == out.splitlines()[1:-1]  # same scratch file in the forked sandbox
+        kid.close()
+        remote.close()
+        result = train(TrainConfig(env_id="forkyard/FileQA-v0", env_kwargs={"max_turns": 3}, estimator="tree",
+                                   n_base=2, branches=2, iterations=2, eval_episodes=4, device="cpu",
+                                   server_url=f"http://127.0.0.1:{port}"))
+        assert all(m["infra_failures"] == 0 and m["env_calls"] > 0 for m in result.metrics)
     finally:
         down = subprocess.run(["docker", "compose", "down", "-t", "10"], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120)

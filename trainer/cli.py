@@ -65,6 +65,7 @@ def _train(args: argparse.Namespace) -> int:
         branches=args.branches,
         iterations=args.iterations,
         max_env_calls=args.max_env_calls,
+        eval_episodes=args.eval_episodes,
         lr=args.lr,
         seed=args.seed,
         device=args.device,
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branches", type=int, default=4)
     p.add_argument("--iterations", type=int, default=250)
     p.add_argument("--max-env-calls", type=int, default=None, help="stop after this many env calls")
+    p.add_argument("--eval-episodes", type=int, default=64, help="greedy evaluation episodes on held-out seeds")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")

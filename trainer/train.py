@@ -43,6 +43,7 @@ class TrainConfig:
     branches: int = 4  # m, tree rollouts (the base's own continuation included)
     iterations: int = 250
     max_env_calls: int | None = None  # stop once this many env calls were spent (equal-budget comparisons)
+    eval_episodes: int = 64  # greedy evaluation on held-out seeds (ClueProbe: every target instead)
     lr: float = 0.1
     seed: int = 0
     omega: float = 1.0  # anchor_fallback: weight of the step-level term
@@ -302,7 +303,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             bar.close()
         if sink:
             sink.close()
-    evaluation = greedy_eval(policy, env, evaluation_resets(cfg.env_id, cfg.env_kwargs))
+    evaluation = greedy_eval(policy, env, evaluation_resets(cfg.env_id, cfg.env_kwargs, cfg.eval_episodes))
     env.close()
     wall = time.perf_counter() - t0
     if out:
