@@ -201,6 +201,17 @@ def corpus_facts(root: str) -> dict[str, Any]:
             "paths": sorted(texts)}
 
 
+_OFFSETS = (-10, -5, -3, -2, -1, 1, 2, 3, 5, 10)
+
+
+def _numeric_candidates(n: int, rng) -> list[int]:
+    """``n`` and three distinct non-negative distractors at random offsets, sorted: the right answer's
+    rank among the candidates varies from question to question, so a policy cannot learn a position."""
+    offsets = [o for o in _OFFSETS if n + o >= 0]
+    picks = [offsets[int(i)] for i in rng.choice(len(offsets), 3, replace=False)]
+    return sorted({n, *(n + o for o in picks)})
+
+
 def normalize_answer(value: Any) -> str:
     """Canonical form for comparing answers: stripped text, ``./`` and ``/data/`` dropped, quotes removed,
     integers in decimal (``'42'`` and ``42`` compare equal)."""
@@ -346,7 +357,7 @@ class FileQAEnv(TextEnv):
                  "menu": [format_action("grep", f"^(class|def) {name}\\b", "Lib"), format_action("ls", "Lib")]}
         elif kind == "line_count":
             path, n = facts["lines"][int(rng.integers(len(facts["lines"])))]
-            cands = sorted({n, n + 1, n - 1, n + 10})
+            cands = _numeric_candidates(n, rng)
             q = {"text": f"How many lines does /data/{path} have (as wc -l counts)? Answer with a number.",
                  "answer": n, "candidates": cands, "menu": [format_action("wc", path), format_action("head", path)]}
         elif kind == "constant":
@@ -359,7 +370,7 @@ class FileQAEnv(TextEnv):
                  "menu": [format_action("grep", f"^{name} =", path), format_action("cat", path)]}
         elif kind == "imports":
             module, n = facts["imports"][int(rng.integers(len(facts["imports"])))]
-            cands = sorted({n, n + 1, max(0, n - 1), n + 3})
+            cands = _numeric_candidates(n, rng)
             q = {"text": f"How many files under /data/Lib import the module `{module}` (with `import {module}` or "
                          f"`from {module} import ...`, at any indentation)? Answer with a number.",
                  "answer": n, "candidates": cands,
@@ -372,7 +383,7 @@ class FileQAEnv(TextEnv):
                      for i, lvl in enumerate(levels)]
             n = sum(1 for lvl in levels if lvl == "ERROR")
             files["app.log"] = ("\n".join(lines) + "\n").encode()
-            cands = sorted({n, n + 1, max(0, n - 2), n + 5})
+            cands = _numeric_candidates(n, rng)
             q = {"text": f"How many lines of {LOG_PATH} have level ERROR? Answer with a number.",
                  "answer": n, "candidates": cands,
                  "menu": [format_action("grep", "ERROR", LOG_PATH), format_action("wc", LOG_PATH)]}

@@ -204,3 +204,14 @@ def test_corpus_facts_are_real():
     facts = corpus_facts(ensure_corpus())
     assert ("dataclass", "Lib/dataclasses.py") in facts["defines"]
     assert any(p == "Lib/json/decoder.py" for p, _ in facts["lines"])
+
+
+def test_the_right_answer_has_no_fixed_position_in_the_menu():
+    env = make(kinds=["line_count", "imports", "log_errors"])
+    ranks = set()
+    for seed in range(40):
+        _, info = env.reset(seed=seed)
+        answers = [a for a in info["legal_actions"] if a.startswith("answer(")]
+        ranks.add(answers.index(f"answer({env._question['answer']!r})"))
+    env.close()
+    assert len(ranks) >= 3  # (rank 3 needs three negative offsets: rare for small counts)
