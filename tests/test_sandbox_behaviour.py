@@ -214,6 +214,27 @@ def test_s4_sixteen_capped_calls_at_once(service):
             service.delete(sid)
 
 
+def test_s4_server_memory_grows_by_cap_times_calls_not_by_output(service):
+    """16 endless producers at once: the server's Python heap peaks at a few copies of 16 x cap
+    (agent frame, JSON, decoded text), never at what the tools would have printed."""
+    import tracemalloc
+
+    ids = [service.create().id for _ in range(4)]
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        with ThreadPoolExecutor(16) as ex:
+            results = list(ex.map(lambda i: service.exec_argv(ids[i % 4], ["cat", "/dev/zero"], timeout_s=5), range(16)))
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+        for sid in ids:
+            service.delete(sid)
+    assert all(r.truncated for r in results)
+    assert peak < 16 * CAP * 12, f"peak heap growth {peak} bytes for 16 calls capped at {CAP} bytes"
+
+
 # -- S5: bytes that are not UTF-8 --------------------------------------------------------------------------
 
 def test_s5_undecodable_bytes(service, sb):
