@@ -28,7 +28,6 @@ import struct
 import tarfile
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid

@@ -125,8 +125,15 @@ def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter:
     return False
 
 
-def _start(env, policy: Policy, seed: int | None, options: dict | None = None):
-    obs, info = env.reset(seed=seed, options=options)
+def _start(env, policy: Policy, ep: Episode) -> PolicySession | None:
+    """Reset ``env`` with the episode's seed and open a policy session; None (and ``ep`` marked lost)
+    when the reset failed through the infrastructure."""
+    try:
+        obs, info = env.reset(seed=ep.seed)
+    except EnvInfraError as exc:
+        log.warning("reset lost to infrastructure: %s", exc)
+        ep.infra_failure, ep.reason = True, "infra_error"
+        return None
     return policy.session(obs, info)
 
 
@@ -149,16 +156,10 @@ def group_rollout(env, policy: Policy, group_size: int, seeds: list[int], rng: r
     episodes = []
     for seed in seeds:
         ep = Episode(seed=seed)
-        try:
-            session = _start(env, policy, seed)
-        except EnvInfraError as exc:
-            log.warning("reset lost to infrastructure: %s", exc)
-            ep.infra_failure, ep.reason = True, "infra_error"
-            episodes.append(ep)
-            continue
-        while not _step(env, session, ep, rng, counter):
-            pass
         episodes.append(ep)
+        session = _start(env, policy, ep)
+        while session is not None and not _step(env, session, ep, rng, counter):
+            pass
     return Rollout("group", episodes, counter.env_calls, counter.forks)
 
 
@@ -197,11 +198,8 @@ def tree_rollout(
     episodes: list[Episode] = []
     for b, seed in enumerate(seeds):
         base = Episode(seed=seed, base=b, branch=0)
-        try:
-            session = _start(env, policy, seed)
-        except EnvInfraError as exc:
-            log.warning("reset lost to infrastructure: %s", exc)
-            base.infra_failure, base.reason = True, "infra_error"
+        session = _start(env, policy, base)
+        if session is None:
             episodes.append(base)
             continue
         checkpoint = None  # (turn, env copy, session copy, prefix reward)

@@ -38,7 +38,7 @@ from trainer.losses import PPOConfig, ppo_loss
 from trainer.monitors import EchoTrapDetector
 from trainer.rollout import Rollout, group_rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
-from trainer.train import TrainConfig, make_env, step_advantages
+from trainer.train import TrainConfig, make_env, open_run_dir, step_advantages
 
 log = logging.getLogger(__name__)
 
@@ -316,12 +316,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
         ref = copy.deepcopy(model).eval()
     detector = EchoTrapDetector()
     warnings: list[str] = []
-    out = Path(cfg.run_dir) if cfg.run_dir else None
-    sink = None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-        sink = (out / "metrics.jsonl").open("w")
+    out, sink = open_run_dir(cfg.run_dir, cfg)
     metrics: list[dict] = []
     n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
     try:

@@ -167,6 +167,17 @@ def step_advantages(rollout: Rollout, cfg: TrainConfig) -> Assigned:
     return Assigned([s for s, _ in kept], [a for _, a in kept], sum(valid), stats)
 
 
+def open_run_dir(run_dir: str | None, config: Any) -> tuple[Path | None, Any]:
+    """Create ``run_dir`` with ``config.json`` (the dataclass ``config``) and open ``metrics.jsonl`` for
+    writing. Returns ``(path, file)``, or ``(None, None)`` when ``run_dir`` is None."""
+    if not run_dir:
+        return None, None
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    return out, (out / "metrics.jsonl").open("w")
+
+
 def make_env(env_id: str, env_kwargs: dict[str, Any], server_url: str | None = None):
     """A bare env (no Gymnasium checker wrappers: the hot loop pays for none of them).
 
@@ -238,12 +249,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     rng = random.Random(cfg.seed)
     env = make_env(cfg.env_id, cfg.env_kwargs, cfg.server_url)
     policy = TabularPolicy(device=cfg.device)
-    out = Path(cfg.run_dir) if cfg.run_dir else None
-    sink = None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-        sink = (out / "metrics.jsonl").open("w")
+    out, sink = open_run_dir(cfg.run_dir, cfg)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
