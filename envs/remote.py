@@ -45,7 +45,7 @@ class RemoteEnv(gym.Env):
             transport=httpx.HTTPTransport(retries=connect_retries),
             limits=httpx.Limits(max_keepalive_connections=32, max_connections=64),
         )
-        self._owns_client = True
+        self._client_refs = [1]  # shared with forks: the client closes when the last env using it closes
         self.session_id: str | None = None
         self.turn = 0
         self.done = False
@@ -99,23 +99,30 @@ class RemoteEnv(gym.Env):
         for sid in data["session_ids"]:
             child = object.__new__(RemoteEnv)
             child.__dict__.update(self.__dict__)
-            child.session_id, child._owns_client = sid, False
+            child.session_id = sid
+            self._client_refs[0] += 1
             children.append(child)
         return children
 
     def close(self) -> None:
+        """Delete the server-side session (the server's TTL reaps it if the server is unreachable).
+        The HTTP client, shared with forks, closes with the last env that uses it."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         if self.session_id is not None:
             try:
                 self._client.delete(f"/v1/envs/{self.session_id}")
             except httpx.HTTPError:
-                pass  # the server's TTL reaps it
+                pass
             self.session_id = None
-        if self._owns_client:
+        self._client_refs[0] -= 1
+        if self._client_refs[0] <= 0:
             self._client.close()
 
     def __del__(self):  # best effort: a garbage-collected env frees its server session
         try:
-            if getattr(self, "session_id", None) is not None and not self._client.is_closed:
+            if not self._client.is_closed:
                 self.close()
         except Exception:  # noqa: BLE001
             pass

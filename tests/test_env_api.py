@@ -120,8 +120,11 @@ def test_remote_env_through_gymnasium_make(server):
     with pytest.raises(EpisodeFinishedError):
         a.step("answer(3)")
     assert env.step("answer(3)") == local.step("answer(3)")
-    for e in (a, b, env):
+    env.close()  # closing the parent first keeps its forks usable
+    assert b.reset(seed=1)[1]["turn"] == 0
+    for e in (a, b):
         e.close()
+    assert a._client.is_closed
 
 
 def test_remote_env_passes_check_env(server):
