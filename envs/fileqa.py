@@ -138,14 +138,15 @@ def image_corpus(image: str) -> str:
     return dest
 
 
-def set_provider(backend: str, provider: Any | None) -> None:
+def set_provider(backend: str, provider: Any | None) -> Any | None:
     """Make FileQA envs of this process with ``backend`` use ``provider`` (a server's own
-    ``SandboxService``), or forget it with ``None``."""
+    ``SandboxService``); ``None`` forgets it. Returns the provider it replaced (or None), so a server
+    can put it back at shutdown."""
     with _providers_lock:
-        if provider is None:
-            _providers.pop(backend, None)
-        else:
+        previous = _providers.pop(backend, None)
+        if provider is not None:
             _providers[backend] = provider
+        return previous
 
 
 @lru_cache(maxsize=4)

@@ -88,7 +88,9 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             # Sandbox-backed envs served by this app (FileQA) take their sandboxes from this pool.
             from envs.fileqa import set_provider
 
-            set_provider(svc.backend.name, svc)
+            replaced = set_provider(svc.backend.name, svc)
+        else:
+            replaced = None
         reaper_task = asyncio.create_task(env_api.reaper(app.state.env_sessions))
         try:
             yield
@@ -98,7 +100,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             if svc is not None:
                 from envs.fileqa import set_provider
 
-                set_provider(svc.backend.name, None)
+                set_provider(svc.backend.name, replaced)
                 await anyio.to_thread.run_sync(svc.close)
 
     app = FastAPI(title="forkyard sandbox service", version="1",

@@ -215,3 +215,41 @@ def test_the_right_answer_has_no_fixed_position_in_the_menu():
         ranks.add(answers.index(f"answer({env._question['answer']!r})"))
     env.close()
     assert len(ranks) >= 3  # (rank 3 needs three negative offsets: rare for small counts)
+
+
+def test_a_blocking_sandbox_step_does_not_stall_other_sessions():
+    """The full sandbox app (its own pool serves FileQA): while one FileQA step runs a tool call that
+    lasts until its 2 s deadline (a backreference grep over the corpus), another session's ClueProbe
+    steps are answered. Ordering, not timing, is asserted: they all finish before the slow step."""
+    import threading
+    import time
+
+    from sandbox_server.app import create_app
+
+    srv = UvicornThread(create_app("local")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as slow_http, httpx.Client(base_url=srv.url, timeout=30) as fast:
+            slow = slow_http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 0,
+                                                    "kwargs": {"per_turn_timeout_s": 2, "backend": "local"}}).json()
+            quick = fast.post("/v1/envs", json={"env_id": "forkyard/ClueProbe-v0", "seed": 0}).json()
+            done = {}
+
+            def slow_step():
+                r = slow_http.post(f"/v1/envs/{slow['session_id']}/step",
+                                   json={"action": "grep('(.*)(.*)(.*)(.*)\\\\4\\\\3\\\\2\\\\1x', 'Lib')"}).json()
+                done["slow"] = (time.monotonic(), r)
+
+            t = threading.Thread(target=slow_step)
+            t.start()
+            time.sleep(0.3)
+            for action in ("probe(0)", "probe(1)", "probe(2)", "probe(0)"):
+                assert fast.post(f"/v1/envs/{quick['session_id']}/step", json={"action": action}).status_code == 200
+            quick_done = time.monotonic()
+            t.join(30)
+            slow_done, r = done["slow"]
+            assert r["info"]["termination_reason"] == "timeout" and r["truncated"]
+            assert quick_done < slow_done
+            for sid in (slow["session_id"], quick["session_id"]):
+                assert fast.delete(f"/v1/envs/{sid}").status_code == 204
+    finally:
+        srv.stop()
