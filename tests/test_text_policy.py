@@ -237,3 +237,45 @@ def test_fork_of_a_text_rollout(tree):
     assert sess.ids == ids and sess.mask == mask and twin.ids[: len(ids)] == ids
     s1 = sess.act(random.Random(1))
     assert s1.data.action_ids == t1.data.action_ids and s1.data.logps == pytest.approx(t1.data.logps, abs=1e-6)
+
+
+def test_entropy_mode_greedy_max_sees_the_whole_action_and_leaves_the_session_alone():
+    model = small_model(eot_logit=-20.0)  # no early end: the greedy continuation runs max_new_tokens
+    first = policy(model).session("q", {"turn": 0})
+    whole = policy(model, entropy_mode="greedy_max").session("q", {"turn": 0})
+    assert whole.entropy() >= first.entropy() - 1e-6
+    # the greedy continuation's tokens: the largest of their entropies, recomputed in one forward pass
+    g = policy(model, temperature=0.0).session("q", {"turn": 0}).act(random.Random(0)).data
+    assert whole.entropy() == pytest.approx(max(g.entropies), abs=1e-4)
+    # the probe changes nothing: what the session samples next is what a fresh session samples
+    ids_before = list(whole.ids)
+    a = whole.act(random.Random(5)).data.action_ids
+    b = policy(model, entropy_mode="greedy_max").session("q", {"turn": 0}).act(random.Random(5)).data.action_ids
+    assert whole.ids[:len(ids_before)] == ids_before and a == b
+    with pytest.raises(ValueError):
+        policy(model, entropy_mode="nope").session("q", {"turn": 0}).entropy()
+
+
+def test_entropy_fork_with_greedy_max_runs_a_text_tree():
+    # a model whose only uncertainty is the answer digit: first-token entropy cannot tell turns apart
+    model = small_model(context=512, eot_logit=5.0)
+    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    ro = tree_rollout(env, policy(model, entropy_mode="greedy_max"), 2, 2, [0, 1], random.Random(0), "entropy")
+    assert all(e.fork_turn is not None for e in ro.episodes if e.branch == 0)
+
+
+def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
+    import copy
+
+    from trainer.text_train import apply_invalid_penalty
+
+    _, ro = tree
+    ro = copy.deepcopy(ro)
+    before = [e.reward for e in ro.episodes]
+    apply_invalid_penalty(ro, 0.5)
+    bases = {e.base: e for e in ro.episodes if e.branch == 0}
+    for e, r0 in zip(ro.episodes, before):
+        path = list(e.steps)
+        if e.branch:
+            path = [s for s in bases[e.base].steps if s.turn < e.fork_turn] + path
+        assert e.reward == pytest.approx(r0 - 0.5 * sum(not s.data.legal for s in path))

@@ -42,6 +42,14 @@ def add_rl_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-p", dest="top_p", type=float, default=None)
     p.add_argument("--eval-every", dest="eval_every", type=int, default=None)
+    p.add_argument("--fork-selection", dest="fork_selection", default=None, choices=["uniform", "entropy"])
+    p.add_argument("--fork-entropy", dest="fork_entropy", default=None, choices=["first", "greedy_max"],
+                   help="entropy fork selection: first token of the action, or max along its greedy continuation")
+    p.add_argument("--drop-zero-variance", dest="drop_zero_variance", action="store_true", default=None)
+    p.add_argument("--invalid-penalty", dest="invalid_penalty", type=float, default=None,
+                   help="shaping: subtract this from an episode's return per illegal action (default 0)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None)
+    p.add_argument("--eval-samples", dest="eval_samples", type=int, default=None)
 
 
 def _sft(args) -> int:

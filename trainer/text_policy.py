@@ -109,6 +109,11 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 24
     stop_strings: tuple[str, ...] = ()
+    #: what :meth:`TextSession.entropy` (the ``entropy`` fork selection) measures: ``"first"``, the
+    #: first token of the next action; ``"greedy_max"``, the largest token entropy along the greedy
+    #: continuation of the next action (where a tool call's argument is chosen: the first token of
+    #: ``probe(k)`` / ``answer(c)`` is nearly deterministic, so ``"first"`` does not see the choice).
+    entropy_mode: str = "first"
 
 
 @dataclass
@@ -216,9 +221,27 @@ class TextSession:
         return twin
 
     def entropy(self) -> float:
-        """Entropy (nats) of the tempered distribution of the first token of the next action."""
+        """Entropy (nats) of the tempered next-action distribution, per ``sampling.entropy_mode``: the
+        first token's (``"first"``), or the largest token entropy along the greedy continuation
+        (``"greedy_max"``; the session's cache and history are left unchanged)."""
         logp = policy_log_softmax(self._prefill(), self._temp())
-        return float(-(logp.exp() * logp).sum())
+        best = float(-(logp.exp() * logp).sum())
+        sc = self.policy.sampling
+        if sc.entropy_mode == "first":
+            return best
+        if sc.entropy_mode != "greedy_max":
+            raise ValueError(f"entropy_mode must be 'first' or 'greedy_max', got {sc.entropy_mode!r}")
+        past = self._past
+        model = self.policy.model
+        with torch.no_grad():
+            for _ in range(sc.max_new_tokens - 1):
+                i = int(logp.argmax())
+                if i == self.policy.tok.eot_id:
+                    break
+                out, past = model(torch.tensor([[i]], device=self.policy.device), past)
+                logp = policy_log_softmax(out[0, -1], self._temp())
+                best = max(best, float(-(logp.exp() * logp).sum()))
+        return best
 
     def act(self, rng: random.Random) -> Step:
         sc = self.policy.sampling

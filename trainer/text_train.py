@@ -69,6 +69,7 @@ class TextTrainConfig:
     branches: int = 4
     group_size: int = 16
     fork_selection: str = "uniform"
+    fork_entropy: str = "first"  # what "entropy" fork selection measures (SamplingConfig.entropy_mode)
     lr: float = 2e-4  # 1e-3 collapsed to invalid actions within 2 iterations (docs/results/text_policy.md)
     ppo_epochs: int = 2
     max_grad_norm: float = 1.0
@@ -79,6 +80,7 @@ class TextTrainConfig:
     reduction: str = "token-mean"
     filter_top_p: float | None = None  # StarPO-S: keep the top-p groups by reward std
     drop_zero_variance: bool = False
+    invalid_penalty: float = 0.0  # subtracted from an episode's return per illegal action on its path (shaping)
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
@@ -96,7 +98,8 @@ class TextTrainConfig:
         return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, context=self.context)
 
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                              entropy_mode=self.fork_entropy)
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -170,6 +173,19 @@ def build_batch(rollout: Rollout, steps: list, advantages: list[float], pad_id: 
 
     return Batch(pad_rows(rows, pad_id, device), pad(masks), pad(advs), pad(olds),
                  torch.tensor(groups, dtype=torch.long, device=device), rows)
+
+
+def apply_invalid_penalty(rollout: Rollout, penalty: float) -> None:
+    """Reward shaping (optional, off by default): subtract ``penalty`` from each episode's return per
+    illegal action on its path; a tree branch's path is its base's steps before the fork turn plus its
+    own steps. Only the returns the advantages are computed from change; the env's reward is untouched
+    (``reward_mean`` in the metrics is then the shaped mean)."""
+    bases = {e.base: e for e in rollout.episodes if e.branch in (0, None)}
+    for ep in rollout.episodes:
+        path = list(ep.steps)
+        if ep.branch not in (0, None) and ep.fork_turn is not None and ep.base in bases:
+            path = [s for s in bases[ep.base].steps if s.turn < ep.fork_turn] + path
+        ep.reward -= penalty * sum(s.data.legal is False for s in path)
 
 
 # ---------------------------------------------------------------------------------------------- SFT
@@ -327,6 +343,8 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                 ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
             else:
                 ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
+            if cfg.invalid_penalty:
+                apply_invalid_penalty(ro, cfg.invalid_penalty)
             assigned = step_advantages(ro, est_cfg)
             batch = build_batch(ro, assigned.steps, assigned.advantages, tok.pad_id, device)
             all_steps = [s for e in ro.episodes for s in e.steps]
