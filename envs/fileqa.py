@@ -481,7 +481,7 @@ class FileQAEnv(TextEnv):
     def oracle_action(self) -> str:
         """The right answer after the tool calls the gates require (uses the hidden answer: for tests)."""
         needed = list(self.required_tools) + ["wc"] * max(0, self.min_tool_calls - len(self.required_tools))
-        for tool in needed[len(self._calls):]:
-            path = "Lib/abc.py"
-            return format_action(tool, path) if tool != "grep" else format_action("grep", "x", path)
+        if len(self._calls) < len(needed):
+            tool = needed[len(self._calls)]
+            return format_action("grep", "x", "Lib/abc.py") if tool == "grep" else format_action(tool, "Lib/abc.py")
         return format_action("answer", self._question["answer"])

@@ -159,7 +159,6 @@ def step_advantages(rollout: Rollout, cfg: TrainConfig) -> Assigned:
             else:
                 values.append(branch[bi][k])
                 step_keep.append(valid[i] and keep_b[bi])
-        groups = groups or [[]]
 
     zero_var = [len(g) < 2 or max(g) - min(g) <= adv.EQUAL_TOL for g in groups]
     stats["zero_variance_groups"] = sum(zero_var) / max(len(groups), 1)
