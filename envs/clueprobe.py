@@ -121,6 +121,21 @@ class ClueProbeEnv(TextEnv):
         unknown = [k for k in range(self.bits) if k not in known]
         return format_action("probe", unknown[0] if unknown else 0)
 
-    def demo_action(self, rng: random.Random) -> str:
-        """A uniformly random legal action: demonstrations of the format without the strategy."""
+    def demo_action(self, rng: random.Random, skill: float = 0.0) -> str:
+        """A demonstration action: the format, without (most of) the strategy.
+
+        Probes are always a uniformly random legal ``probe(k)`` (repeats allowed: no probing strategy).
+        On the answer turn, with probability ``skill`` the answer that fits the probed bits
+        (:meth:`oracle_action`), else a uniformly random legal ``answer(c)``. ``skill=0`` (default) is
+        uniformly random legal actions; ``0 < skill < 1`` is a deliberately weak scripted policy (the
+        issue's second kind of demonstration). The demonstrator's success rate at bits=3, T=4 is about
+        ``0.58 * skill + (1 - skill) / 8``, against 1.0 for the oracle.
+
+        Raises:
+            ValueError: if ``skill`` is outside [0, 1].
+        """
+        if not 0.0 <= skill <= 1.0:
+            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
+        if skill and self._is_answer_turn() and rng.random() < skill:
+            return self.oracle_action()
         return rng.choice(self._legal_actions())

@@ -4,7 +4,9 @@ Tokenizer: :class:`ByteTokenizer`. Ids 0..255 are the UTF-8 bytes of the text; i
 special tokens of the chat template (:data:`SPECIAL_TOKENS`): ``<|pad|>``, ``<|bos|>``, ``<|user|>``,
 ``<|assistant|>``, ``<|tool|>``, ``<|end|>``. Special tokens are never produced by encoding text, so no
 observation can forge a role header or an end-of-turn token. Decoding skips special ids and decodes the
-bytes with ``errors="replace"`` (invalid UTF-8 becomes U+FFFD, never an exception).
+bytes with ``errors="replace"`` (invalid UTF-8 becomes U+FFFD, never an exception). The text policy's
+default is a BPE tokenizer trained locally on the env's texts (:class:`trainer.tokenizer.BPETokenizer`,
+same interface, episodes about 5x shorter); checkpoints store whichever was used.
 
 Model: :class:`TinyCausalLM`, a pre-LayerNorm decoder-only transformer (GPT-2 layout: token + learned
 position embeddings, ``n_layers`` blocks of causal self-attention and a 4x GELU MLP, final LayerNorm,
@@ -51,6 +53,15 @@ class ByteTokenizer:
         self.assistant_id = self.special["<|assistant|>"]
         self.tool_id = self.special["<|tool|>"]
         self.eot_id = self.special["<|end|>"]
+        #: special ids a policy may never generate: all but ``<|end|>`` (one that wrote ``<|tool|>``
+        #: would forge a turn)
+        self.suppressed_ids = tuple(i for name, i in self.special.items() if name != "<|end|>")
+
+    kind = "byte"
+
+    def to_json(self) -> str:
+        """The tokenizer as a JSON string (stored in checkpoints)."""
+        return '{"kind": "byte"}'
 
     def encode(self, text: str) -> list[int]:
         """Text -> list of byte ids (0..255). A lone surrogate (not valid UTF-8) becomes ``?``, so any
@@ -210,14 +221,30 @@ def build_model(cfg: LMConfig | None = None, device: str = "auto", dtype: str = 
     return model.to(device=resolve_device(device), dtype=getattr(torch, dtype))
 
 
-def save_checkpoint(model: TinyCausalLM, path: str, **extra) -> None:
-    """Save the weights and the :class:`LMConfig` (plus ``extra`` JSON-able metadata) to ``path``."""
-    torch.save({"config": model.config.to_dict(), "state_dict": model.state_dict(), "extra": extra}, path)
+def save_checkpoint(model: TinyCausalLM, path: str, tokenizer=None, **extra) -> None:
+    """Save the weights, the :class:`LMConfig`, the tokenizer (its ``to_json``; None: byte-level) and
+    ``extra`` JSON-able metadata to ``path``."""
+    blob = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "extra": extra,
+            "tokenizer": tokenizer.to_json() if tokenizer is not None else None}
+    torch.save(blob, path)
+
+
+def load_tokenizer(path: str):
+    """The tokenizer stored in a checkpoint (:func:`trainer.tokenizer.tokenizer_from_json`); a checkpoint
+    without one was trained byte-level and gets a :class:`ByteTokenizer`."""
+    from trainer.tokenizer import tokenizer_from_json
+
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    return tokenizer_from_json(blob.get("tokenizer"))
 
 
 def load_checkpoint(path: str, device: str = "auto", dtype: str = "float32") -> TinyCausalLM:
-    """Inverse of :func:`save_checkpoint` (weights only; the file holds no code)."""
+    """Inverse of :func:`save_checkpoint` (weights only; the file holds no code). The model comes back with
+    its tokenizer as ``model.tokenizer`` (a :class:`ByteTokenizer` for checkpoints that stored none)."""
+    from trainer.tokenizer import tokenizer_from_json
+
     blob = torch.load(path, map_location="cpu", weights_only=True)
     model = TinyCausalLM(LMConfig(**blob["config"]))
     model.load_state_dict(blob["state_dict"])
+    model.tokenizer = tokenizer_from_json(blob.get("tokenizer"))
     return model.to(device=resolve_device(device), dtype=getattr(torch, dtype))

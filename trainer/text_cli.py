@@ -20,6 +20,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-model", dest="d_model", type=int, default=96)
     p.add_argument("--n-layers", dest="n_layers", type=int, default=2)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--tokenizer", default="bpe", choices=["bpe", "byte"],
+                   help="bpe: trained on the env's demo texts, digits kept single (default); byte: UTF-8 bytes")
+    p.add_argument("--vocab", type=int, default=512, help="BPE vocabulary size (bytes + merges)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--run-dir", dest="run_dir", default=None)
 
@@ -87,6 +90,8 @@ def register(subparsers) -> None:
     p.add_argument("--sft-steps", dest="sft_steps", type=int, default=None)
     p.add_argument("--sft-batch", dest="sft_batch", type=int, default=None)
     p.add_argument("--sft-lr", dest="sft_lr", type=float, default=None)
+    p.add_argument("--demo-skill", dest="demo_skill", type=float, default=None,
+                   help="ClueProbe demonstrations: chance the demo answers from the probed bits (default 0: random)")
     p.set_defaults(handler=_sft)
 
     p = subparsers.add_parser("train-lm", help="text policy: PPO-style RL with tree forks (same as train --policy lm)")

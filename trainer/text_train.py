@@ -1,7 +1,8 @@
 """Text-policy training: SFT warm start on format-only demonstrations, then PPO-style RL with tree forks.
 
-SFT (:func:`sft`): episodes played by the env's ``demo_action`` (ClueProbe: a uniformly random legal
-action, i.e. the action format without the strategy) are rendered with the chat template and the model
+SFT (:func:`sft`): episodes played by the env's ``demo_action`` (ClueProbe: uniformly random legal
+actions, i.e. the action format without the strategy; with ``demo_skill > 0`` a deliberately weak
+scripted policy that answers from the probed bits that often and still probes at random) are rendered with the chat template and the model
 is trained by cross-entropy on the action tokens only (loss mask 1 on the action bytes and the
 ``<|end|>`` that closes them). The result writes valid tool calls and still has the strategy to learn.
 
@@ -38,6 +39,7 @@ from trainer.losses import PPOConfig, ppo_loss
 from trainer.monitors import EchoTrapDetector
 from trainer.rollout import Rollout, group_rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
+from trainer.tokenizer import BPETokenizer
 from trainer.train import TrainConfig, make_env, open_run_dir, step_advantages
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ class TextTrainConfig:
     n_layers: int = 2
     n_heads: int = 4
     context: int = 512
+    tokenizer: str = "bpe"  # "bpe": trained on the env's demo texts (trainer/tokenizer.py); "byte": bytes
+    vocab: int = 512  # BPE vocabulary size (bytes + merges; the 6 special tokens come on top)
     device: str = "auto"
     dtype: str = "float32"
     threads: int = 0  # torch CPU threads (0: leave torch's default)
@@ -62,6 +66,7 @@ class TextTrainConfig:
     sft_steps: int = 300
     sft_batch: int = 32
     sft_lr: float = 3e-3
+    demo_skill: float = 0.0  # ClueProbe demo_action: chance of the fitting answer (0: random legal actions)
     # RL
     estimator: str = "tree"
     iterations: int = 60
@@ -94,8 +99,9 @@ class TextTrainConfig:
     def env_kwargs(self) -> dict[str, Any]:
         return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"turns": self.turns}
 
-    def lm_config(self) -> LMConfig:
-        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, context=self.context)
+    def lm_config(self, vocab_size: int = 262) -> LMConfig:
+        return LMConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                        context=self.context)
 
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
@@ -189,29 +195,70 @@ def apply_invalid_penalty(rollout: Rollout, penalty: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- SFT
-def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
-
-    Returns ``(rows, masks)``: token ids and loss masks (1 on action bytes and their ``<|end|>``)."""
+def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
+    """``n_episodes`` episodes played by ``env.demo_action``, as texts: ``[(first observation,
+    [(action, observation or None at the end), ...]), ...]``."""
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    template = ChatTemplate(ByteTokenizer())
     rng = random.Random(seed)
-    rows, masks = [], []
+    episodes = []
     for i in range(n_episodes):
         first, info = env.reset(seed=seed * 1_000_003 + i)
         turns = []
         while True:
-            action = env.demo_action(rng)
+            action = env.demo_action(rng, skill=cfg.demo_skill) if cfg.demo_skill else env.demo_action(rng)
             obs, r, te, tr, info = env.step(action)
             done = te or tr
             turns.append((action, None if done else obs))
             if done:
                 break
+        episodes.append((first, turns))
+    env.close()
+    return episodes
+
+
+def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
+    """The tokenizer of a new model: :class:`ByteTokenizer` (``cfg.tokenizer == "byte"``) or a
+    :class:`~trainer.tokenizer.BPETokenizer` of ``cfg.vocab`` tokens trained on the texts of
+    ``n_episodes`` demonstration episodes (seed ``cfg.seed + 7``; never the evaluation seeds)."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer != "bpe":
+        raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {cfg.tokenizer!r}")
+    texts = []
+    for first, turns in demo_episodes(cfg, n_episodes, cfg.seed + 7):
+        texts.append(first)
+        for action, obs in turns:
+            texts.append(action)
+            if obs is not None:
+                texts.append(obs)
+    return BPETokenizer.train(texts, cfg.vocab)
+
+
+def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) -> tuple[list[list[int]], list[list[int]]]:
+    """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
+
+    Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""
+    template = ChatTemplate(tokenizer or ByteTokenizer())
+    rows, masks = [], []
+    for first, turns in demo_episodes(cfg, n_episodes, seed):
         ids, mask = template.render(first, turns)
         rows.append(ids)
         masks.append(mask)
-    env.close()
     return rows, masks
+
+
+def model_tokenizer(model):
+    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`sft`, :func:`new_model` and
+    :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
+    return getattr(model, "tokenizer", None) or ByteTokenizer()
+
+
+def new_model(cfg: TextTrainConfig):
+    """A fresh model sized by ``cfg`` with its tokenizer (:func:`make_tokenizer`) as ``model.tokenizer``."""
+    tok = make_tokenizer(cfg)
+    model = build_model(cfg.lm_config(tok.vocab_size), cfg.device, cfg.dtype, cfg.seed)
+    model.tokenizer = tok
+    return model
 
 
 def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, list[dict]]:
@@ -220,9 +267,9 @@ def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    model = model or build_model(cfg.lm_config(), cfg.device, cfg.dtype, cfg.seed)
-    tok = ByteTokenizer()
-    rows, masks = demo_rows(cfg, cfg.sft_steps * cfg.sft_batch // 4 + cfg.sft_batch, cfg.seed)
+    model = model or new_model(cfg)
+    tok = model_tokenizer(model)
+    rows, masks = demo_rows(cfg, cfg.sft_steps * cfg.sft_batch // 4 + cfg.sft_batch, cfg.seed, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / cfg.sft_steps))
     rng = random.Random(cfg.seed)
@@ -234,7 +281,7 @@ def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, 
         ids = pad_rows([rows[i] for i in idx], tok.pad_id, device)
         width = ids.shape[1]
         mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32, device=device)
-        logp, _, _ = token_logprobs(model, ids)
+        logp, _, _ = token_logprobs(model, ids, suppress=tok.suppressed_ids)
         loss = -torch.where(mask > 0, logp, torch.zeros_like(logp)).sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -248,7 +295,7 @@ def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, 
     if cfg.run_dir:
         out = Path(cfg.run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(model, str(out / "sft.pt"), turns=cfg.turns, env_id=cfg.env_id)
+        save_checkpoint(model, str(out / "sft.pt"), tok, turns=cfg.turns, env_id=cfg.env_id)
         with (out / "sft_metrics.jsonl").open("w") as f:
             for m in metrics:
                 f.write(json.dumps(m) + "\n")
@@ -260,8 +307,9 @@ def evaluate(model, cfg: TextTrainConfig, samples: int | None = None) -> dict[st
     """Greedy accuracy over every ClueProbe target (exact), and sampled accuracy (the training temperature)
     over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions."""
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    greedy = TextPolicy(model, sampling=SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
-    sampled = TextPolicy(model, sampling=cfg.sampling())
+    tok = model_tokenizer(model)
+    greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
+    sampled = TextPolicy(model, tok, cfg.sampling())
     rng = random.Random(12345)
     out: dict[str, float] = {}
     for name, policy, resets in (
@@ -315,9 +363,8 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     rng = random.Random(cfg.seed)
     device = resolve_device(cfg.device)
     if model is None:
-        model = load_checkpoint(cfg.checkpoint, cfg.device, cfg.dtype) if cfg.checkpoint else build_model(
-            cfg.lm_config(), cfg.device, cfg.dtype, cfg.seed)
-    policy = TextPolicy(model, sampling=cfg.sampling())
+        model = load_checkpoint(cfg.checkpoint, cfg.device, cfg.dtype) if cfg.checkpoint else new_model(cfg)
+    policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
     est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
@@ -368,9 +415,9 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                 ref_logp = None
                 if ref is not None:
                     with torch.no_grad():
-                        ref_logp = token_logprobs(ref, batch.ids, cfg.temperature)[0]
+                        ref_logp = token_logprobs(ref, batch.ids, cfg.temperature, tok.suppressed_ids)[0]
                 for epoch in range(cfg.ppo_epochs):
-                    logp, ent, _ = token_logprobs(model, batch.ids, cfg.temperature)
+                    logp, ent, _ = token_logprobs(model, batch.ids, cfg.temperature, tok.suppressed_ids)
                     loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, ppo, ent, ref_logp, batch.group)
                     opt.zero_grad()
                     loss.backward()
@@ -409,7 +456,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     env.close()
     wall = time.perf_counter() - t0
     if out:
-        save_checkpoint(model, str(out / "model.pt"), turns=cfg.turns, env_id=cfg.env_id)
+        save_checkpoint(model, str(out / "model.pt"), tok, turns=cfg.turns, env_id=cfg.env_id)
         (out / "summary.json").write_text(json.dumps({"evaluation": evaluation, "wall_s": wall, "warnings": warnings}, indent=2))
     return TextTrainResult(cfg, metrics, evaluation, model, wall, warnings)
 
