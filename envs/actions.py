@@ -14,6 +14,7 @@ Whitespace around tokens is ignored; the canonical spelling produced by :func:`f
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -92,7 +93,9 @@ def _parse_text(text: str) -> ToolCall:
     if not stripped:
         raise ActionParseError(f"the action is empty. {FORMAT_HELP}")
     try:
-        tree = ast.parse(stripped, mode="eval")
+        with warnings.catch_warnings():  # e.g. "1if" warns "invalid imaginary literal": the action is the
+            warnings.simplefilter("ignore", SyntaxWarning)  # agent's text, not our code; errors still raise
+            tree = ast.parse(stripped, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         msg = getattr(exc, "msg", None) or type(exc).__name__
         raise ActionParseError(f"could not parse the action ({msg}). {FORMAT_HELP}") from None

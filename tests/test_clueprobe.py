@@ -211,3 +211,20 @@ def test_demo_runs_and_explains():
     out = subprocess.run([sys.executable, "-m", "trainer.cli", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "fork(4)" in out.stdout and "oracle policy: success rate 1.000" in out.stdout
+
+
+@pytest.mark.parametrize("skill", [0.0, 0.25, 0.5, 1.0])
+def test_weak_demonstrator_success_rate_follows_its_skill(skill):
+    """demo_action(rng, skill): random probes always, the fitting answer with probability skill.
+    At bits=3, T=4 its success rate is 0.583 * skill + (1 - skill) / 8 (random probes leave 1, 2 or 3
+    distinct bits known with probability 1/9, 6/9, 2/9)."""
+    env = make(turns=4)
+    rng = random.Random(1)
+    n = 4000
+    rate = sum(play(env, lambda e, i: e.demo_action(rng, skill=skill), s)[0] for s in range(n)) / n
+    expected = (1 / 9 * 0.25 + 6 / 9 * 0.5 + 2 / 9 * 1.0) * skill + (1 - skill) / 8
+    assert abs(rate - expected) < 0.03  # binomial sd <= 0.008
+    env.reset(seed=0)
+    assert all(env.demo_action(rng, skill=skill) in env._legal_actions() for _ in range(50))
+    with pytest.raises(ValueError, match="skill"):
+        env.demo_action(rng, skill=1.5)

@@ -88,3 +88,21 @@ def test_bpe_policy_never_samples_a_suppressed_id_and_ratio_is_one(tok):
         row = torch.tensor([step.data.context + step.data.action_ids])
         lp = token_logprobs(model, row, 1.0, model.tokenizer.suppressed_ids)[0][0, len(step.data.context):]
         assert torch.allclose(lp, torch.tensor(step.data.logps), atol=1e-4)
+
+
+def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
+    """forkyard sft -> train-lm on real files: the checkpoint carries the BPE tokenizer into RL, the
+    trained ids equal the sampled ids (build_batch checks), the ratio is 1 on the first epoch."""
+    from trainer.text_train import sft, train_rl
+
+    cfg = TextTrainConfig(turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
+                          sft_steps=5, sft_batch=8, demo_skill=0.5, run_dir=str(tmp_path / "sft"))
+    model, metrics = sft(cfg)
+    assert len(metrics) == 5 and (tmp_path / "sft" / "sft.pt").exists()
+    rl = TextTrainConfig(turns=4, device="cpu", estimator="tree", n_base=2, branches=3, iterations=2,
+                         max_new_tokens=6, eval_every=0, eval_samples=8, checkpoint=str(tmp_path / "sft" / "sft.pt"),
+                         run_dir=str(tmp_path / "rl"))
+    result = train_rl(rl)
+    assert result.model.tokenizer.encode("answer(3)") == model.tokenizer.encode("answer(3)")
+    assert all(m.get("first_epoch_ratio_max_dev", 0.0) < 1e-4 for m in result.metrics)
+    assert 0.0 <= result.evaluation["sampled_accuracy"] <= 1.0 and (tmp_path / "rl" / "model.pt").exists()
