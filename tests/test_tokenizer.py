@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from trainer.lm import ByteTokenizer, LMConfig, build_model, load_checkpoint, save_checkpoint
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
-from trainer.text_train import TextTrainConfig, demo_rows, make_tokenizer, new_model
+from trainer.text_train import TextTrainConfig, demo_episodes, demo_rows, make_tokenizer, new_model
 from trainer.train import make_env
 
 CFG = TextTrainConfig(turns=4, vocab=400)
@@ -106,3 +106,14 @@ def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
     assert result.model.tokenizer.encode("answer(3)") == model.tokenizer.encode("answer(3)")
     assert all(m.get("first_epoch_ratio_max_dev", 0.0) < 1e-4 for m in result.metrics)
     assert 0.0 <= result.evaluation["sampled_accuracy"] <= 1.0 and (tmp_path / "rl" / "model.pt").exists()
+
+
+def test_fileqa_tokenizer_from_its_legal_action_menu():
+    """FileQA has no demo_action: demonstrations are random actions of its legal_actions menu, played on
+    the real (local) sandbox; the tokenizer trained on them encodes FileQA text and round-trips it."""
+    cfg = TextTrainConfig(env_id="forkyard/FileQA-v0", turns=6, vocab=300)
+    episodes = demo_episodes(cfg, 3, seed=0)
+    assert len(episodes) == 3 and all(turns for _, turns in episodes)
+    tok = make_tokenizer(cfg, n_episodes=5)
+    first, turns = episodes[0]
+    assert tok.decode(tok.encode(first)) == first and len(tok.encode(first)) < len(first.encode())

@@ -97,7 +97,7 @@ class TextTrainConfig:
     run_dir: str | None = None
 
     def env_kwargs(self) -> dict[str, Any]:
-        return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"turns": self.turns}
+        return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"max_turns": self.turns}
 
     def lm_config(self, vocab_size: int = 262) -> LMConfig:
         return LMConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
@@ -196,16 +196,28 @@ def apply_invalid_penalty(rollout: Rollout, penalty: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- SFT
 def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
-    """``n_episodes`` episodes played by ``env.demo_action``, as texts: ``[(first observation,
-    [(action, observation or None at the end), ...]), ...]``."""
+    """``n_episodes`` episodes played by ``env.demo_action`` (an env without one: a uniformly random
+    action of ``info["legal_actions"]``), as texts: ``[(first observation, [(action, observation or None
+    at the end), ...]), ...]``.
+
+    Raises:
+        ValueError: when the env has neither ``demo_action`` nor a ``legal_actions`` menu.
+    """
     env = make_env(cfg.env_id, cfg.env_kwargs())
+    demo = getattr(env, "demo_action", None)
     rng = random.Random(seed)
     episodes = []
     for i in range(n_episodes):
         first, info = env.reset(seed=seed * 1_000_003 + i)
         turns = []
         while True:
-            action = env.demo_action(rng, skill=cfg.demo_skill) if cfg.demo_skill else env.demo_action(rng)
+            if demo is not None:
+                action = demo(rng, skill=cfg.demo_skill) if cfg.demo_skill else demo(rng)
+            elif info.get("legal_actions"):
+                action = rng.choice(info["legal_actions"])
+            else:
+                env.close()
+                raise ValueError(f"{cfg.env_id} has no demo_action and no legal_actions menu to demonstrate from")
             obs, r, te, tr, info = env.step(action)
             done = te or tr
             turns.append((action, None if done else obs))
