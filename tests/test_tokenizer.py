@@ -99,12 +99,15 @@ def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
                           sft_steps=5, sft_batch=8, demo_skill=0.5, run_dir=str(tmp_path / "sft"))
     model, metrics = sft(cfg)
     assert len(metrics) == 5 and (tmp_path / "sft" / "sft.pt").exists()
-    rl = TextTrainConfig(turns=4, device="cpu", estimator="tree", n_base=2, branches=3, iterations=2,
+    rl = TextTrainConfig(turns=4, device="cpu", estimator="tree", n_base=2, branches=3, iterations=5, max_env_calls=9,
                          max_new_tokens=6, eval_every=0, eval_samples=8, checkpoint=str(tmp_path / "sft" / "sft.pt"),
                          run_dir=str(tmp_path / "rl"))
     result = train_rl(rl)
     assert result.model.tokenizer.encode("answer(3)") == model.tokenizer.encode("answer(3)")
     assert all(m.get("first_epoch_ratio_max_dev", 0.0) < 1e-4 for m in result.metrics)
+    # the env-call budget stops the run: no iteration starts once 9 calls are spent (2 bases of 4 turns
+    # plus 2 branches spend at least 10 per iteration, so exactly one of the 5 iterations runs)
+    assert len(result.metrics) == 1 and result.metrics[0]["env_calls_total"] >= 10
     assert 0.0 <= result.evaluation["sampled_accuracy"] <= 1.0 and (tmp_path / "rl" / "model.pt").exists()
 
 

@@ -31,6 +31,8 @@ def add_rl_args(p: argparse.ArgumentParser) -> None:
     """The RL options of ``train-lm`` (also usable by ``train --policy lm``)."""
     p.add_argument("--estimator", default="tree", choices=["traj", "rloo", "anchor", "anchor_fallback", "tree"])
     p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--max-env-calls", dest="max_env_calls", type=int, default=None,
+                   help="stop once this many env calls were spent (equal-budget comparisons)")
     p.add_argument("--checkpoint", default=None, help="SFT weights (RUN_DIR/sft.pt of `forkyard sft`)")
     p.add_argument("--n-base", dest="n_base", type=int, default=6)
     p.add_argument("--branches", type=int, default=4)

@@ -70,6 +70,7 @@ class TextTrainConfig:
     # RL
     estimator: str = "tree"
     iterations: int = 60
+    max_env_calls: int | None = None  # stop starting iterations once this many env calls were spent
     n_base: int = 6
     branches: int = 4
     group_size: int = 16
@@ -394,8 +395,11 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     out, sink = open_run_dir(cfg.run_dir, cfg)
     metrics: list[dict] = []
     n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
+    spent = 0
     try:
         for it in range(cfg.iterations):
+            if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
+                break  # equal-budget comparisons: no iteration starts once the budget is spent
             model.eval()
             seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
             if cfg.estimator == "tree":
@@ -417,6 +421,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                 "response_length": sum(len(s.data.action_ids) for s in all_steps) / max(len(all_steps), 1),
                 "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
                 "env_calls": ro.env_calls,
+                "env_calls_total": spent + ro.env_calls,
                 "episodes": len(ro.episodes),
                 "trained_steps": len(assigned.steps),
                 **assigned.stats,
@@ -448,6 +453,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
             if warn:
                 warnings.append(warn)
                 m["echo_trap_warning"] = 1
+            spent += ro.env_calls
             if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
                 model.eval()
                 m.update({f"eval_{k}": v for k, v in evaluate(model, cfg).items()})
