@@ -58,3 +58,37 @@ def test_plot_command_writes_png(tmp_path):
     assert main(["plot", str(run)]) == 0
     png = (run / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_format_collapse_detector_on_the_recorded_runs():
+    """The 15 recorded BPE runs (docs/results/text_policy_runs): it fires on exactly the two runs that
+    collapsed into invalid actions, at the iteration the windowed share crossed, and on none of the
+    13 healthy runs; the Echo-Trap detector fires on none of the 15."""
+    from pathlib import Path
+
+    from trainer.monitors import FormatCollapseDetector
+
+    runs = sorted(Path(__file__).resolve().parents[1].glob("docs/results/text_policy_runs/*.metrics.jsonl"))
+    assert len(runs) == 15
+    fired = {}
+    for path in runs:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        det, echo = FormatCollapseDetector(), EchoTrapDetector()
+        for m in rows:
+            det.update(m["iteration"], m["invalid_share"])
+            assert echo.update(m["iteration"], m["reward_std"], m["entropy"], m["grad_norm"]) is None
+        if det.collapsed_at is not None:
+            fired[path.name.split(".")[0]] = det.collapsed_at
+    assert fired == {"traj_seed3": 84, "tree_answerfork_seed3": 11}
+
+
+def test_format_collapse_detector_ignores_one_bad_iteration_and_warns_once():
+    from trainer.monitors import FormatCollapseDetector
+
+    det = FormatCollapseDetector()
+    series = [0.0] * 10 + [0.9] + [0.0] * 10  # one bad iteration: window mean 0.18 < 0.25
+    assert all(det.update(i, x) is None for i, x in enumerate(series))
+    warnings = [det.update(21 + i, 0.6) for i in range(10)]
+    # windowed means 0.12, 0.24, then 0.36 >= 0 + 0.25: fires at the third, once
+    assert [w is not None for w in warnings] == [False, False, True] + [False] * 7
+    assert det.collapsed_at == 23 and "format collapse at iteration 23" in warnings[2]

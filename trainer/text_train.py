@@ -36,7 +36,7 @@ import torch
 from trainer import advantages as adv
 from trainer.lm import ByteTokenizer, LMConfig, build_model, load_checkpoint, resolve_device, save_checkpoint
 from trainer.losses import PPOConfig, ppo_loss
-from trainer.monitors import EchoTrapDetector
+from trainer.monitors import EchoTrapDetector, FormatCollapseDetector
 from trainer.rollout import Rollout, group_rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
 from trainer.tokenizer import BPETokenizer
@@ -391,6 +391,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
 
         ref = copy.deepcopy(model).eval()
     detector = EchoTrapDetector()
+    format_detector = FormatCollapseDetector()
     warnings: list[str] = []
     out, sink = open_run_dir(cfg.run_dir, cfg)
     metrics: list[dict] = []
@@ -453,6 +454,10 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
             if warn:
                 warnings.append(warn)
                 m["echo_trap_warning"] = 1
+            warn = format_detector.update(it, m["invalid_share"])
+            if warn:
+                warnings.append(warn)
+                m["format_collapse_warning"] = 1
             spent += ro.env_calls
             if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
                 model.eval()
