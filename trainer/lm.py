@@ -36,28 +36,42 @@ import torch.nn.functional as F
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 
 
-class ByteTokenizer:
-    """UTF-8 bytes (ids 0..255) plus the chat template's special tokens (ids 256..261).
+class SpecialTokenIds:
+    """The chat template's special-token ids, placed right after a tokenizer's text ids (shared by
+    :class:`ByteTokenizer` and :class:`trainer.tokenizer.BPETokenizer`).
 
-    Attributes:
-        vocab_size: 262.
+    Attributes (set by :meth:`_init_specials`):
+        special: {name: id} for :data:`SPECIAL_TOKENS`, ids ``first..first+5``.
+        vocab_size: ``first + 6``.
         pad_id, bos_id, user_id, assistant_id, tool_id, eot_id: ids of the special tokens.
+        suppressed_ids: special ids a policy may never generate: all but ``<|end|>`` (a policy that
+            wrote ``<|tool|>`` would forge a turn).
     """
 
-    def __init__(self) -> None:
-        self.special = {name: 256 + i for i, name in enumerate(SPECIAL_TOKENS)}
-        self.vocab_size = 256 + len(SPECIAL_TOKENS)
+    def _init_specials(self, first: int) -> None:
+        self.special = {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
+        self.vocab_size = first + len(SPECIAL_TOKENS)
         self.pad_id = self.special["<|pad|>"]
         self.bos_id = self.special["<|bos|>"]
         self.user_id = self.special["<|user|>"]
         self.assistant_id = self.special["<|assistant|>"]
         self.tool_id = self.special["<|tool|>"]
         self.eot_id = self.special["<|end|>"]
-        #: special ids a policy may never generate: all but ``<|end|>`` (one that wrote ``<|tool|>``
-        #: would forge a turn)
         self.suppressed_ids = tuple(i for name, i in self.special.items() if name != "<|end|>")
 
+
+class ByteTokenizer(SpecialTokenIds):
+    """UTF-8 bytes (ids 0..255) plus the chat template's special tokens (ids 256..261).
+
+    Attributes:
+        vocab_size: 262.
+        pad_id, bos_id, user_id, assistant_id, tool_id, eot_id, suppressed_ids: see :class:`SpecialTokenIds`.
+    """
+
     kind = "byte"
+
+    def __init__(self) -> None:
+        self._init_specials(256)
 
     def to_json(self) -> str:
         """The tokenizer as a JSON string (stored in checkpoints)."""
@@ -227,15 +241,6 @@ def save_checkpoint(model: TinyCausalLM, path: str, tokenizer=None, **extra) -> 
     blob = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "extra": extra,
             "tokenizer": tokenizer.to_json() if tokenizer is not None else None}
     torch.save(blob, path)
-
-
-def load_tokenizer(path: str):
-    """The tokenizer stored in a checkpoint (:func:`trainer.tokenizer.tokenizer_from_json`); a checkpoint
-    without one was trained byte-level and gets a :class:`ByteTokenizer`."""
-    from trainer.tokenizer import tokenizer_from_json
-
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    return tokenizer_from_json(blob.get("tokenizer"))
 
 
 def load_checkpoint(path: str, device: str = "auto", dtype: str = "float32") -> TinyCausalLM:

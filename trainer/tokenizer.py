@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from trainer.lm import SPECIAL_TOKENS, ByteTokenizer
+from trainer.lm import SPECIAL_TOKENS, ByteTokenizer, SpecialTokenIds
 
 KIND_BYTE = "byte"
 KIND_BPE = "bpe"
@@ -37,7 +37,7 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
-class BPETokenizer:
+class BPETokenizer(SpecialTokenIds):
     """Byte-level BPE with isolated digits (module docstring). Build with :meth:`train` or
     :func:`tokenizer_from_json`.
 
@@ -53,15 +53,7 @@ class BPETokenizer:
     def __init__(self, tk):
         self._tk = tk
         self.bpe_size = tk.get_vocab_size()
-        self.special = {name: self.bpe_size + i for i, name in enumerate(SPECIAL_TOKENS)}
-        self.vocab_size = self.bpe_size + len(SPECIAL_TOKENS)
-        self.pad_id = self.special["<|pad|>"]
-        self.bos_id = self.special["<|bos|>"]
-        self.user_id = self.special["<|user|>"]
-        self.assistant_id = self.special["<|assistant|>"]
-        self.tool_id = self.special["<|tool|>"]
-        self.eot_id = self.special["<|end|>"]
-        self.suppressed_ids = tuple(i for name, i in self.special.items() if name != "<|end|>")
+        self._init_specials(self.bpe_size)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 512) -> "BPETokenizer":
