@@ -106,23 +106,29 @@ def image_corpus(image: str) -> str:
     import tarfile
     import tempfile
 
+    client = None
     try:
         import docker
 
         client = docker.from_env()
         img = client.images.get(image)
     except Exception as exc:  # noqa: BLE001 - docker's errors are many; all mean "no corpus from the image"
+        if client is not None:
+            client.close()
         raise EnvInfraError(f"cannot read the corpus of image {image!r}: {exc}") from exc
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "forkyard")
     dest = os.path.join(cache, f"corpus-image-{img.id.split(':')[-1][:16]}")
-    if os.path.isfile(os.path.join(dest, "MANIFEST.json")):
-        return dest
-    container = client.containers.create(image, command=["true"], network_mode="none")
     try:
-        stream, _ = container.get_archive("/data")
-        data = b"".join(stream)
+        if os.path.isfile(os.path.join(dest, "MANIFEST.json")):
+            return dest
+        container = client.containers.create(image, command=["true"], network_mode="none")
+        try:
+            stream, _ = container.get_archive("/data")
+            data = b"".join(stream)
+        finally:
+            container.remove(force=True)
     finally:
-        container.remove(force=True)
+        client.close()  # one client per call: never leave its socket to the garbage collector
     os.makedirs(cache, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=cache)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
