@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Train the two pre-specified text-policy arms of docs/results/text_policy.md (section 0/1) on the given
+# training seeds, two runs at a time with one thread each (the shared 2-core CPU):
+#   traj: a group of 24 independent episodes per iteration (96 env calls), 150 iterations
+#   tree: uniform fork turn, 6 bases x 6 branches (about 99 env calls per iteration), 150 iterations
+# Usage: scripts/text-policy-seeds.sh OUT_DIR SFT_CHECKPOINT SEED...
+set -euo pipefail
+out=$1; ckpt=$2; shift 2
+mkdir -p "$out"
+common="--turns 4 --max-new-tokens 8 --eval-samples 128 --threads 1 --eval-every 25 --iterations 150 --checkpoint $ckpt"
+for seed in "$@"; do
+  echo "traj $seed --estimator traj --group-size 24"
+  echo "tree $seed --estimator tree --n-base 6 --branches 6"
+done | xargs -P 2 -L 1 bash -c '
+  arm=$0; seed=$1; shift
+  .venv/bin/forkyard train-lm '"$common"' --seed "$seed" "$@" --run-dir '"$out"'/${arm}_seed$seed \
+      > '"$out"'/${arm}_seed$seed.log 2>&1 && echo "done $arm $seed $(date +%T)"'
