@@ -1,4 +1,4 @@
-"""``forkyard sft``, ``forkyard train-lm`` and ``forkyard plot``: the text-policy subcommands.
+"""``forkyard sft``, ``forkyard train-lm``, ``forkyard eval-lm`` and ``forkyard plot``: the text-policy subcommands.
 
 :func:`register` adds them to the ``forkyard`` parser; each sets ``handler`` (called with the parsed
 Namespace). ``forkyard train --policy lm`` (the main ``train`` subcommand) calls
@@ -58,7 +58,8 @@ def add_rl_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sft(args) -> int:
-    from trainer.text_train import config_from_args, evaluate, sft
+    from trainer.text_eval import evaluate
+    from trainer.text_train import config_from_args, sft
 
     cfg = config_from_args(args)
     model, metrics = sft(cfg, progress=True)
@@ -78,6 +79,30 @@ def _train_lm(args) -> int:
     return 0
 
 
+def _eval_lm(args) -> int:
+    import torch
+
+    from trainer.lm import load_checkpoint
+    from trainer.text_eval import evaluate, exact_success
+    from trainer.text_train import TextTrainConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TextTrainConfig(env_id=args.env if "/" in args.env else f"forkyard/{args.env}", turns=args.turns,
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    rows = []
+    for path in args.checkpoints:
+        model = load_checkpoint(path, device=args.device)
+        row = {"checkpoint": path}
+        if args.samples:
+            row.update(evaluate(model, cfg, samples=args.samples))
+        if args.exact:
+            row.update({f"exact_{k}": v for k, v in exact_success(model, cfg).items()})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
 def _plot(args) -> int:
     from trainer.plot import plot_run
 
@@ -86,7 +111,7 @@ def _plot(args) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``sft``, ``train-lm`` and ``plot`` to the ``forkyard`` subparsers."""
+    """Add ``sft``, ``train-lm``, ``eval-lm`` and ``plot`` to the ``forkyard`` subparsers."""
     p = subparsers.add_parser("sft", help="text policy: supervised warm start on format-only demonstrations")
     _model_args(p)
     p.add_argument("--sft-steps", dest="sft_steps", type=int, default=None)
@@ -100,6 +125,20 @@ def register(subparsers) -> None:
     _model_args(p)
     add_rl_args(p)
     p.set_defaults(handler=_train_lm)
+
+    p = subparsers.add_parser("eval-lm", help="text policy: evaluate checkpoints (sampled, greedy, exact)")
+    p.add_argument("checkpoints", nargs="+", help="model.pt / sft.pt files")
+    p.add_argument("--env", default="ClueProbe-v0", help="env id (forkyard/ prefix optional)")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--samples", type=int, default=1000,
+                   help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
+    p.add_argument("--exact", action="store_true",
+                   help="also the exact expected success over every legal action path (trainer/text_eval.py)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.set_defaults(handler=_eval_lm)
 
     p = subparsers.add_parser("plot", help="draw a run's stability curves (metrics.jsonl) to a PNG")
     p.add_argument("run_dir")

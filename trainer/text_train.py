@@ -39,7 +39,8 @@ from trainer.losses import PPOConfig, ppo_loss
 from trainer.monitors import EchoTrapDetector, FormatCollapseDetector
 from trainer.rollout import Rollout, group_rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
-from trainer.tokenizer import BPETokenizer
+from trainer.text_eval import evaluate
+from trainer.tokenizer import BPETokenizer, model_tokenizer
 from trainer.train import TrainConfig, make_env, open_run_dir, step_advantages
 
 log = logging.getLogger(__name__)
@@ -260,12 +261,6 @@ def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) 
     return rows, masks
 
 
-def model_tokenizer(model):
-    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`sft`, :func:`new_model` and
-    :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
-    return getattr(model, "tokenizer", None) or ByteTokenizer()
-
-
 def new_model(cfg: TextTrainConfig):
     """A fresh model sized by ``cfg`` with its tokenizer (:func:`make_tokenizer`) as ``model.tokenizer``."""
     tok = make_tokenizer(cfg)
@@ -316,46 +311,6 @@ def sft(cfg: TextTrainConfig, model=None, progress: bool = False) -> tuple[Any, 
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
-def evaluate(model, cfg: TextTrainConfig, samples: int | None = None) -> dict[str, float]:
-    """Greedy accuracy over every ClueProbe target (exact), and sampled accuracy (the training temperature)
-    over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions."""
-    env = make_env(cfg.env_id, cfg.env_kwargs())
-    tok = model_tokenizer(model)
-    greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
-    sampled = TextPolicy(model, tok, cfg.sampling())
-    rng = random.Random(12345)
-    out: dict[str, float] = {}
-    for name, policy, resets in (
-        ("greedy", greedy, [(0, {"target": c}) for c in range(2 ** cfg.bits)] if "ClueProbe" in cfg.env_id
-         else [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
-        ("sampled", sampled, [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
-    ):
-        total = invalid = actions = 0.0
-        distinct = 0
-        for seed, options in resets:
-            obs, info = env.reset(seed=seed, options=options)
-            session = policy.session(obs, info)
-            used = set()
-            while True:
-                step = session.act(rng)
-                obs, r, te, tr, info = env.step(step.action)
-                actions += 1
-                invalid += bool(info.get("invalid_action"))
-                if step.action.startswith("probe"):
-                    used.add(step.action)
-                total += r
-                if te or tr:
-                    break
-                session.observe(obs, info)
-            distinct += len(used)
-        n = max(len(resets), 1)
-        out[f"{name}_accuracy"] = total / n
-        out[f"{name}_invalid_share"] = invalid / max(actions, 1)
-        out[f"{name}_distinct_probes"] = distinct / n
-    env.close()
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- RL
 @dataclass
 class TextTrainResult:

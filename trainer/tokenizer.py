@@ -113,3 +113,9 @@ def tokenizer_from_json(blob: str | None):
     from tokenizers import Tokenizer
 
     return BPETokenizer(Tokenizer.from_str(data["tokenizers"]))
+
+
+def model_tokenizer(model):
+    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text_train.sft`,
+    :func:`trainer.text_train.new_model` and :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
+    return getattr(model, "tokenizer", None) or ByteTokenizer()

@@ -1,0 +1,107 @@
+"""Exact expected success of a text policy (trainer/text_eval.py), checked against the policy's own
+sampling: the per-action probability equals the behavior log-prob recorded while sampling, and the summed
+tree equals a Monte Carlo estimate of the same quantity from real rollouts."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from trainer.text_eval import action_probabilities, exact_success
+from trainer.text_policy import TextPolicy
+from trainer.text_train import TextTrainConfig, sft
+from trainer.train import make_env
+
+CFG = TextTrainConfig(turns=3, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
+                      sft_steps=200, sft_batch=16, sft_lr=1e-2, demo_skill=1.0, max_new_tokens=8, seed=1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m, _ = sft(CFG)
+    return m
+
+
+def _episodes(model, n, seed):
+    """n sampled ClueProbe episodes (targets cycled); per episode: (return, all actions canonical, steps)."""
+    env = make_env(CFG.env_id, CFG.env_kwargs())
+    policy = TextPolicy(model, model.tokenizer, CFG.sampling())
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        obs, info = env.reset(seed=i, options={"target": i % 8})
+        session = policy.session(obs, info)
+        ret, canonical, steps = 0.0, True, []
+        while True:
+            legal = info["legal_actions"]
+            step = session.act(rng)
+            steps.append(step)
+            ids = step.data.action_ids
+            canonical &= step.action in legal and step.data.stop == "eot" and ids[:-1] == model.tokenizer.encode(step.action)
+            obs, r, te, tr, info = env.step(step.action)
+            ret += r
+            if te or tr:
+                break
+            session.observe(obs, info)
+        out.append((ret, canonical, steps))
+    env.close()
+    return out
+
+
+def test_action_probability_equals_the_recorded_behavior_logprob(model):
+    policy = TextPolicy(model, model.tokenizer, CFG.sampling())
+    checked = 0
+    for _, canonical, steps in _episodes(model, 40, seed=1):
+        for step in steps:
+            if canonical:
+                p = action_probabilities(policy, step.data.context, [step.action])[0]
+                assert p == pytest.approx(math.exp(step.logp), rel=1e-4)
+                checked += 1
+    assert checked >= 60  # most episodes write canonical calls after SFT
+
+
+def test_probabilities_of_the_legal_actions_sum_to_at_most_one(model):
+    policy = TextPolicy(model, model.tokenizer, CFG.sampling())
+    env = make_env(CFG.env_id, CFG.env_kwargs())
+    obs, info = env.reset(seed=0)
+    probs = action_probabilities(policy, policy.template.first(obs), info["legal_actions"])
+    assert len(probs) == 3 and all(0.0 < p < 1.0 for p in probs)
+    assert 0.5 < sum(probs) <= 1.0 + 1e-6
+
+
+def test_exact_success_matches_monte_carlo_of_the_same_quantity(model):
+    exact = exact_success(model, CFG)
+    assert exact["paths"] == 8 * 3 * 3 * 8  # targets x probe paths x answers
+    assert 0.0 < exact["success"] <= exact["coverage"] <= 1.0 + 1e-9
+    eps = _episodes(model, 1200, seed=2)
+    mc_success = sum(r for r, c, _ in eps if c) / len(eps)
+    mc_coverage = sum(c for _, c, _ in eps) / len(eps)
+    se_s = math.sqrt(max(exact["success"] * (1 - exact["success"]), 1e-4) / len(eps))
+    se_c = math.sqrt(max(exact["coverage"] * (1 - exact["coverage"]), 1e-4) / len(eps))
+    assert abs(mc_success - exact["success"]) < 4 * se_s
+    assert abs(mc_coverage - exact["coverage"]) < 4 * se_c
+
+
+def test_unsupported_settings_and_runaway_trees_raise(model):
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="top_p"):
+        exact_success(model, replace(CFG, top_p=0.9))
+    with pytest.raises(ValueError, match="max_paths"):
+        exact_success(model, CFG, max_paths=10)
+
+
+def test_eval_lm_command_reads_a_checkpoint_file(model, tmp_path, capsys):
+    import json
+
+    from trainer.cli import main
+    from trainer.lm import save_checkpoint
+
+    path = tmp_path / "model.pt"
+    save_checkpoint(model, str(path), tokenizer=model.tokenizer)
+    assert main(["eval-lm", str(path), "--turns", "3", "--samples", "16", "--exact"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["exact_success"] == pytest.approx(exact_success(model, CFG)["success"], rel=1e-5)
+    assert row["exact_paths"] == 576 and 0.0 <= row["sampled_accuracy"] <= 1.0
