@@ -76,6 +76,13 @@ class ClueProbeEnv(TextEnv):
     def _legal_actions(self) -> list[str]:
         return list(self._answer_actions if self._is_answer_turn() else self._probe_actions)
 
+    @property
+    def action_vocabulary(self) -> list[str]:
+        """Every action text that is legal in some state (``bits`` probes, then ``2**bits`` answers); at a
+        given turn the others are illegal there (turn consumed, reward 0). Used by exact evaluation
+        (:func:`trainer.text_eval.exact_success`)."""
+        return self._probe_actions + self._answer_actions
+
     def _act(self, call: ToolCall) -> Outcome:
         name = call.name
         if name not in ("probe", "answer") or call.kwargs or len(call.args) != 1 or type(call.args[0]) is not int:

@@ -1,20 +1,27 @@
 """Evaluating a text policy: sampled and greedy rollouts (:func:`evaluate`), and the exact expected
-success of the sampling policy computed by enumerating legal actions with env forks (:func:`exact_success`).
+success of the sampling policy, summed over action paths enumerated with env forks (:func:`exact_success`).
 
 Why an exact figure: sampled accuracy on ``n`` episodes has a binomial s.e. of about
 ``sqrt(p (1 - p) / n)`` (0.014 for p = 0.25, n = 1,000), which was half the spread between training seeds
 in docs/results/text_policy.md. For an env whose episodes form a small finite tree (ClueProbe: 8 targets,
 3 probes per turn, 8 answers), the expectation can be summed instead of sampled::
 
-    E[return] >= sum over targets c (weight 1/|resets|) of
-                 sum over legal action paths a_1..a_T of  prod_t P(a_t | history_t) * r(c, a_1..a_T)
+    E[return] >= sum over resets c (weight 1 / |resets|) of
+                 sum over action paths a_1..a_T of  prod_t P(a_t | history_t) * sum_t r_t(c, a_1..a_t)
 
-where ``P(a | history)`` is the probability that the sampling policy (tempered, special ids suppressed,
-top-p 1, ``max_new_tokens``) writes exactly the canonical token ids of the legal action text ``a`` and
-then ends the turn (its ``<|end|>``, or the token limit reached right at the action's last token). Paths
-through an illegal or non-canonical action (another token spelling of the same text, an invalid call)
-are not summed, so the figure is a lower bound on the sampled expected return; ``coverage`` (the
-summed probability of the complete paths) says how much of the policy's mass it accounts for.
+where each ``a_t`` ranges over the env's ``action_vocabulary`` (every action text legal in *some* state;
+ClueProbe: 3 probes and 8 answers) plus the state's ``legal_actions``. An action that is illegal at its
+turn is stepped like any other: the env answers with its error observation and consumes the turn, as in
+a rollout, so a policy that answers on a probe turn and still answers right at the end is credited.
+``P(a | history)`` is the probability that the sampling policy (tempered, special ids suppressed, top-p
+1, ``max_new_tokens``) writes exactly the canonical token ids of the text ``a`` and then ends the turn
+(its ``<|end|>``, or the token limit reached right at the action's last token).
+
+Not summed, so the figure is a lower bound on the sampled expected return: other token spellings of the
+same text, texts outside the vocabulary (invalid calls), and paths pruned once their probability falls
+below ``min_path_prob``. ``coverage`` (the summed probability of the complete paths) says how much of
+the policy's mass the figure accounts for; with episode returns in [0, 1] (ClueProbe) the expected return
+lies in ``[success, success + 1 - coverage]``.
 """
 
 from __future__ import annotations
@@ -124,13 +131,14 @@ def action_probabilities(policy: TextPolicy, context: list[int], actions: list[s
 
 
 def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | None = None,
-                  max_paths: int = 100_000) -> dict[str, float]:
-    """Exact expected return of the sampling policy over legal-action paths (module docstring).
+                  min_path_prob: float = 1e-6, max_paths: int = 200_000) -> dict[str, float]:
+    """Exact expected return of the sampling policy over canonical action paths (module docstring).
 
-    Walks the tree of legal actions depth first: at each node the policy's probability of every legal
-    action is computed (:func:`action_probabilities`), the env is forked once per action
-    (:meth:`envs.core.TextEnv.fork`) and each child is stepped with its action; the tool output is appended
-    to the token history by the chat template, exactly as in a rollout.
+    Walks the tree of actions depth first: at each node the policy's probability of every candidate
+    action is computed in one batch (:func:`action_probabilities`); the env is forked once per action
+    whose path probability is at least ``min_path_prob`` (:meth:`envs.core.TextEnv.fork`) and each child
+    is stepped with its action; the tool output is appended to the token history by the chat template,
+    exactly as in a rollout.
 
     Args:
         model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
@@ -138,14 +146,15 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
             max_new_tokens; top-p must be 1).
         resets: ``[(seed, options), ...]``, weighted equally (default: every ClueProbe target, from
             :func:`trainer.train.evaluation_resets`).
+        min_path_prob: paths less likely than this are not expanded (their mass is not covered).
         max_paths: stop with ValueError once more complete paths than this were visited.
 
     Returns:
         ``{"success": lower bound on the expected return per episode, "coverage": mean probability of
-        the complete legal paths, "paths": complete paths visited}``.
+        the complete paths, "paths": complete paths visited}``.
 
     Raises:
-        ValueError: when the env has no finite ``legal_actions``, the tree exceeds ``max_paths``, or the
+        ValueError: when the env gives no finite ``legal_actions``, the tree exceeds ``max_paths``, or the
             sampling settings are not supported (:func:`action_probabilities`).
     """
     resets = resets if resets is not None else evaluation_resets(cfg.env_id, cfg.env_kwargs())
@@ -153,24 +162,29 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
     template = policy.template
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
+    vocabulary = list(getattr(env, "action_vocabulary", None) or [])
     total = {"success": 0.0, "coverage": 0.0, "paths": 0}
 
     def expand(node, ids: list[int], info: dict[str, Any], prob: float, weight: float) -> None:
         legal = info.get("legal_actions")
         if not legal:
             raise ValueError(f"{cfg.env_id} gives no legal_actions at turn {info.get('turn')}: no finite tree")
-        probs = action_probabilities(policy, ids, list(legal))
-        for action, p, child in zip(legal, probs, node.fork(len(legal))):
+        candidates = list(dict.fromkeys([*legal, *vocabulary]))
+        probs = action_probabilities(policy, ids, candidates)
+        kept = [(a, prob * p) for a, p in zip(candidates, probs) if prob * p >= min_path_prob]
+        if not kept:
+            return
+        for (action, path_prob), child in zip(kept, node.fork(len(kept))):
             obs, reward, terminated, truncated, child_info = child.step(action)
-            total["success"] += weight * prob * p * float(reward)
+            total["success"] += weight * path_prob * float(reward)
             if terminated or truncated:
-                total["coverage"] += weight * prob * p
+                total["coverage"] += weight * path_prob
                 total["paths"] += 1
                 if total["paths"] > max_paths:
-                    raise ValueError(f"more than max_paths={max_paths} legal paths")
+                    raise ValueError(f"more than max_paths={max_paths} complete paths")
             else:
                 expand(child, ids + tok.encode(action) + [tok.eot_id] + template.observation(obs), child_info,
-                       prob * p, weight)
+                       path_prob, weight)
             child.close()
 
     try:
