@@ -61,25 +61,32 @@ def test_plot_command_writes_png(tmp_path):
 
 
 def test_format_collapse_detector_on_the_recorded_runs():
-    """The 15 recorded BPE runs (docs/results/text_policy_runs): it fires on exactly the two runs that
-    collapsed into invalid actions, at the iteration the windowed share crossed, and on none of the
-    13 healthy runs; the Echo-Trap detector fires on none of the 15."""
+    """The 41 recorded BPE runs (docs/results/text_policy_runs: 15 of section 1, 26 of the pre-registered
+    confirmation): the format-collapse detector fires on exactly the three runs that collapsed into
+    invalid actions, at the iteration the windowed share crossed, and on none of the 38 others; the
+    Echo-Trap detector fires once, late (iteration 139), on the confirmation run that had collapsed at 41."""
     from pathlib import Path
 
     from trainer.monitors import FormatCollapseDetector
 
     runs = sorted(Path(__file__).resolve().parents[1].glob("docs/results/text_policy_runs/*.metrics.jsonl"))
-    assert len(runs) == 15
-    fired = {}
+    assert len(runs) == 41
+    fired, echoed = {}, {}
     for path in runs:
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         det, echo = FormatCollapseDetector(), EchoTrapDetector()
+        name = path.name.split(".")[0]
         for m in rows:
             det.update(m["iteration"], m["invalid_share"])
-            assert echo.update(m["iteration"], m["reward_std"], m["entropy"], m["grad_norm"]) is None
+            if echo.update(m["iteration"], m["reward_std"], m["entropy"], m["grad_norm"]) is not None:
+                echoed[name] = m["iteration"]
+        if name.startswith("confirm_"):  # recorded by train-lm with the detector in the loop: same iteration
+            logged = [m["iteration"] for m in rows if m.get("format_collapse_warning")]
+            assert logged == ([det.collapsed_at] if det.collapsed_at is not None else [])
         if det.collapsed_at is not None:
-            fired[path.name.split(".")[0]] = det.collapsed_at
-    assert fired == {"traj_seed3": 84, "tree_answerfork_seed3": 11}
+            fired[name] = det.collapsed_at
+    assert fired == {"traj_seed3": 84, "tree_answerfork_seed3": 11, "confirm_tree_seed11": 41}
+    assert echoed == {"confirm_tree_seed11": 139}
 
 
 def test_format_collapse_detector_ignores_one_bad_iteration_and_warns_once():
