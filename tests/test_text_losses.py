@@ -67,7 +67,7 @@ def test_ppo_clip_hand_computed():
     mask = torch.ones(1, 4)
     loss, st = ppo_loss(logp, old, adv, mask)
     # per-token: -min(1.5, 1.28) = -1.28; -0.5; -min(-1.1, -1.1) = 1.1; -min(-0.7, -0.8) = 0.8
-    assert float(loss) == pytest.approx((-1.28 - 0.5 + 1.1 + 0.8) / 4, abs=1e-6)
+    assert float(loss.detach()) == pytest.approx((-1.28 - 0.5 + 1.1 + 0.8) / 4, abs=1e-6)
     assert st["clip_frac"] == 0.5 and st["clip_high_frac"] == 0.25 and st["clip_low_frac"] == 0.25
     assert st["ratio_max"] == pytest.approx(1.5) and st["ratio_min"] == pytest.approx(0.5)
     loss.backward()
@@ -79,9 +79,9 @@ def test_clip_is_asymmetric():
     logp, old = _ratios([1.25])
     adv, mask = torch.ones(1, 1), torch.ones(1, 1)
     loss, st = ppo_loss(logp, old, adv, mask)  # 1.25 < 1 + 0.28: not clipped
-    assert float(loss) == pytest.approx(-1.25) and st["clip_frac"] == 0.0
+    assert float(loss.detach()) == pytest.approx(-1.25) and st["clip_frac"] == 0.0
     loss, st = ppo_loss(logp, old, adv, mask, PPOConfig(clip_low=0.2, clip_high=0.2))
-    assert float(loss) == pytest.approx(-1.2) and st["clip_frac"] == 1.0
+    assert float(loss.detach()) == pytest.approx(-1.2) and st["clip_frac"] == 1.0
 
 
 def test_entropy_bonus_and_kl_hand_computed():
@@ -96,7 +96,7 @@ def test_entropy_bonus_and_kl_hand_computed():
     d = math.log(0.5)  # ref - logp on token 0; 0 on token 1
     kl0 = math.exp(d) - d - 1
     expected = ((-2.0 - 0.1 * 0.7 + 0.5 * kl0) + (-2.0 - 0.1 * 0.3 + 0.0)) / 2
-    assert float(loss) == pytest.approx(expected, abs=1e-6)
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-6)
     assert st["kl"] == pytest.approx(kl0 / 2, abs=1e-6)
     with pytest.raises(ValueError):
         ppo_loss(logp, old, adv, mask, PPOConfig(entropy_coef=0.1))
