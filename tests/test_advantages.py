@@ -92,6 +92,25 @@ def test_tree_by_hand():
     approx(branches[0], [1, -1, 0])
 
 
+def test_tree_prefix_from_branch_means_by_hand():
+    # base 0 won its own episode but 1 of its 4 branches; base 1 lost its own but won 1 of 2
+    prefix, branches = adv.tree_advantages([1, 0], [[1, 0, 0, 0], [0, 1]], prefix_value="branch_mean")
+    approx(prefix, [-1, 1])  # values 0.25 and 0.5: the opposite order to the single base returns
+    base_prefix, base_branches = adv.tree_advantages([1, 0], [[1, 0, 0, 0], [0, 1]])
+    approx(base_prefix, [1, -1])
+    assert branches == base_branches  # fork-turn credit is unchanged
+    # invalid branches leave the mean; a base with no valid branch keeps its own return
+    prefix, _ = adv.tree_advantages([1, 0], [[1, 0, 0, 0], [0, 1]], prefix_value="branch_mean",
+                                    branch_valid=[[False] * 4, [True, True]])
+    approx(prefix, [1, -1])  # values 1 (own return) and 0.5
+    with pytest.raises(ValueError, match="prefix_value"):
+        adv.tree_advantages([1, 0], [[1], [0]], prefix_value="mean")
+    from trainer.train import TrainConfig
+
+    with pytest.raises(ValueError, match="tree_prefix"):
+        TrainConfig(estimator="tree", tree_prefix="mean").validate()
+
+
 def test_keep_groups():
     groups = [[1, 1, 1], [0, 1, 0, 1], [0, 0, 1, 0], [0.5]]
     assert adv.keep_groups(groups) == [True] * 4

@@ -195,6 +195,7 @@ def tree_advantages(
     *,
     base_valid: Sequence[bool] | None = None,
     branch_valid: Sequence[Sequence[bool]] | None = None,
+    prefix_value: str = "base",
     **kwargs,
 ) -> tuple[list[float], list[list[float]]]:
     """Tree-fork advantages (the seed article's "prefix fork"; Tree-GRPO and ARPO share the idea).
@@ -206,20 +207,33 @@ def tree_advantages(
       ``normalize(branch_rewards[b])[j]``: the m branches share one anchor (the fork state), so this
       is the step-level advantage with m siblings made on purpose;
     * actions at turns ``< t_b`` of base b (the prefix, taken once, shared by its branches) get the
-      trajectory-level advantage over the bases, ``normalize(base_rewards)[b]``, where
-      ``base_rewards[b]`` is the return of the base's own episode (branch 0).
+      trajectory-level advantage over the bases, ``normalize(v)[b]``. With ``prefix_value="base"``
+      (default, the seed article's rule) ``v[b] = base_rewards[b]``, the return of the base's own
+      episode (branch 0). With ``prefix_value="branch_mean"``, ``v[b]`` is the mean return of base b's
+      valid branches: m samples of the same prefix's value instead of one (the node value of
+      tree-search RL, e.g. TreeRL, Hou et al. 2025: a node is worth the mean reward of the leaves under
+      it). A base with no valid branch keeps ``base_rewards[b]``.
 
     Args:
         base_rewards: [n_base] return of each base episode.
         branch_rewards: [n_base][m] returns of the branches of each base (m may differ per base).
         base_valid, branch_valid: optional masks of the same shapes (False: lost to infrastructure).
+        prefix_value: ``"base"`` or ``"branch_mean"`` (above).
 
     Returns:
         ``(prefix_adv [n_base], branch_adv [n_base][m])``.
     """
     if len(branch_rewards) != len(base_rewards):
         raise ValueError(f"{len(branch_rewards)} branch groups for {len(base_rewards)} bases")
-    prefix = normalize(base_rewards, valid=base_valid, **kwargs)
+    if prefix_value not in ("base", "branch_mean"):
+        raise ValueError(f"prefix_value must be 'base' or 'branch_mean', got {prefix_value!r}")
+    values = list(base_rewards)
+    if prefix_value == "branch_mean":
+        for b, rewards in enumerate(branch_rewards):
+            ok = [r for k, r in enumerate(rewards) if branch_valid is None or branch_valid[b][k]]
+            if ok:
+                values[b] = math.fsum(ok) / len(ok)
+    prefix = normalize(values, valid=base_valid, **kwargs)
     branches = []
     for b, rewards in enumerate(branch_rewards):
         valid = None if branch_valid is None else branch_valid[b]

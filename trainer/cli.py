@@ -60,6 +60,7 @@ def _train(args: argparse.Namespace) -> int:
         env_kwargs=kwargs,
         estimator=args.estimator,
         fork_selection=args.fork_selection,
+        tree_prefix=args.tree_prefix or "base",
         group_size=args.group_size,
         n_base=args.n_base,
         branches=args.branches,
@@ -108,7 +109,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``forkyard`` with every subcommand."""
-    from trainer.compare import VARIANTS
+    from trainer.compare import DEFAULT_VARIANTS, VARIANTS
     from trainer.train import ESTIMATORS
 
     parser = argparse.ArgumentParser(prog="forkyard", description="forkyard: forkable envs, sandboxes and tree-fork RL")
@@ -131,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["tabular", "lm"], default="tabular")
     p.add_argument("--estimator", choices=ESTIMATORS, default="tree")
     p.add_argument("--fork-selection", choices=["uniform", "entropy"], default="uniform")
+    p.add_argument("--tree-prefix", choices=["base", "branch_mean"], default=None,
+                   help="tree estimator: prefix turns valued by the base episode's return (default) or its branches' mean")
     p.add_argument("--group-size", type=int, default=16)
     p.add_argument("--n-base", type=int, default=5)
     p.add_argument("--branches", type=int, default=4)
@@ -147,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="the granularity sweep: T x estimator x seed, table + CSV + plot")
     p.add_argument("--turns", type=int, nargs="+", default=[2, 3, 4, 5])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--iterations", type=int, default=250)
     p.add_argument("--lr", type=float, default=0.1)

@@ -27,7 +27,10 @@ VARIANTS: dict[str, dict] = {
     "tree": {"estimator": "tree", "fork_selection": "uniform"},
     "anchor_fallback": {"estimator": "anchor_fallback"},
     "tree_entropy": {"estimator": "tree", "fork_selection": "entropy"},
+    "tree_branchmean": {"estimator": "tree", "fork_selection": "uniform", "tree_prefix": "branch_mean"},
 }
+#: what a sweep runs unless told (the seed article's three plus two; ``tree_branchmean`` on request)
+DEFAULT_VARIANTS = ("traj", "anchor", "tree", "anchor_fallback", "tree_entropy")
 ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, degeneration)
     2: (0.25, 0.251, 0.257, 0.257, 0.151),
     3: (0.50, 0.451, 0.430, 0.395, 0.536),
@@ -39,7 +42,7 @@ ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, d
 @dataclass
 class SweepConfig:
     turns: tuple[int, ...] = (2, 3, 4, 5)
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     seeds: int = 5
     iterations: int = 250
     lr: float = 0.1

@@ -50,6 +50,8 @@ def add_rl_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fork-selection", dest="fork_selection", default=None, choices=["uniform", "entropy"])
     p.add_argument("--fork-entropy", dest="fork_entropy", default=None, choices=["first", "greedy_max"],
                    help="entropy fork selection: first token of the action, or max along its greedy continuation")
+    p.add_argument("--tree-prefix", dest="tree_prefix", default=None, choices=["base", "branch_mean"],
+                   help="tree estimator: prefix turns valued by the base episode's return or its branches' mean")
     p.add_argument("--drop-zero-variance", dest="drop_zero_variance", action="store_true", default=None)
     p.add_argument("--invalid-penalty", dest="invalid_penalty", type=float, default=None,
                    help="shaping: subtract this from an episode's return per illegal action (default 0)")

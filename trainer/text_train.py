@@ -85,6 +85,7 @@ class TextTrainConfig:
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
     reduction: str = "token-mean"
+    tree_prefix: str = "base"  # tree estimator: prefix value "base" or "branch_mean" (trainer.advantages.tree_advantages)
     filter_top_p: float | None = None  # StarPO-S: keep the top-p groups by reward std
     drop_zero_variance: bool = False
     invalid_penalty: float = 0.0  # subtracted from an episode's return per illegal action on its path (shaping)
@@ -336,7 +337,8 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
     est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
-                          drop_zero_variance=cfg.drop_zero_variance, top_p=cfg.filter_top_p)
+                          tree_prefix=cfg.tree_prefix, drop_zero_variance=cfg.drop_zero_variance,
+                          top_p=cfg.filter_top_p)
     est_cfg.validate() if cfg.iterations >= 1 else None
     ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)

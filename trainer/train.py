@@ -38,6 +38,7 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"turns": 5})
     estimator: str = "traj"  # one of ESTIMATORS
     fork_selection: str = "uniform"  # tree only: "uniform" or "entropy"
+    tree_prefix: str = "base"  # tree only: prefix value "base" (branch 0's return) or "branch_mean"
     group_size: int = 16  # G, group rollouts
     n_base: int = 5  # tree rollouts
     branches: int = 4  # m, tree rollouts (the base's own continuation included)
@@ -59,6 +60,8 @@ class TrainConfig:
         """Raises ValueError on an unknown estimator or out-of-range sizes."""
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.tree_prefix not in ("base", "branch_mean"):
+            raise ValueError(f"tree_prefix must be 'base' or 'branch_mean', got {self.tree_prefix!r}")
         if min(self.group_size, self.n_base, self.branches, self.iterations) < 1:
             raise ValueError("group_size, n_base, branches and iterations must be >= 1")
         if not self.lr > 0:
@@ -144,6 +147,7 @@ def step_advantages(rollout: Rollout, cfg: TrainConfig) -> Assigned:
             [[rewards[i] for i in members[eps[i].base]] for i in bases],
             base_valid=[valid[i] for i in bases],
             branch_valid=[[valid[j] for j in members[eps[i].base]] for i in bases],
+            prefix_value=cfg.tree_prefix,
             **kw,
         )
         groups = [[rewards[j] for j in members[eps[i].base] if valid[j]] for i in bases]
