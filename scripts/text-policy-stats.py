@@ -35,14 +35,14 @@ def _key(checkpoint: str) -> tuple[str, int] | None:
 
 
 def load() -> dict[tuple[str, int], dict[str, float]]:
-    """{(arm, seed): {"exact", "coverage", "sampled", "invalid"}} for the two pre-specified arms."""
+    """{(arm, seed): {"exact", "coverage", "sampled"}} for the two pre-specified arms."""
     rows: dict[tuple[str, int], dict[str, float]] = {}
     for path in sorted(glob.glob(str(RUNS / "eval_1000_seeds_*.txt"))):
         for line in open(path):
             ckpt, blob = line.split(" ", 1)
             if (k := _key(ckpt)):
                 ev = json.loads(blob)
-                rows.setdefault(k, {}).update(sampled=ev["sampled_accuracy"], invalid=ev["sampled_invalid_share"])
+                rows.setdefault(k, {})["sampled"] = ev["sampled_accuracy"]
     for name in ("exact_seeds0-4.jsonl", "eval_seeds5-17.jsonl"):
         if not (RUNS / name).exists():
             continue
@@ -52,7 +52,7 @@ def load() -> dict[tuple[str, int], dict[str, float]]:
                 row = rows.setdefault(k, {})
                 row.update(exact=ev["exact_success"], coverage=ev["exact_coverage"])
                 if "sampled_accuracy" in ev:
-                    row.update(sampled=ev["sampled_accuracy"], invalid=ev["sampled_invalid_share"])
+                    row["sampled"] = ev["sampled_accuracy"]
     return rows
 
 

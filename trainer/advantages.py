@@ -30,6 +30,8 @@ from collections.abc import Hashable, Sequence
 EQUAL_TOL = 1e-6
 #: Default floor on the group standard deviation.
 STD_FLOOR = 1e-3
+#: how :func:`tree_advantages` values a base's prefix: its own return, or the mean of its branches
+TREE_PREFIXES = ("base", "branch_mean")
 
 
 def _check_valid(n: int, valid: Sequence[bool] | None) -> Sequence[bool]:
@@ -225,8 +227,8 @@ def tree_advantages(
     """
     if len(branch_rewards) != len(base_rewards):
         raise ValueError(f"{len(branch_rewards)} branch groups for {len(base_rewards)} bases")
-    if prefix_value not in ("base", "branch_mean"):
-        raise ValueError(f"prefix_value must be 'base' or 'branch_mean', got {prefix_value!r}")
+    if prefix_value not in TREE_PREFIXES:
+        raise ValueError(f"prefix_value must be one of {TREE_PREFIXES}, got {prefix_value!r}")
     values = list(base_rewards)
     if prefix_value == "branch_mean":
         for b, rewards in enumerate(branch_rewards):

@@ -60,7 +60,7 @@ def _train(args: argparse.Namespace) -> int:
         env_kwargs=kwargs,
         estimator=args.estimator,
         fork_selection=args.fork_selection,
-        tree_prefix=args.tree_prefix or "base",
+        tree_prefix=args.tree_prefix,
         group_size=args.group_size,
         n_base=args.n_base,
         branches=args.branches,
@@ -109,6 +109,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``forkyard`` with every subcommand."""
+    from trainer.advantages import TREE_PREFIXES
     from trainer.compare import DEFAULT_VARIANTS, VARIANTS
     from trainer.train import ESTIMATORS
 
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["tabular", "lm"], default="tabular")
     p.add_argument("--estimator", choices=ESTIMATORS, default="tree")
     p.add_argument("--fork-selection", choices=["uniform", "entropy"], default="uniform")
-    p.add_argument("--tree-prefix", choices=["base", "branch_mean"], default=None,
+    p.add_argument("--tree-prefix", choices=TREE_PREFIXES, default="base",
                    help="tree estimator: prefix turns valued by the base episode's return (default) or its branches' mean")
     p.add_argument("--group-size", type=int, default=16)
     p.add_argument("--n-base", type=int, default=5)

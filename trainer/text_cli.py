@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trainer.advantages import TREE_PREFIXES
+
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default="ClueProbe-v0", help="env id (forkyard/ prefix optional)")
@@ -50,7 +52,7 @@ def add_rl_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fork-selection", dest="fork_selection", default=None, choices=["uniform", "entropy"])
     p.add_argument("--fork-entropy", dest="fork_entropy", default=None, choices=["first", "greedy_max"],
                    help="entropy fork selection: first token of the action, or max along its greedy continuation")
-    p.add_argument("--tree-prefix", dest="tree_prefix", default=None, choices=["base", "branch_mean"],
+    p.add_argument("--tree-prefix", dest="tree_prefix", default=None, choices=TREE_PREFIXES,
                    help="tree estimator: prefix turns valued by the base episode's return or its branches' mean")
     p.add_argument("--drop-zero-variance", dest="drop_zero_variance", action="store_true", default=None)
     p.add_argument("--invalid-penalty", dest="invalid_penalty", type=float, default=None,
@@ -86,13 +88,11 @@ def _eval_lm(args) -> int:
 
     from trainer.lm import load_checkpoint
     from trainer.text_eval import evaluate, exact_success
-    from trainer.text_train import TextTrainConfig
+    from trainer.text_train import config_from_args
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TextTrainConfig(env_id=args.env if "/" in args.env else f"forkyard/{args.env}", turns=args.turns,
-                          max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    rows = []
+    cfg = config_from_args(args)  # env, turns, max_new_tokens, temperature
     for path in args.checkpoints:
         model = load_checkpoint(path, device=args.device)
         row = {"checkpoint": path}
@@ -100,7 +100,6 @@ def _eval_lm(args) -> int:
             row.update(evaluate(model, cfg, samples=args.samples))
         if args.exact:
             row.update({f"exact_{k}": v for k, v in exact_success(model, cfg).items()})
-        rows.append(row)
         print(json.dumps(row), flush=True)
     return 0
 
@@ -137,7 +136,7 @@ def register(subparsers) -> None:
     p.add_argument("--samples", type=int, default=1000,
                    help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
     p.add_argument("--exact", action="store_true",
-                   help="also the exact expected success over every legal action path (trainer/text_eval.py)")
+                   help="also the exact expected success over every accepted action path (trainer/text_eval.py)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.set_defaults(handler=_eval_lm)

@@ -56,10 +56,10 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     sampled = TextPolicy(model, tok, cfg.sampling())
     rng = random.Random(12345)
     out: dict[str, float] = {}
+    n_held_out = samples or cfg.eval_samples
     for name, policy, resets in (
-        ("greedy", greedy, [(0, {"target": c}) for c in range(2 ** cfg.bits)] if "ClueProbe" in cfg.env_id
-         else [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
-        ("sampled", sampled, [(10**9 + i, None) for i in range(samples or cfg.eval_samples)]),
+        ("greedy", greedy, evaluation_resets(cfg.env_id, cfg.env_kwargs(), n_held_out)),
+        ("sampled", sampled, [(10**9 + i, None) for i in range(n_held_out)]),
     ):
         total = invalid = actions = 0.0
         distinct = 0

@@ -60,8 +60,8 @@ class TrainConfig:
         """Raises ValueError on an unknown estimator or out-of-range sizes."""
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
-        if self.tree_prefix not in ("base", "branch_mean"):
-            raise ValueError(f"tree_prefix must be 'base' or 'branch_mean', got {self.tree_prefix!r}")
+        if self.tree_prefix not in adv.TREE_PREFIXES:
+            raise ValueError(f"tree_prefix must be one of {adv.TREE_PREFIXES}, got {self.tree_prefix!r}")
         if min(self.group_size, self.n_base, self.branches, self.iterations) < 1:
             raise ValueError("group_size, n_base, branches and iterations must be >= 1")
         if not self.lr > 0:
