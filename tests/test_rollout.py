@@ -122,6 +122,40 @@ def test_tree_step_advantages_follow_the_documented_rule():
                 assert by_id[id(s)] == pytest.approx(expected)
 
 
+def test_anchor_fallback_on_a_tree_rollout_groups_each_forks_siblings():
+    """GiGPO on forced siblings: the group is every base and branch; a fork's m siblings share an anchor."""
+    from trainer.advantages import normalize
+
+    env = ClueProbeEnv(turns=3)
+    ro = tree_rollout(env, TabularPolicy(device="cpu"), 4, 4, [0, 1, 2, 3], random.Random(5))
+    assigned = step_advantages(ro, TrainConfig(estimator="anchor_fallback", rollout="tree", omega=0.5))
+    assert assigned.n_episodes == 16 and len(assigned.steps) == sum(len(e.steps) for e in ro.episodes)
+    episode_adv = normalize([e.reward for e in ro.episodes])
+    steps = [(s, i) for i, e in enumerate(ro.episodes) for s in e.steps]
+    by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages)}
+    for b in (e for e in ro.episodes if e.branch == 0):
+        fork_keys = {s.anchor_key for e in ro.episodes if e.base == b.base for s in e.steps if s.turn == b.fork_turn}
+        assert len(fork_keys) == 1  # the 4 siblings act in one visible state
+    for s, i in steps:  # hand rule: episode term + omega * normalised return within the step's anchor bucket
+        bucket = [(t, j) for t, j in steps if t.anchor_key == s.anchor_key]
+        step_adv = normalize([ro.episodes[j].reward for _, j in bucket])[[id(t) for t, _ in bucket].index(id(s))]
+        assert by_id[id(s)] == pytest.approx(episode_adv[i] + 0.5 * step_adv)
+
+
+def test_rollout_shape_defaults_to_the_estimator_and_rejects_a_tree_estimator_on_groups():
+    from trainer.train import rollout_kind
+
+    assert rollout_kind("tree", None) == "tree" and rollout_kind("traj", None) == "group"
+    assert rollout_kind("traj", "tree") == "tree"
+    with pytest.raises(ValueError, match="needs a tree rollout"):
+        TrainConfig(estimator="tree", rollout="group").validate()
+    with pytest.raises(ValueError, match="rollout must be"):
+        TrainConfig(estimator="traj", rollout="forest").validate()
+    result = train(TrainConfig(estimator="traj", rollout="tree", env_kwargs={"turns": 3}, n_base=3, branches=3,
+                               iterations=2, device="cpu"))
+    assert [m["episodes"] for m in result.metrics] == [9, 9]  # 3 bases x 3 branches, not a group of 16
+
+
 def test_training_learns_with_tree_forks_at_t4():
     cfg = TrainConfig(estimator="tree", env_kwargs={"turns": 4}, iterations=400, lr=1.0, seed=0, device="cpu")
     result = train(cfg)

@@ -61,6 +61,8 @@ def _train(args: argparse.Namespace) -> int:
         estimator=args.estimator,
         fork_selection=args.fork_selection,
         tree_prefix=args.tree_prefix,
+        rollout=args.rollout,
+        omega=args.omega,
         group_size=args.group_size,
         n_base=args.n_base,
         branches=args.branches,
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``forkyard`` with every subcommand."""
     from trainer.advantages import TREE_PREFIXES
     from trainer.compare import DEFAULT_VARIANTS, VARIANTS
-    from trainer.train import ESTIMATORS
+    from trainer.train import ESTIMATORS, ROLLOUTS
 
     parser = argparse.ArgumentParser(prog="forkyard", description="forkyard: forkable envs, sandboxes and tree-fork RL")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fork-selection", choices=["uniform", "entropy"], default="uniform")
     p.add_argument("--tree-prefix", choices=TREE_PREFIXES, default="base",
                    help="tree estimator: prefix turns valued by the base episode's return (default) or its branches' mean")
+    p.add_argument("--rollout", choices=ROLLOUTS, default=None,
+                   help="rollout shape (default: tree for the tree estimator, else group)")
+    p.add_argument("--omega", type=float, default=1.0, help="anchor_fallback: weight of the anchor term")
     p.add_argument("--group-size", type=int, default=16)
     p.add_argument("--n-base", type=int, default=5)
     p.add_argument("--branches", type=int, default=4)

@@ -5,7 +5,9 @@ to ``OUT`` (default ``runs/compare-<time>``): ``results.csv`` (one row per run),
 markdown table it prints), ``accuracy_vs_T.png`` and one ``metrics/<run>.jsonl`` per run.
 
 Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the seed article, plus
-``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn).
+``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn);
+on request ``tree_branchmean`` (prefix valued by its branches' mean) and ``tree_anchor`` (``anchor_fallback`` on
+a tree rollout).
 Greedy accuracy is exact: the greedy policy plays every one of the ``2**bits`` targets once.
 """
 
@@ -28,9 +30,11 @@ VARIANTS: dict[str, dict] = {
     "anchor_fallback": {"estimator": "anchor_fallback"},
     "tree_entropy": {"estimator": "tree", "fork_selection": "entropy"},
     "tree_branchmean": {"estimator": "tree", "fork_selection": "uniform", "tree_prefix": "branch_mean"},
+    # GiGPO's episode + anchor advantage on a tree rollout: the forks make the anchor groups non-degenerate
+    "tree_anchor": {"estimator": "anchor_fallback", "rollout": "tree", "fork_selection": "uniform"},
 }
-#: what a sweep runs unless told (the seed article's three plus two; ``tree_branchmean`` on request)
-DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "tree_branchmean")
+#: what a sweep runs unless told (the seed article's three plus two; the others on request)
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("tree_branchmean", "tree_anchor"))
 ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, degeneration)
     2: (0.25, 0.251, 0.257, 0.257, 0.151),
     3: (0.50, 0.451, 0.430, 0.395, 0.536),

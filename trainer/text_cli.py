@@ -11,6 +11,7 @@ import argparse
 import json
 
 from trainer.advantages import TREE_PREFIXES
+from trainer.train import ESTIMATORS, ROLLOUTS
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -31,7 +32,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def add_rl_args(p: argparse.ArgumentParser) -> None:
     """The RL options of ``train-lm`` (also usable by ``train --policy lm``)."""
-    p.add_argument("--estimator", default="tree", choices=["traj", "rloo", "anchor", "anchor_fallback", "tree"])
+    p.add_argument("--estimator", default="tree", choices=ESTIMATORS)
+    p.add_argument("--rollout", default=None, choices=ROLLOUTS,
+                   help="rollout shape (default: tree for the tree estimator, else group); any estimator "
+                        "but tree also runs on a tree rollout")
+    p.add_argument("--omega", type=float, default=None, help="anchor_fallback: weight of the anchor term (default 1)")
     p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--max-env-calls", dest="max_env_calls", type=int, default=None,
                    help="stop once this many env calls were spent (equal-budget comparisons)")

@@ -41,7 +41,7 @@ from trainer.rollout import Rollout, group_rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
 from trainer.text_eval import evaluate
 from trainer.tokenizer import BPETokenizer, model_tokenizer
-from trainer.train import TrainConfig, make_env, open_run_dir, step_advantages
+from trainer.train import TrainConfig, make_env, open_run_dir, rollout_kind, step_advantages
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,8 @@ class TextTrainConfig:
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
     reduction: str = "token-mean"
+    rollout: str | None = None  # "group" or "tree" (trainer.train.rollout_kind); None: tree iff estimator is tree
+    omega: float = 1.0  # anchor_fallback: weight of the step-level (anchor) term
     tree_prefix: str = "base"  # tree estimator: prefix value "base" or "branch_mean" (trainer.advantages.tree_advantages)
     filter_top_p: float | None = None  # StarPO-S: keep the top-p groups by reward std
     drop_zero_variance: bool = False
@@ -337,7 +339,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
     est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
-                          tree_prefix=cfg.tree_prefix, drop_zero_variance=cfg.drop_zero_variance,
+                          tree_prefix=cfg.tree_prefix, rollout=cfg.rollout, omega=cfg.omega, drop_zero_variance=cfg.drop_zero_variance,
                           top_p=cfg.filter_top_p)
     est_cfg.validate() if cfg.iterations >= 1 else None
     ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
@@ -352,7 +354,8 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     warnings: list[str] = []
     out, sink = open_run_dir(cfg.run_dir, cfg)
     metrics: list[dict] = []
-    n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
+    tree = rollout_kind(cfg.estimator, cfg.rollout) == "tree"
+    n_eps = cfg.n_base if tree else cfg.group_size
     spent = 0
     try:
         for it in range(cfg.iterations):
@@ -360,7 +363,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                 break  # equal-budget comparisons: no iteration starts once the budget is spent
             model.eval()
             seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
-            if cfg.estimator == "tree":
+            if tree:
                 ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
             else:
                 ro = group_rollout(env, policy, cfg.group_size, seeds, rng)

@@ -26,6 +26,26 @@ from trainer.rollout import Rollout, Step, group_rollout, tree_rollout
 log = logging.getLogger(__name__)
 
 ESTIMATORS = ("traj", "rloo", "anchor", "anchor_fallback", "tree")
+ROLLOUTS = ("group", "tree")
+
+
+def rollout_kind(estimator: str, rollout: str | None) -> str:
+    """The rollout shape a run samples: ``rollout`` when given, else ``"tree"`` for the tree estimator and
+    ``"group"`` for the others. Every estimator but ``tree`` also runs on a tree rollout: its episodes
+    (bases and branches, each a full episode with the prefix it shares) form the group, and the
+    siblings of a fork share an anchor, so ``anchor``/``anchor_fallback`` get the non-degenerate
+    step groups the fork was made for (GiGPO, Feng et al. 2025, arXiv:2505.10978, eq. 8, on forced
+    siblings).
+
+    Raises:
+        ValueError: on an unknown ``rollout``, or the tree estimator on a group rollout.
+    """
+    kind = rollout or ("tree" if estimator == "tree" else "group")
+    if kind not in ROLLOUTS:
+        raise ValueError(f"rollout must be one of {ROLLOUTS}, got {rollout!r}")
+    if estimator == "tree" and kind != "tree":
+        raise ValueError("the tree estimator needs a tree rollout")
+    return kind
 #: Warn when more than this fraction of anchors hold a single sample (seed article, section 6).
 DEGENERATION_WARN = 0.30
 
@@ -39,6 +59,7 @@ class TrainConfig:
     estimator: str = "traj"  # one of ESTIMATORS
     fork_selection: str = "uniform"  # tree only: "uniform" or "entropy"
     tree_prefix: str = "base"  # tree only: prefix value "base" (branch 0's return) or "branch_mean"
+    rollout: str | None = None  # "group" or "tree"; None: tree for the tree estimator, else group
     group_size: int = 16  # G, group rollouts
     n_base: int = 5  # tree rollouts
     branches: int = 4  # m, tree rollouts (the base's own continuation included)
@@ -62,6 +83,7 @@ class TrainConfig:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.tree_prefix not in adv.TREE_PREFIXES:
             raise ValueError(f"tree_prefix must be one of {adv.TREE_PREFIXES}, got {self.tree_prefix!r}")
+        rollout_kind(self.estimator, self.rollout)
         if min(self.group_size, self.n_base, self.branches, self.iterations) < 1:
             raise ValueError("group_size, n_base, branches and iterations must be >= 1")
         if not self.lr > 0:
@@ -260,14 +282,15 @@ def train(cfg: TrainConfig) -> TrainResult:
         bar = tqdm(total=cfg.iterations, desc=f"{cfg.estimator}", unit="it")
     metrics: list[dict[str, float]] = []
     warned = False
-    n_eps = cfg.n_base if cfg.estimator == "tree" else cfg.group_size
+    tree = rollout_kind(cfg.estimator, cfg.rollout) == "tree"
+    n_eps = cfg.n_base if tree else cfg.group_size
     spent = 0
     try:
         for it in range(cfg.iterations):
             if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
                 break
             seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
-            if cfg.estimator == "tree":
+            if tree:
                 ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
             else:
                 ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
