@@ -3,14 +3,23 @@
 # training seeds, two runs at a time with one thread each (the shared 2-core CPU):
 #   traj: a group of 24 independent episodes per iteration (96 env calls), 150 iterations
 #   tree: uniform fork turn, 6 bases x 6 branches (about 99 env calls per iteration), 150 iterations
-# Usage: scripts/text-policy-seeds.sh OUT_DIR SFT_CHECKPOINT SEED...
+#   tree_entropy (section 0a): fork at the highest-entropy turn (ARPO-style, entropy = max along the greedy
+#     continuation), 6 bases x 6 branches, until 14,400 env calls are spent (what traj spends)
+# Usage: [ARMS="traj tree"] scripts/text-policy-seeds.sh OUT_DIR SFT_CHECKPOINT SEED...
 set -euo pipefail
 out=$1; ckpt=$2; shift 2
 mkdir -p "$out"
 common="--turns 4 --max-new-tokens 8 --eval-samples 128 --threads 1 --eval-every 25 --iterations 150 --checkpoint $ckpt"
+arms=${ARMS:-traj tree}
 for seed in "$@"; do
-  echo "traj $seed --estimator traj --group-size 24"
-  echo "tree $seed --estimator tree --n-base 6 --branches 6"
+  for arm in $arms; do
+    case $arm in
+      traj) echo "traj $seed --estimator traj --group-size 24" ;;
+      tree) echo "tree $seed --estimator tree --n-base 6 --branches 6" ;;
+      tree_entropy) echo "tree_entropy $seed --estimator tree --n-base 6 --branches 6 --fork-selection entropy --fork-entropy greedy_max --iterations 1000 --max-env-calls 14400" ;;
+      *) echo "unknown arm $arm" >&2; exit 2 ;;
+    esac
+  done
 done | xargs -P 2 -L 1 bash -c '
   arm=$0; seed=$1; shift
   .venv/bin/forkyard train-lm '"$common"' --seed "$seed" "$@" --run-dir '"$out"'/${arm}_seed$seed \

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from trainer.text_eval import action_probabilities, exact_success
+from trainer.text_eval import action_probabilities, exact_policy_gradient, exact_success
 from trainer.text_policy import TextPolicy
 from trainer.text_train import TextTrainConfig, sft
 from trainer.train import make_env
@@ -112,3 +112,31 @@ def test_eval_lm_command_reads_a_checkpoint_file(model, tmp_path, capsys):
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["exact_success"] == pytest.approx(exact_success(model, CFG)["success"], rel=1e-5)
     assert row["exact_paths"] > 8 * 3 * 3 and 0.0 <= row["sampled_accuracy"] <= 1.0
+
+
+def test_exact_policy_gradient_matches_a_central_finite_difference(model):
+    """d/d eps of exact_success(theta + eps * u) at 0 equals <grad, u> for the unit direction u of the gradient
+    and for the gradient of the largest weight matrix alone (central difference, eps 1e-3)."""
+    resets = [(0, {"target": c}) for c in (0, 3, 6)]
+    model.zero_grad(set_to_none=True)
+    total, grads = exact_policy_gradient(model, CFG, resets, min_path_prob=1e-4)
+    assert total["success"] == pytest.approx(exact_success(model, CFG, resets, min_path_prob=1e-4)["success"], abs=1e-9)
+    params = list(model.parameters())
+    assert all(p.grad is None for p in params)  # the model's .grad is left alone
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    assert norm > 1e-3
+    # second direction: one parameter tensor's part of the gradient alone (checks that tensor's own entries)
+    k = max(range(len(grads)), key=lambda i: grads[i].numel() if grads[i].dim() == 2 else 0)
+    part = [g / float(g.norm()) if i == k else torch.zeros_like(g) for i, g in enumerate(grads)]
+    for direction in ([g / norm for g in grads], part):
+        expected = sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, direction))
+        eps, values = 1e-3, []
+        for sign in (1, -1):
+            with torch.no_grad():
+                for p, d in zip(params, direction):
+                    p.add_(sign * eps * d)
+            values.append(exact_success(model, CFG, resets, min_path_prob=1e-4)["success"])
+            with torch.no_grad():
+                for p, d in zip(params, direction):
+                    p.sub_(sign * eps * d)
+        assert (values[0] - values[1]) / (2 * eps) == pytest.approx(expected, rel=0.05, abs=1e-4)

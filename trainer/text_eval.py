@@ -87,7 +87,8 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     return out
 
 
-def action_probabilities(policy: TextPolicy, context: list[int], actions: list[str]) -> list[float]:
+def action_probabilities(policy: TextPolicy, context: list[int], actions: list[str],
+                         differentiable: bool = False) -> list[float] | torch.Tensor:
     """Probability that ``policy`` (its sampling settings) writes exactly each action text's canonical ids
     and ends the turn there, given the token history ``context``.
 
@@ -101,6 +102,8 @@ def action_probabilities(policy: TextPolicy, context: list[int], actions: list[s
             stop strings.
         context: the history's token ids, ending with the assistant header.
         actions: action texts (usually ``info["legal_actions"]``).
+        differentiable: return a float tensor [len(actions)] that carries the autograd graph to the
+            model's parameters instead of floats.
 
     Returns:
         ``len(actions)`` floats in [0, 1] (their sum is at most 1 up to rounding).
@@ -125,8 +128,10 @@ def action_probabilities(policy: TextPolicy, context: list[int], actions: list[s
     batch = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
     for b, row in enumerate(rows):
         batch[b, : len(row)] = torch.tensor(row)
-    with torch.no_grad():
+    with torch.set_grad_enabled(differentiable):
         logp, _, _ = token_logprobs(policy.model, batch.to(policy.device), sc.temperature, tok.suppressed_ids)
+        if differentiable:
+            return torch.stack([logp[b, s:e].sum().exp() * float(ok) for b, (s, e, ok) in enumerate(spans)])
     return [math.exp(float(logp[b, s:e].sum())) if ok else 0.0 for b, (s, e, ok) in enumerate(spans)]
 
 
@@ -157,6 +162,14 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
         ValueError: when the env gives no finite ``legal_actions``, the tree exceeds ``max_paths``, or the
             sampling settings are not supported (:func:`action_probabilities`).
     """
+    return _walk_tree(model, cfg, resets, min_path_prob, max_paths, None)[0]
+
+
+def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: list | None):
+    """The depth-first walk of :func:`exact_success`. Each node returns its value ``V(h) = sum_a P(a|h) Q(h, a)``
+    with ``Q(h, a) = r + V(child)`` (0 for a pruned action); the success is the reset-weighted mean of the
+    roots' values. When ``nodes`` is a list, every node is appended to it as ``(weight * P(h), ids,
+    candidates, Q)``: what :func:`exact_policy_gradient` needs. Returns ``(totals, policy)``."""
     resets = resets if resets is not None else evaluation_resets(cfg.env_id, cfg.env_kwargs())
     policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     template = policy.template
@@ -165,32 +178,68 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
     vocabulary = list(getattr(env, "action_vocabulary", None) or [])
     total = {"success": 0.0, "coverage": 0.0, "paths": 0}
 
-    def expand(node, ids: list[int], info: dict[str, Any], prob: float, weight: float) -> None:
+    def expand(node, ids: list[int], info: dict[str, Any], prob: float, weight: float) -> float:
         legal = info.get("legal_actions")
         if not legal:
             raise ValueError(f"{cfg.env_id} gives no legal_actions at turn {info.get('turn')}: no finite tree")
         candidates = list(dict.fromkeys([*legal, *vocabulary]))
         probs = action_probabilities(policy, ids, candidates)
-        kept = [(a, prob * p) for a, p in zip(candidates, probs) if prob * p >= min_path_prob]
-        if not kept:
-            return
-        for (action, path_prob), child in zip(kept, node.fork(len(kept))):
-            obs, reward, terminated, truncated, child_info = child.step(action)
-            total["success"] += weight * path_prob * float(reward)
+        q = [0.0] * len(candidates)
+        kept = [(i, prob * p) for i, p in enumerate(probs) if prob * p >= min_path_prob]
+        for (i, path_prob), child in zip(kept, node.fork(len(kept)) if kept else []):
+            obs, reward, terminated, truncated, child_info = child.step(candidates[i])
+            q[i] = float(reward)
             if terminated or truncated:
                 total["coverage"] += weight * path_prob
                 total["paths"] += 1
                 if total["paths"] > max_paths:
                     raise ValueError(f"more than max_paths={max_paths} complete paths")
             else:
-                expand(child, ids + tok.encode(action) + [tok.eot_id] + template.observation(obs), child_info,
-                       path_prob, weight)
+                q[i] += expand(child, ids + tok.encode(candidates[i]) + [tok.eot_id] + template.observation(obs),
+                               child_info, path_prob, weight)
             child.close()
+        if nodes is not None:
+            nodes.append((weight * prob, ids, candidates, q))
+        return math.fsum(p * v for p, v in zip(probs, q))
 
     try:
         for seed, options in resets:
             obs, info = env.reset(seed=seed, options=options)
-            expand(env, template.first(obs), info, 1.0, 1.0 / len(resets))
+            weight = 1.0 / len(resets)
+            total["success"] += weight * expand(env, template.first(obs), info, 1.0, weight)
     finally:
         env.close()
-    return total
+    return total, policy
+
+
+def exact_policy_gradient(model, cfg, resets: list[tuple[int | None, dict | None]] | None = None,
+                          min_path_prob: float = 1e-6, max_paths: int = 200_000) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """The exact gradient of :func:`exact_success` with respect to the model's parameters.
+
+    The policy-gradient theorem on the finite tree (Sutton et al. 2000, eq. 2, undiscounted):
+    ``grad J = sum_h P(h) sum_a grad P(a|h) * Q(h, a)``, with ``P(h)`` the reset-weighted probability of
+    reaching history ``h`` and ``Q`` the exact action values of the walk (pruned actions: 0). One forward
+    and backward pass per node (P(h) and Q are constants there), so memory stays that of one node.
+    This is the reference direction against which estimators' sampled gradients are compared
+    (``benchmarks/bench_gradient_alignment.py``).
+
+    Args/Raises: as :func:`exact_success`.
+
+    Returns:
+        ``(totals, grads)``: the dict of :func:`exact_success` and one float tensor per parameter of
+        ``model.parameters()`` (its shape; zeros for parameters the policy does not use). The model's own
+        ``.grad`` fields are left as they were.
+    """
+    nodes: list = []
+    total, policy = _walk_tree(model, cfg, resets, min_path_prob, max_paths, nodes)
+    params = list(model.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    for reach, ids, candidates, q in nodes:
+        if reach == 0.0 or not any(q):
+            continue
+        probs = action_probabilities(policy, ids, candidates, differentiable=True)
+        value = reach * (probs * torch.tensor(q, dtype=probs.dtype, device=probs.device)).sum()
+        for g, d in zip(grads, torch.autograd.grad(value, params, allow_unused=True)):
+            if d is not None:
+                g += d
+    return total, grads

@@ -325,6 +325,36 @@ class TextTrainResult:
     warnings: list[str]
 
 
+def estimator_config(cfg: TextTrainConfig) -> TrainConfig:
+    """The :class:`trainer.train.TrainConfig` that :func:`trainer.train.step_advantages` reads for ``cfg``
+    (estimator, rollout shape, tree prefix, omega, group filters). Raises ValueError on a bad combination."""
+    est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
+                          tree_prefix=cfg.tree_prefix, rollout=cfg.rollout, omega=cfg.omega,
+                          drop_zero_variance=cfg.drop_zero_variance, top_p=cfg.filter_top_p,
+                          iterations=max(cfg.iterations, 1))
+    est_cfg.validate()
+    return est_cfg
+
+
+def sample_batch(cfg: TextTrainConfig, est_cfg: TrainConfig, env, policy: TextPolicy, rng: random.Random,
+                 iteration: int, device) -> tuple[Rollout, Any, Batch | None]:
+    """One iteration's data: the rollout (group or tree, per ``est_cfg``) on the training seeds of
+    ``iteration``, the invalid-action shaping if set, the per-step advantages and the token batch.
+
+    Returns ``(rollout, assigned, batch)`` (``batch`` None when no step is trained)."""
+    tree = rollout_kind(est_cfg.estimator, est_cfg.rollout) == "tree"
+    n_eps = cfg.n_base if tree else cfg.group_size
+    seeds = [(cfg.seed * 1_000_003 + iteration * n_eps + i) % 2**31 for i in range(n_eps)]
+    if tree:
+        ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
+    else:
+        ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
+    if cfg.invalid_penalty:
+        apply_invalid_penalty(ro, cfg.invalid_penalty)
+    assigned = step_advantages(ro, est_cfg)
+    return ro, assigned, build_batch(ro, assigned.steps, assigned.advantages, policy.tok.pad_id, device)
+
+
 def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTrainResult:
     """RL from ``model`` (or ``cfg.checkpoint``, or a fresh model). See the module docstring."""
     if cfg.threads:
@@ -338,10 +368,7 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    est_cfg = TrainConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs(), estimator=cfg.estimator,
-                          tree_prefix=cfg.tree_prefix, rollout=cfg.rollout, omega=cfg.omega, drop_zero_variance=cfg.drop_zero_variance,
-                          top_p=cfg.filter_top_p)
-    est_cfg.validate() if cfg.iterations >= 1 else None
+    est_cfg = estimator_config(cfg)
     ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     ref = None
@@ -354,23 +381,13 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
     warnings: list[str] = []
     out, sink = open_run_dir(cfg.run_dir, cfg)
     metrics: list[dict] = []
-    tree = rollout_kind(cfg.estimator, cfg.rollout) == "tree"
-    n_eps = cfg.n_base if tree else cfg.group_size
     spent = 0
     try:
         for it in range(cfg.iterations):
             if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
                 break  # equal-budget comparisons: no iteration starts once the budget is spent
             model.eval()
-            seeds = [(cfg.seed * 1_000_003 + it * n_eps + i) % 2**31 for i in range(n_eps)]
-            if tree:
-                ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
-            else:
-                ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
-            if cfg.invalid_penalty:
-                apply_invalid_penalty(ro, cfg.invalid_penalty)
-            assigned = step_advantages(ro, est_cfg)
-            batch = build_batch(ro, assigned.steps, assigned.advantages, tok.pad_id, device)
+            ro, assigned, batch = sample_batch(cfg, est_cfg, env, policy, rng, it, device)
             all_steps = [s for e in ro.episodes for s in e.steps]
             legal_known = [s for s in all_steps if s.data.legal is not None]
             valid_rewards = [e.reward for e in ro.episodes if not e.infra_failure]
