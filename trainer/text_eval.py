@@ -1,5 +1,6 @@
-"""Evaluating a text policy: sampled and greedy rollouts (:func:`evaluate`), and the exact expected
-success of the sampling policy, summed over action paths enumerated with env forks (:func:`exact_success`).
+"""Evaluating a text policy: sampled and greedy rollouts (:func:`evaluate`), the exact expected
+success of the sampling policy, summed over action paths enumerated with env forks (:func:`exact_success`),
+and its exact gradient (:func:`exact_policy_gradient`), the reference for estimators' sampled gradients.
 
 Why an exact figure: sampled accuracy on ``n`` episodes has a binomial s.e. of about
 ``sqrt(p (1 - p) / n)`` (0.014 for p = 0.25, n = 1,000), which was half the spread between training seeds
@@ -216,7 +217,7 @@ def exact_policy_gradient(model, cfg, resets: list[tuple[int | None, dict | None
                           min_path_prob: float = 1e-6, max_paths: int = 200_000) -> tuple[dict[str, float], list[torch.Tensor]]:
     """The exact gradient of :func:`exact_success` with respect to the model's parameters.
 
-    The policy-gradient theorem on the finite tree (Sutton et al. 2000, eq. 2, undiscounted):
+    The policy-gradient theorem on the finite tree (Sutton et al. 2000, Theorem 1, undiscounted):
     ``grad J = sum_h P(h) sum_a grad P(a|h) * Q(h, a)``, with ``P(h)`` the reset-weighted probability of
     reaching history ``h`` and ``Q`` the exact action values of the walk (pruned actions: 0). One forward
     and backward pass per node (P(h) and Q are constants there), so memory stays that of one node.
