@@ -279,3 +279,16 @@ def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
         if e.branch:
             path = [s for s in bases[e.base].steps if s.turn < e.fork_turn] + path
         assert e.reward == pytest.approx(r0 - 0.5 * sum(not s.data.legal for s in path))
+
+
+def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_estimator_on_groups():
+    from trainer.text_train import TextTrainConfig, estimator_config, sample_batch
+
+    cfg = TextTrainConfig(turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
+    model = small_model(context=512, eot_logit=5.0)
+    env = make_env(cfg.env_id, cfg.env_kwargs())
+    ro, assigned, batch = sample_batch(cfg, estimator_config(cfg), env, policy(model), random.Random(0), 0, "cpu")
+    assert ro.kind == "tree" and len(ro.episodes) == 6 and assigned.n_episodes == 6
+    assert int(batch.mask.sum()) == sum(len(s.data.action_ids) for s in assigned.steps)
+    with pytest.raises(ValueError, match="needs a tree rollout"):
+        estimator_config(TextTrainConfig(estimator="tree", rollout="group"))
