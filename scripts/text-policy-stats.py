@@ -72,10 +72,51 @@ def paired(rows, seeds, metric, arm: str = "tree", base: str = "traj") -> dict[s
             "t": float(t.statistic), "p_t": float(t.pvalue), "wins": wins, "p_sign": float(sign)}
 
 
+def curves(arms, png: str, grid_step: int = 240) -> None:
+    """Mean over the committed confirmation runs (``confirm_ARM_seedS.metrics.jsonl``, seeds 5-17) of the
+    training reward (trailing mean over 10 iterations) and of the held-out sampled accuracy logged during
+    training (128 episodes every 25 iterations), both against env calls spent, interpolated on a grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.arange(grid_step, 14_400 + 1, grid_step)
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for name in arms:
+        paths = sorted(RUNS.glob(f"confirm_{name}_seed*.metrics.jsonl"))
+        rew, acc, first_eval = [], [], 0.0
+        for path in paths:
+            ms = [json.loads(line) for line in path.read_text().splitlines()]
+            x = np.array([m["env_calls_total"] for m in ms], dtype=float)
+            rewards = np.array([m["reward_mean"] for m in ms])
+            trailing = np.array([rewards[max(0, i - 9): i + 1].mean() for i in range(len(rewards))])
+            rew.append(np.interp(grid, x, trailing))
+            ev = [(m["env_calls_total"], m["eval_sampled_accuracy"]) for m in ms if "eval_sampled_accuracy" in m]
+            first_eval = max(first_eval, ev[0][0])
+            acc.append(np.interp(grid, [e[0] for e in ev], [e[1] for e in ev]))
+        for i, series in enumerate((rew, acc)):
+            keep = grid >= (first_eval if i else 0)  # accuracy: only where every run has been evaluated once
+            mean = np.mean(series, axis=0)[keep]
+            se = (np.std(series, axis=0, ddof=1) / np.sqrt(len(series)))[keep]
+            ax[i].plot(grid[keep], mean, label=f"{name} ({len(paths)} seeds)")
+            ax[i].fill_between(grid[keep], mean - se, mean + se, alpha=0.2)
+    ax[0].set_ylabel("training reward (trailing mean of 10 iterations)")
+    ax[1].set_ylabel("held-out sampled accuracy (128 ep.)")
+    for a in ax:
+        a.set_xlabel("env calls spent")
+        a.legend()
+    fig.suptitle("ClueProbe T=4 text policy, RL after the skill-0.5 SFT: mean over seeds 5-17 (band: ±1 s.e.)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print("wrote", png)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", default="tree", choices=ARMS[1:], help="the tree arm tested against traj")
     ap.add_argument("--png", default=None)
+    ap.add_argument("--curves", default=None, help="PNG of training curves vs env calls, seeds 5-17, per arm")
     args = ap.parse_args()
     rows = load()
     arm = args.arm
@@ -104,6 +145,8 @@ def main() -> None:
             print(f"{label}: n={r['n']} mean diff {r['mean']:+.4f} (s.d. {r['sd']:.4f}), 95% CI "
                   f"({r['lo']:+.4f}, {r['hi']:+.4f}); one-sided t={r['t']:.2f} p={r['p_t']:.4f}; "
                   f"{arm} > {base} on {r['wins']}/{r['n']} (sign p={r['p_sign']:.4f})")
+    if args.curves:
+        curves(("traj", "tree", arm) if arm != "tree" else ("traj", "tree"), args.curves)
     if args.png:
         import matplotlib
 

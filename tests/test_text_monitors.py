@@ -61,16 +61,17 @@ def test_plot_command_writes_png(tmp_path):
 
 
 def test_format_collapse_detector_on_the_recorded_runs():
-    """The 41 recorded BPE runs (docs/results/text_policy_runs: 15 of section 1, 26 of the pre-registered
-    confirmation): the format-collapse detector fires on exactly the three runs that collapsed into
-    invalid actions, at the iteration the windowed share crossed, and on none of the 38 others; the
-    Echo-Trap detector fires once, late (iteration 139), on the confirmation run that had collapsed at 41."""
+    """The 54 recorded BPE runs (docs/results/text_policy_runs: 15 of section 1, 26 of section 0's
+    confirmation, 13 of section 0a's entropy-fork arm): replayed, the format-collapse detector fires on
+    exactly the six runs whose invalid-action share rose, at the iteration the windowed share crossed;
+    the Echo-Trap detector on four. For runs recorded by train-lm with the detectors in the loop, the
+    replay gives the iterations that were logged."""
     from pathlib import Path
 
     from trainer.monitors import FormatCollapseDetector
 
     runs = sorted(Path(__file__).resolve().parents[1].glob("docs/results/text_policy_runs/*.metrics.jsonl"))
-    assert len(runs) == 41
+    assert len(runs) == 54
     fired, echoed = {}, {}
     for path in runs:
         rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -83,10 +84,15 @@ def test_format_collapse_detector_on_the_recorded_runs():
         if name.startswith("confirm_"):  # recorded by train-lm with the detector in the loop: same iteration
             logged = [m["iteration"] for m in rows if m.get("format_collapse_warning")]
             assert logged == ([det.collapsed_at] if det.collapsed_at is not None else [])
+            assert [m["iteration"] for m in rows if m.get("echo_trap_warning")] == (
+                [echoed[name]] if name in echoed else [])
         if det.collapsed_at is not None:
             fired[name] = det.collapsed_at
-    assert fired == {"traj_seed3": 84, "tree_answerfork_seed3": 11, "confirm_tree_seed11": 41}
-    assert echoed == {"confirm_tree_seed11": 139}
+    assert fired == {"traj_seed3": 84, "tree_answerfork_seed3": 11, "confirm_tree_seed11": 41,
+                     "confirm_tree_entropy_seed6": 155, "confirm_tree_entropy_seed8": 61,
+                     "confirm_tree_entropy_seed11": 38}
+    assert echoed == {"confirm_tree_seed11": 139, "confirm_tree_entropy_seed5": 164,
+                      "confirm_tree_entropy_seed11": 63, "confirm_tree_entropy_seed13": 106}
 
 
 def test_format_collapse_detector_ignores_one_bad_iteration_and_warns_once():
