@@ -34,7 +34,7 @@ def rollout_kind(estimator: str, rollout: str | None) -> str:
     ``"group"`` for the others. Every estimator but ``tree`` also runs on a tree rollout: its episodes
     (bases and branches, each a full episode with the prefix it shares) form the group, and the
     siblings of a fork share an anchor, so ``anchor``/``anchor_fallback`` get the non-degenerate
-    step groups the fork was made for (GiGPO, Feng et al. 2025, arXiv:2505.10978, eq. 8, on forced
+    step groups the fork was made for (GiGPO, Feng et al. 2025, arXiv:2505.10978, combined advantage, on forced
     siblings).
 
     Raises:
