@@ -30,11 +30,11 @@ import time
 
 import torch
 
+from trainer.lm import load_checkpoint
 from trainer.losses import PPOConfig, ppo_loss
 from trainer.text_eval import exact_policy_gradient
 from trainer.text_policy import TextPolicy, token_logprobs
 from trainer.text_train import TextTrainConfig, estimator_config, sample_batch, sft
-from trainer.lm import load_checkpoint
 from trainer.tokenizer import model_tokenizer
 from trainer.train import make_env
 
