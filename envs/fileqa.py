@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import base64
 import json
 import os
 import threading
@@ -48,10 +49,25 @@ LOG_PATH = "/scratch/app.log"
 
 _providers: dict[str, Any] = {}
 _providers_lock = threading.Lock()
-_verified: set[tuple[str, str]] = set()  # (backend, content hash) pairs whose sandbox corpus matched
+_verified: set[tuple[int, str]] = set()  # (id of a provider, content hash) pairs whose sandbox corpus matched
 
 
-def sandbox_provider(backend: str):
+def _default_corpus(provider: Any, backend: str) -> str:
+    """Where the question generator reads the corpus: the provider's data folder (a local backend, or a
+    docker backend with a bind-mounted corpus), else its image's corpus, else the local corpus."""
+    from sandbox_server.corpus import ensure_corpus
+
+    sandbox_backend = getattr(provider, "backend", None)
+    data_dir = getattr(sandbox_backend, "data_dir", None)
+    if data_dir:
+        return data_dir
+    image = getattr(sandbox_backend, "image", None)
+    if image:
+        return image_corpus(image)
+    return image_corpus(sandbox_image()) if backend == "docker" else ensure_corpus()
+
+
+def shared_provider(backend: str):
     """The sandbox provider of a backend, shared by every env of this process.
 
     ``"local"`` / ``"docker"``: an in-process ``SandboxService`` over that backend (started on first use,
@@ -142,17 +158,6 @@ def image_corpus(image: str) -> str:
         pass
     shutil.rmtree(tmp, ignore_errors=True)
     return dest
-
-
-def set_provider(backend: str, provider: Any | None) -> Any | None:
-    """Make FileQA envs of this process with ``backend`` use ``provider`` (a server's own
-    ``SandboxService``); ``None`` forgets it. Returns the provider it replaced (or None), so a server
-    can put it back at shutdown."""
-    with _providers_lock:
-        previous = _providers.pop(backend, None)
-        if provider is not None:
-            _providers[backend] = provider
-        return previous
 
 
 @lru_cache(maxsize=4)
@@ -248,6 +253,14 @@ class FileQAEnv(TextEnv):
         kinds: question kinds to draw from (default all of :data:`QUESTION_KINDS`).
         corpus_dir: where the question generator reads the corpus (default: see ``backend``).
         render_mode: ``None`` or ``"ansi"``.
+        sandbox_provider: the sandbox service to take sandboxes from (an object with ``create``,
+            ``exec``, ``fork``, ``delete``, ``tools`` and, for snapshots that carry the sandbox,
+            ``export``): a server passes its own ``SandboxService`` here, so every env session it serves
+            runs on the server's backend. ``backend`` then only names it (default: the provider's).
+
+    Snapshots (:meth:`snapshot`) carry the sandbox's writable areas (a tar of /scratch and /tmp, with
+    modes and mtimes), and :meth:`restore` rebuilds a sandbox from them, in this process or another one;
+    a provider that cannot export a sandbox (a server URL) makes :meth:`snapshot` refuse.
 
     Raises:
         ValueError: on bad arguments. EnvInfraError: if the sandbox backend is unavailable or its corpus
@@ -255,12 +268,16 @@ class FileQAEnv(TextEnv):
     """
 
     blocking = True  # steps wait on a sandbox: servers run them in worker threads
+    uses_sandbox = True  # servers pass their own sandbox service as ``sandbox_provider``
     max_observation_length = 4096
     max_action_length = 1024
 
     def __init__(self, max_turns: int = 6, backend: str | None = None, per_turn_timeout_s: float = 5.0,
                  continue_on_timeout: bool = False, min_tool_calls: int = 0, required_tools: tuple | list = (),
-                 kinds: tuple | list | None = None, corpus_dir: str | None = None, render_mode: str | None = None):
+                 kinds: tuple | list | None = None, corpus_dir: str | None = None, render_mode: str | None = None,
+                 sandbox_provider: Any = None):
+        if sandbox_provider is not None:
+            backend = backend or getattr(getattr(sandbox_provider, "backend", None), "name", None) or "provider"
         backend = backend or os.environ.get("FORKYARD_BACKEND", "local")
         kinds = tuple(kinds) if kinds else QUESTION_KINDS
         if set(kinds) - set(QUESTION_KINDS):
@@ -279,12 +296,8 @@ class FileQAEnv(TextEnv):
         self.min_tool_calls = min_tool_calls
         self.required_tools = tuple(required_tools)
         self.kinds = kinds
-        self._provider = sandbox_provider(backend)
-        from sandbox_server.corpus import ensure_corpus
-
-        if corpus_dir is None:
-            corpus_dir = image_corpus(sandbox_image()) if backend == "docker" else ensure_corpus()
-        self.corpus_dir = corpus_dir
+        self._provider = sandbox_provider if sandbox_provider is not None else shared_provider(backend)
+        self.corpus_dir = corpus_dir if corpus_dir is not None else _default_corpus(self._provider, backend)
         self._tools = {t.name: list(t.params) for t in self._provider.tools()}
         unknown = set(self.required_tools) - set(self._tools)
         if unknown:
@@ -297,7 +310,7 @@ class FileQAEnv(TextEnv):
     # ------------------------------------------------------------------ sandbox plumbing
     def _check_corpus(self) -> None:
         manifest, _ = load_corpus(self.corpus_dir)
-        if (self.backend, manifest["content_hash"]) in _verified:
+        if (id(self._provider), manifest["content_hash"]) in _verified:
             return
         sid = self._provider.create().id
         try:
@@ -312,7 +325,7 @@ class FileQAEnv(TextEnv):
             raise EnvInfraError(
                 f"the sandbox corpus ({theirs}) differs from the question generator's ({manifest['content_hash']} "
                 f"at {self.corpus_dir}); questions would have wrong answers")
-        _verified.add((self.backend, manifest["content_hash"]))
+        _verified.add((id(self._provider), manifest["content_hash"]))
 
     def _release(self) -> None:
         if self._sandbox is not None:
@@ -478,7 +491,61 @@ class FileQAEnv(TextEnv):
                        reason="answered", info={"correct": correct})
 
     def _task_state(self) -> dict[str, Any]:
-        return {"question": self._question, "calls": list(self._calls)}
+        return {"question": self._question, "calls": list(self._calls), "sandbox": self._export_sandbox()}
+
+    def _export_sandbox(self) -> str | None:
+        """The sandbox's writable areas as base64 tar text (None when the env holds no sandbox).
+
+        Raises:
+            EnvInfraError: the provider cannot export a sandbox (a server URL: snapshot the env session on
+                the server instead), or the sandbox failed.
+        """
+        if self._sandbox is None:
+            return None
+        export = getattr(self._provider, "export", None)
+        if export is None:
+            raise EnvInfraError(f"{type(self._provider).__name__} cannot export a sandbox, so a snapshot of this "
+                                "env could not restore it; run the env on the server (server_url=) and fork there")
+        from sandbox_server.errors import SandboxError
+
+        try:
+            return base64.b64encode(export(self._sandbox)).decode("ascii")
+        except SandboxError as exc:
+            raise EnvInfraError(f"could not export the sandbox: {exc}") from exc
+
+    def restore(self, snapshot: Any) -> None:
+        """Set this env to a snapshot's state, sandbox included: a new sandbox is made from the snapshot's
+        tar of /scratch and /tmp, so every tool answers as it did in the snapshotted env.
+
+        Raises:
+            ValueError: a snapshot of another env class or other kwargs (nothing changed).
+            EnvInfraError: no sandbox could be made from it (nothing changed).
+        """
+        from envs.core import Snapshot
+        from sandbox_server.errors import SandboxError
+
+        if isinstance(snapshot, (bytes, str)):
+            snapshot = Snapshot.from_bytes(snapshot)
+        elif isinstance(snapshot, dict):
+            snapshot = Snapshot.model_validate(snapshot)
+        mine = f"{type(self).__module__}:{type(self).__qualname__}"
+        if snapshot.env_class != mine or snapshot.kwargs != self._kwargs:
+            super().restore(snapshot)  # raises ValueError naming both, before any change
+        archive = snapshot.state.get("task", {}).get("sandbox")
+        new_sandbox = None
+        if archive is not None:
+            try:
+                new_sandbox = self._provider.create(archive=base64.b64decode(archive)).id
+            except SandboxError as exc:
+                raise EnvInfraError(f"could not rebuild the sandbox of the snapshot: {exc}") from exc
+        try:
+            super().restore(snapshot)
+        except BaseException:
+            if new_sandbox is not None:
+                self._provider.delete(new_sandbox)
+            raise
+        self._release()
+        self._sandbox = new_sandbox
 
     def _load_task_state(self, state: dict[str, Any]) -> None:
         self._question = dict(state["question"])

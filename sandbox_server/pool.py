@@ -4,6 +4,7 @@
   start when one is idle; ``max_total`` bounds idle + busy + starting.
 * Starts are rate-limited: at most ``max_concurrent_starts`` run at once; a burst queues behind them.
 * Released sandboxes are destroyed (in the background) and replaced, never handed out again.
+* An idle sandbox is pinged before it is handed out; a dead one is destroyed and replaced.
 * When the engine fails or the pool is exhausted, ``acquire`` raises :class:`EngineUnavailable` or
   :class:`PoolExhausted` (HTTP 503 with ``Retry-After``) within ``acquire_timeout_s``; it never hangs.
 
@@ -179,28 +180,21 @@ class SandboxPool:
         """
         t0 = time.perf_counter()
         deadline = time.monotonic() + (self.acquire_timeout_s if timeout_s is None else timeout_s)
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise PoolExhausted("the pool is shut down", retry_after_s=5.0)
-                if self._idle:
-                    sid = self._idle.pop(0)
-                    self._busy.add(sid)
-                    self._last_take = time.monotonic()
-                    self._update_gauges()
-                    self._cond.notify_all()
-                    self.metrics.acquire_s.observe(time.perf_counter() - t0)
-                    return sid
-                if self._total() < self.max_total:
-                    if self._error_active():
-                        raise EngineUnavailable(f"the engine is failing: {self.last_error}", retry_after_s=2.0)
-                    self._starting += 1
-                    self._update_gauges()
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PoolExhausted(f"all {self.max_total} sandboxes are in use; try again later", retry_after_s=2.0)
-                self._cond.wait(min(left, 0.5))
+        while True:
+            sid = self._take_idle(deadline)
+            if sid is None:
+                break
+            # An idle sandbox may have died while it waited (its container killed, its agent gone):
+            # check it before it is handed out, and replace a dead one (field case S31).
+            if self._healthy(sid):
+                self.metrics.acquire_s.observe(time.perf_counter() - t0)
+                return sid
+            self.metrics.replaced.inc()
+            with self._cond:
+                self._busy.discard(sid)
+                self._update_gauges()
+                self._cond.notify_all()
+            self._bg.submit(self._destroy, sid)
         sid = None
         try:
             sid = self._start_one(deadline)
@@ -213,6 +207,38 @@ class SandboxPool:
                 self._cond.notify_all()
         self.metrics.acquire_s.observe(time.perf_counter() - t0)
         return sid
+
+    def _healthy(self, sid: str) -> bool:
+        """Whether an idle sandbox's agent still answers a ping (backends without ``alive`` are trusted)."""
+        alive = getattr(self.backend, "alive", None)
+        return True if alive is None else bool(alive(sid))
+
+    def _take_idle(self, deadline: float) -> str | None:
+        """Move an idle sandbox to busy and return it; or count a start (``_starting``) and return None.
+
+        Waits while ``max_total`` sandboxes exist and none is idle. Raises PoolExhausted / EngineUnavailable.
+        """
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise PoolExhausted("the pool is shut down", retry_after_s=5.0)
+                if self._idle:
+                    sid = self._idle.pop(0)
+                    self._busy.add(sid)
+                    self._last_take = time.monotonic()
+                    self._update_gauges()
+                    self._cond.notify_all()
+                    return sid
+                if self._total() < self.max_total:
+                    if self._error_active():
+                        raise EngineUnavailable(f"the engine is failing: {self.last_error}", retry_after_s=2.0)
+                    self._starting += 1
+                    self._update_gauges()
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PoolExhausted(f"all {self.max_total} sandboxes are in use; try again later", retry_after_s=2.0)
+                self._cond.wait(min(left, 0.5))
 
     def acquire_many(self, n: int, timeout_s: float | None = None) -> list[str]:
         """Take ``n`` sandboxes (all or none). Raises like :meth:`acquire`."""

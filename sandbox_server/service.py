@@ -17,11 +17,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_server.backends import Backend
-from sandbox_server.errors import AgentFailed, AgentTimeout, SandboxError, SandboxNotFound, ToolRefused
+from sandbox_server.errors import AgentFailed, AgentTimeout, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.metrics import Metrics
-from sandbox_server.models import PoolStatus, SandboxInfo, SessionState, SnapshotInfo
+from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
 from sandbox_server.pool import SandboxPool
-from sandbox_server.tools import READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call
+from sandbox_server.tools import (
+    READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call,
+)
+
+try:  # TEMPORARY while the allow-list lands (helper C)
+    from sandbox_server.errors import LimitExceeded
+    from sandbox_server.tools import validate_session_env
+except ImportError:  # pragma: no cover
+    LimitExceeded = ToolRefused  # type: ignore[misc,assignment]
+
+    def validate_session_env(env):  # type: ignore[no-redef]
+        return env
+
 
 #: Most bytes of per-episode files one write may carry.
 MAX_WRITE_BYTES = 8 << 20
@@ -41,6 +53,12 @@ class ServiceConfig:
     max_timeout_s: float = 60.0
     output_cap_bytes: int = 65536
     reap_interval_s: float = 5.0
+    #: Most bytes all stored snapshots may hold together (their tars); past it ``snapshot`` refuses.
+    max_snapshot_bytes: int = 256 << 20
+    #: Seconds an env session (``/v1/envs``) may stay idle before the server closes it.
+    env_ttl_s: float = 600.0
+    #: Most env sessions a server holds at once (``/v1/envs``); past it creates and forks answer 503.
+    max_env_sessions: int = 256
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServiceConfig":
@@ -54,6 +72,49 @@ class ServiceConfig:
             if v is not None:
                 setattr(cfg, k, v)
         return cfg
+
+
+class CancelToken:
+    """Shared by a request handler and the worker thread doing its work, so that work the handler
+    gave up on (it answered the client with an error) never keeps what it took.
+
+    The worker calls :meth:`claim` just before it hands out new sessions; the handler calls
+    :meth:`set` when it gives up. Exactly one of them wins: ``claim`` returns False once the token
+    is set (the worker then releases what it took), and ``set`` returns False once the work was
+    claimed (the handler should then wait for the result, which is ready, instead of failing).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: str | None = None  # None, "set" or "claimed"
+
+    def set(self) -> bool:
+        """Abandon the work. Returns False if the worker already claimed its result."""
+        with self._lock:
+            if self._state == "claimed":
+                return False
+            self._state = "set"
+            return True
+
+    def is_set(self) -> bool:
+        """Whether the work was abandoned."""
+        return self._state == "set"
+
+    def claim(self) -> bool:
+        """Called by the worker before handing out its result. Returns False if it was abandoned."""
+        with self._lock:
+            if self._state == "set":
+                return False
+            self._state = "claimed"
+            return True
+
+
+def _claim(cancel: Any) -> bool:
+    """True when the work may be handed out: no token, a token not set, or a :class:`CancelToken` claimed."""
+    if cancel is None:
+        return True
+    claim = getattr(cancel, "claim", None)
+    return claim() if claim is not None else not cancel.is_set()
 
 
 @dataclass
@@ -85,6 +146,22 @@ def _check_cwd(cwd: str) -> str:
     if not any(norm == r or norm.startswith(r + "/") for r in READABLE_ROOTS):
         raise ToolRefused(f"cwd {cwd!r} is outside {', '.join(READABLE_ROOTS)}")
     return norm
+
+
+def _check_env(env: dict[str, str] | None) -> dict[str, str]:
+    """Session environment variables, checked against the allow-list. Raises ToolRefused naming the refused ones."""
+    return validate_session_env(dict(env or {}))
+
+
+def _check_files(files: dict[str, bytes]) -> None:
+    """Refuse bad per-episode file paths and more than :data:`MAX_WRITE_BYTES` in all (nothing written)."""
+    total = 0
+    for rel, data in files.items():
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
+            raise ToolRefused(f"file path {rel!r} must be relative to /scratch, without '..' or NUL")
+        total += len(data)
+    if total > MAX_WRITE_BYTES:
+        raise LimitExceeded(f"{total} bytes of files; the limit of one write is {MAX_WRITE_BYTES} bytes")
 
 
 class SandboxService:
@@ -182,33 +259,66 @@ class SandboxService:
         return SandboxInfo(id=s.id, backend=self.backend.name, state=s.state.model_copy(deep=True),
                            created_at=s.created_at, last_used_at=s.last_used_at, idle_ttl_s=self.config.idle_ttl_s)
 
-    def _new_session(self, sid: str, state: SessionState, restore_point: bytes | None = None) -> _Session:
+    def _register(self, sids: list[str], states: list[SessionState], restore_point: bytes | None,
+                  cancel: CancelToken | None = None) -> list[_Session]:
+        """Make backend sandboxes ``sids`` sessions, all at once, unless the request was abandoned
+        (then every one is released and :class:`ServiceUnavailable` raised)."""
+        if not _claim(cancel):
+            for sid in sids:
+                self.pool.release(sid)
+            raise ServiceUnavailable("the request was abandoned before its sandbox was handed out", retry_after_s=1.0)
         now = time.time()
-        s = _Session(id="sb-" + uuid.uuid4().hex[:16], sid=sid, state=state, created_at=now, last_used_at=now,
-                     restore_point=restore_point)
+        out = [_Session(id="sb-" + uuid.uuid4().hex[:16], sid=sid, state=st, created_at=now, last_used_at=now,
+                        restore_point=restore_point) for sid, st in zip(sids, states)]
         with self._mu:
-            self._sessions[s.id] = s
+            for sess in out:
+                self._sessions[sess.id] = sess
         self._gauges()
-        return s
+        return out
 
     def create(self, cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
-               files: dict[str, bytes] | None = None) -> SandboxInfo:
+               files: dict[str, bytes] | None = None, *, archive: bytes | None = None,
+               cancel: CancelToken | None = None) -> SandboxInfo:
         """Take a warm sandbox for a new session; optionally write per-episode ``files`` into /scratch.
 
+        Args:
+            cwd, env, metadata: the session state (``env`` names must pass the allow-list).
+            files: ``{path relative to /scratch: bytes}`` written before the session is handed out.
+            archive: a tar of the writable areas made by :meth:`export` (or a stored snapshot) to
+                restore into the new sandbox first (modes, mtimes and links included).
+            cancel: a :class:`CancelToken`; if it is set before the session is handed out, everything
+                taken is released and :class:`ServiceUnavailable` is raised.
+
         Raises:
-            ToolRefused: a bad ``cwd`` or file path.
+            ToolRefused: a bad ``cwd``, environment variable or file path (nothing was taken).
+            LimitExceeded: the files do not fit the sandbox's /scratch (nothing is left behind).
             ServiceUnavailable: engine down or pool exhausted (retry later).
         """
-        state = SessionState(cwd=_check_cwd(cwd or "/data"), env=dict(env or {}), metadata=dict(metadata or {}))
-        sid = self.pool.acquire()
-        s = self._new_session(sid, state)
+        state = SessionState(cwd=_check_cwd(cwd or "/data"), env=_check_env(env), metadata=dict(metadata or {}))
         if files:
-            try:
-                self.write_files(s.id, files)
-            except Exception:
-                self.delete(s.id)
-                raise
-        return self._info(s)
+            _check_files(files)
+        sid = self.pool.acquire()
+        try:
+            if archive:
+                self.backend.restore(sid, archive)
+            if files:
+                self.backend.write_files(sid, files)
+            restore_point = self.backend.snapshot(sid) if (files or archive) else None
+        except Exception as exc:
+            self.pool.release(sid)
+            if isinstance(exc, (AgentTimeout, AgentFailed)):
+                raise SandboxError(f"the new sandbox failed while its files were written: {exc}") from None
+            raise
+        return self._info(self._register([sid], [state], restore_point, cancel)[0])
+
+    def export(self, sandbox_id: str) -> bytes:
+        """The tar (bytes) of a session's writable areas (/scratch, /tmp): what :meth:`create` takes as
+        ``archive``. Raises SandboxNotFound, SandboxError (an entry that cannot be carried)."""
+        s = self._session(sandbox_id)
+        with s.lock:
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            s.last_used_at = time.time()
+        return data
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The session's info. Raises SandboxNotFound."""
@@ -230,13 +340,18 @@ class SandboxService:
 
     def update_state(self, sandbox_id: str, cwd: str | None = None, env: dict[str, str] | None = None,
                      metadata: dict[str, Any] | None = None) -> SandboxInfo:
-        """Replace the given parts of the session state. Raises SandboxNotFound, ToolRefused (bad cwd)."""
+        """Replace the given parts of the session state (all checked before any is set).
+
+        Raises SandboxNotFound, ToolRefused (a bad cwd, or environment variables outside the allow-list).
+        """
         s = self._session(sandbox_id)
+        new_cwd = _check_cwd(cwd) if cwd is not None else None
+        new_env = _check_env(env) if env is not None else None
         with s.lock:
-            if cwd is not None:
-                s.state.cwd = _check_cwd(cwd)
-            if env is not None:
-                s.state.env = dict(env)
+            if new_cwd is not None:
+                s.state.cwd = new_cwd
+            if new_env is not None:
+                s.state.env = new_env
             if metadata is not None:
                 s.state.metadata = dict(metadata)
             s.last_used_at = time.time()
@@ -249,13 +364,7 @@ class SandboxService:
             ToolRefused: absolute paths, ``..``, NUL, or more than :data:`MAX_WRITE_BYTES` in all.
             SandboxNotFound; SandboxError if the sandbox failed.
         """
-        total = 0
-        for rel, data in files.items():
-            if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
-                raise ToolRefused(f"file path {rel!r} must be relative to /scratch, without '..' or NUL")
-            total += len(data)
-        if total > MAX_WRITE_BYTES:
-            raise ToolRefused(f"{total} bytes of files; the limit is {MAX_WRITE_BYTES}")
+        _check_files(files)
         s = self._session(sandbox_id)
         with s.lock:
             self._with_replace(s, lambda: self.backend.write_files(s.sid, files))
@@ -337,7 +446,14 @@ class SandboxService:
 
     # -- snapshots, clone, fork -----------------------------------------------------------------------
     def snapshot(self, sandbox_id: str, ttl_s: float | None = None) -> SnapshotInfo:
-        """Capture /scratch, /tmp and the session state as plain data kept ``ttl_s`` seconds. Raises SandboxNotFound."""
+        """Capture /scratch, /tmp and the session state as plain data kept ``ttl_s`` seconds.
+
+        Raises:
+            SandboxNotFound: unknown session.
+            LimitExceeded: storing it would take the stored snapshots past ``max_snapshot_bytes``
+                (delete snapshots or wait for their TTL).
+            SandboxError: the writable areas hold an entry that cannot be carried (a FIFO, a device).
+        """
         s = self._session(sandbox_id)
         with s.lock:
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
@@ -347,6 +463,12 @@ class SandboxService:
         snap = _Snapshot(id="snap-" + uuid.uuid4().hex[:16], source=s.id, data=data, state=state, created_at=now,
                          expires_at=now + (ttl_s or self.config.snapshot_ttl_s))
         with self._mu:
+            held = sum(len(v.data) for v in self._snapshots.values() if v.expires_at > now)
+            if held + len(data) > self.config.max_snapshot_bytes:
+                raise LimitExceeded(
+                    f"stored snapshots hold {held} bytes and this one has {len(data)}: the bound is "
+                    f"{self.config.max_snapshot_bytes} bytes (FORKYARD_MAX_SNAPSHOT_BYTES); delete snapshots "
+                    f"(DELETE /v1/snapshots/{{id}}) or wait for their TTL")
             self._snapshots[snap.id] = snap
         self._gauges()
         return self._snap_info(snap)
@@ -374,9 +496,9 @@ class SandboxService:
                 raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
         self._gauges()
 
-    def _clone_data(self, data: bytes, state: SessionState, n: int) -> list[SandboxInfo]:
-        if not 1 <= n <= 64:
-            raise ToolRefused(f"n must be between 1 and 64, got {n}")
+    def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None) -> list[SandboxInfo]:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
+            raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
         sids = self.pool.acquire_many(n)
         try:
             if data:
@@ -386,10 +508,11 @@ class SandboxService:
             for sid in sids:
                 self.pool.release(sid)
             raise SandboxError(f"could not restore the clones: {exc}") from None
-        return [self._info(self._new_session(sid, state.model_copy(deep=True), data)) for sid in sids]
+        return [self._info(s) for s in self._register(sids, [state.model_copy(deep=True) for _ in sids], data, cancel)]
 
-    def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
-        """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other.
+    def clone(self, snapshot_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> list[SandboxInfo]:
+        """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other
+        (all or none). ``cancel``: see :meth:`create`.
 
         Raises SandboxNotFound, ToolRefused (n out of 1..64), ServiceUnavailable.
         """
@@ -397,11 +520,11 @@ class SandboxService:
         snap = self._snapshots.get(snapshot_id)
         if snap is None or snap.expires_at <= time.time():
             raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
-        out = self._clone_data(snap.data, snap.state, n)
+        out = self._clone_data(snap.data, snap.state, n, cancel)
         self.metrics.fork_s.labels("clone").observe(time.perf_counter() - t0)
         return out
 
-    def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
+    def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> list[SandboxInfo]:
         """Snapshot + clone in one call (the snapshot is not stored). Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
@@ -409,7 +532,7 @@ class SandboxService:
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
             state = s.state.model_copy(deep=True)
             s.last_used_at = time.time()
-        out = self._clone_data(data, state, n)
+        out = self._clone_data(data, state, n, cancel)
         self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
         return out
 

@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 import envs
-from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer, sandbox_provider
+from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer, shared_provider
 from sandbox_server.env_api import create_env_app
 from tests.docker_support import UvicornThread, require_docker
 
@@ -27,7 +27,7 @@ def backend(request):
     BACKEND["name"] = name
     yield name
     BACKEND["name"] = "local"
-    assert sandbox_provider(name).list() == []
+    assert shared_provider(name).list() == []
 
 
 both = pytest.mark.parametrize("backend", ["local", "docker"], indirect=True)

@@ -1,0 +1,121 @@
+"""FileQA snapshots carry the sandbox (field case S18), in this process and in a fresh one, on every backend."""
+
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+
+import envs  # noqa: F401 - registers the ids
+from envs.core import EnvInfraError
+from envs.fileqa import shared_provider
+from tests.docker_support import ROOT, require_docker
+
+BACKENDS = pytest.mark.parametrize("backend", ["local", "docker"])
+
+
+def make(backend, **kw):
+    if backend == "docker":
+        require_docker()
+    return gym.make("forkyard/FileQA-v0", backend=backend, kinds=["log_errors"], **kw).unwrapped
+
+
+TOOL_CALLS = ["grep('ERROR', '/scratch/app.log')", "wc('/scratch/app.log')", "stat('/scratch/app.log')",
+              "ls('/scratch', long=True)", "cat('/scratch/missing.txt')"]
+
+
+def answers(env):
+    """Each tool's observation text, taken on forks so the env itself stays at its turn."""
+    out = []
+    for action in TOOL_CALLS:
+        child = env.fork(1)[0]
+        try:
+            out.append(child.step(action)[0])
+        finally:
+            child.close()
+    return out
+
+
+@BACKENDS
+def test_restore_rebuilds_the_sandbox(backend):
+    a, b = make(backend), make(backend)
+    try:
+        a.reset(seed=1)
+        a.step("wc('/scratch/app.log')")
+        snap = a.snapshot()
+        b.reset(seed=2)
+        assert answers(b) != answers(a)  # different logs before the restore
+        b.restore(snap)
+        assert answers(b) == answers(a)
+        assert b.turn == a.turn == 1 and b.history == a.history
+        right = a._question["answer"]
+        # the answer that scores in the restored env is the snapshot's, and it scores
+        obs, reward, term, _, _ = b.step(f"answer({right})")
+        assert term and reward == 1.0, obs
+    finally:
+        a.close()
+        b.close()
+    assert shared_provider(backend).list() == []
+
+
+@BACKENDS
+def test_restore_in_a_fresh_process(backend, tmp_path):
+    a = make(backend)
+    try:
+        a.reset(seed=3)
+        snap = a.snapshot().to_bytes()
+        expected = answers(a)
+    finally:
+        a.close()
+    (tmp_path / "snap.json").write_bytes(snap)
+    code = f"""
+import json, sys, gymnasium as gym, envs
+sys.path.insert(0, {str(ROOT)!r})
+from tests.test_fileqa_restore import answers
+env = gym.make("forkyard/FileQA-v0", backend={backend!r}, kinds=["log_errors"]).unwrapped
+env.restore(open({str(tmp_path / 'snap.json')!r}, "rb").read())
+print(json.dumps(answers(env)))
+env.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_restore_refuses_a_snapshot_of_other_kwargs_and_changes_nothing():
+    a, b = make("local"), make("local", max_turns=3)
+    try:
+        a.reset(seed=1)
+        b.reset(seed=2)
+        before = (b.turn, b.history, answers(b))
+        with pytest.raises(ValueError, match="cannot restore"):
+            b.restore(a.snapshot())
+        assert (b.turn, b.history, answers(b)) == before
+    finally:
+        a.close()
+        b.close()
+
+
+def test_snapshot_refuses_when_the_provider_cannot_export(tmp_path):
+    """A provider without ``export`` (an HTTP client) cannot put the sandbox in a snapshot: refused, loudly."""
+    from sandbox_server.service import SandboxService
+
+    svc = shared_provider("local")
+
+    class NoExport:  # the provider protocol minus export: a real service behind it
+        backend = svc.backend
+
+        def __getattr__(self, name):
+            if name == "export":
+                raise AttributeError(name)
+            return getattr(svc, name)
+
+    assert isinstance(svc, SandboxService)
+    env = gym.make("forkyard/FileQA-v0", sandbox_provider=NoExport()).unwrapped
+    try:
+        env.reset(seed=0)
+        with pytest.raises(EnvInfraError, match="cannot export"):
+            env.snapshot()
+    finally:
+        env.close()
