@@ -168,11 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
     p.set_defaults(handler=_compare)
 
-    p = sub.add_parser("serve", help="run the sandbox service (same as python -m sandbox_server)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--backend", choices=["local", "docker"], default="local")
-    p.set_defaults(handler=lambda a: __import__("sandbox_server.app", fromlist=["serve"]).serve(a.host, a.port, backend=a.backend))
+    # One declaration of the server's options: `forkyard serve ARGS` is `python -m sandbox_server ARGS`.
+    p = sub.add_parser("serve", add_help=False, help="run the sandbox service (python -m sandbox_server; --help there)")
+    p.add_argument("server_args", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=lambda a: __import__("sandbox_server.__main__", fromlist=["main"]).main(a.server_args))
 
     from trainer.text_cli import register as register_text
 
@@ -183,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forkyard`` console script. Returns the process exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # every option (--help included) belongs to the server's own parser
+        from sandbox_server.__main__ import main as serve_main
+
+        return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
