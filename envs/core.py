@@ -128,7 +128,12 @@ class TextEnv(gym.Env):
         ValueError: if ``max_turns`` < 1 or ``render_mode`` is not supported.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    #: ``autoreset_mode``: how a Gymnasium vector env of this env resets a finished sub-env. NEXT_STEP
+    #: (Gymnasium's default): the ``step`` after the one that ended the episode resets that sub-env and
+    #: returns the new first observation (reward 0, terminated and truncated False); its action is ignored.
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi"], "render_fps": 1, "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP,
+    }
     max_observation_length: ClassVar[int] = 8192
     max_action_length: ClassVar[int] = MAX_ACTION_CHARS
     invalid_action_reward: ClassVar[float] = 0.0
@@ -153,21 +158,27 @@ class TextEnv(gym.Env):
 
     @property
     def np_random(self) -> np.random.Generator:
-        """The env's RNG (``numpy.random.Generator``), seeded by ``reset(seed=...)``."""
-        if self._rng_pending is not None:
+        """The env's RNG (``numpy.random.Generator``), seeded by ``reset(seed=...)``.
+
+        A fork's child holds its parent's RNG state in ``_rng_pending`` and builds the Generator from it
+        on first use. The pending state counts only while no Generator is installed: Gymnasium's
+        ``Env.reset(seed=...)`` assigns ``self._np_random`` directly (not through this property), and the
+        Generator it installs must win over any state inherited from a parent."""
+        if self._np_random is None and self._rng_pending is not None:
             self._np_random = _generator_from_state(self._rng_pending)
-            self._rng_pending = None
+        self._rng_pending = None
         return gym.Env.np_random.fget(self)
 
     @np_random.setter
     def np_random(self, value: np.random.Generator) -> None:
         self._rng_pending = None
         self._np_random = value
+        self._np_random_seed = -1  # Gymnasium's convention: the seed of a Generator set by hand is unknown
 
     def _rng_state(self) -> dict[str, Any] | None:
-        if self._rng_pending is not None:
-            return self._rng_pending
-        return self._np_random.bit_generator.state if self._np_random is not None else None
+        if self._np_random is not None:  # an installed Generator always wins over a pending state
+            return self._np_random.bit_generator.state
+        return self._rng_pending
 
     # ----------------------------------------------------------------- subclass hooks
     def _reset_task(self, options: dict[str, Any] | None) -> str:
@@ -196,7 +207,14 @@ class TextEnv(gym.Env):
 
     # ----------------------------------------------------------------- Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
+        """Start a new episode; returns ``(observation, info)``.
+
+        ``reset(seed=s)`` gives exactly the episode a freshly constructed env gives for ``s``, whatever
+        this env did before (earlier episodes, ``fork``, ``restore``): the RNG is re-seeded from ``s``
+        and every piece of episode state is rebuilt. ``reset()`` without a seed continues this env's
+        RNG stream (a fork's child continues its parent's). ``options`` are the subclass's (e.g.
+        ClueProbe's ``{"target": c}``)."""
+        super().reset(seed=seed)  # with a seed, installs a new Generator, which outranks a forked RNG state
         self._turn = 0
         self._history = []
         self._done = False
@@ -350,7 +368,10 @@ class TextEnv(gym.Env):
         self._needs_reset = bool(st["needs_reset"])
         self._rng_pending = None
         self._np_random = None if st["rng"] is None else _generator_from_state(st["rng"])
-        self._np_random_seed = st.get("rng_seed")
+        seed = st.get("rng_seed")
+        # A Generator with an unknown seed is marked -1 (Gymnasium's convention); leaving None would make
+        # Gymnasium's ``np_random_seed`` property replace the restored Generator with a random one.
+        self._np_random_seed = -1 if seed is None and self._np_random is not None else seed
         self._load_task_state(st["task"])
 
     def current_info(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class RemoteEnv(gym.Env):
         **kwargs: the env's constructor kwargs, sent to the server.
     """
 
-    metadata = {"render_modes": [], "render_fps": 1}
+    metadata = {"render_modes": [], "render_fps": 1, "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
     def __init__(self, env_id: str, server_url: str, timeout_s: float = 60.0, connect_retries: int = 3, **kwargs: Any):
         self.env_id = env_id

@@ -6,7 +6,13 @@ The rollout code sees an env only through the Gymnasium API (``reset``, ``step``
 plug into the same code.
 
 Every ``env.step`` call is counted in :attr:`Rollout.env_calls`, branch steps included; every env
-``fork`` call in :attr:`Rollout.forks`.
+``fork`` call in :attr:`Rollout.forks`, the ones that failed through the infrastructure also in
+:attr:`Rollout.forks_failed`.
+
+Infrastructure failures (:class:`~envs.core.EnvInfraError`) never end a rollout: a failed ``reset`` or
+``step`` loses that episode, a failed ``fork`` loses the branches that fork would have started. Lost
+episodes are returned with ``infra_failure=True`` and ``reason="infra_error"``; trainers leave them out
+of group statistics.
 """
 
 from __future__ import annotations
@@ -72,7 +78,9 @@ class Rollout:
     kind: str  # "group" or "tree"
     episodes: list[Episode]
     env_calls: int = 0
-    forks: int = 0
+    forks: int = 0  # env.fork calls, failed ones included
+    forks_failed: int = 0  # env.fork calls that raised EnvInfraError
+    branches_lost: int = 0  # branch episodes never run because their fork failed (each in ``episodes``, infra_failure)
 
     @property
     def valid(self) -> list[bool]:
@@ -98,11 +106,23 @@ class Policy(Protocol):
 
 
 class _Counter:
-    __slots__ = ("env_calls", "forks")
+    __slots__ = ("env_calls", "forks", "forks_failed")
 
     def __init__(self) -> None:
         self.env_calls = 0
         self.forks = 0
+        self.forks_failed = 0
+
+
+def _fork(env, n: int, counter: _Counter) -> list | None:
+    """``env.fork(n)``, counted; None when the fork failed through the infrastructure."""
+    counter.forks += 1
+    try:
+        return env.fork(n)
+    except EnvInfraError as exc:
+        counter.forks_failed += 1
+        log.warning("fork(%d) lost to infrastructure: %s", n, exc)
+        return None
 
 
 def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter: _Counter) -> bool:
@@ -160,7 +180,7 @@ def group_rollout(env, policy: Policy, group_size: int, seeds: list[int], rng: r
         session = _start(env, policy, ep)
         while session is not None and not _step(env, session, ep, rng, counter):
             pass
-    return Rollout("group", episodes, counter.env_calls, counter.forks)
+    return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
 
 
 def tree_rollout(
@@ -187,6 +207,14 @@ def tree_rollout(
     Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's
     ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards.
 
+    A fork that raises :class:`~envs.core.EnvInfraError` loses only the branches it would have started;
+    the base and every other fork run on. Such branches are returned as episodes with no steps,
+    ``infra_failure=True``, ``reason="infra_error"`` and the ``fork_turn`` of the failed fork, and are
+    counted in :attr:`Rollout.forks_failed` / :attr:`Rollout.branches_lost`. If the checkpoint fork of
+    a base failed (all its new branches lost), the base keeps ``fork_turn=None``: nothing branched from
+    it, so its whole episode trains as a prefix. If only the fork that spreads the checkpoint into
+    branches 2..m-1 failed, branch 1 still runs.
+
     Raises:
         ValueError: on bad sizes or an unknown ``fork_selection``.
     """
@@ -196,13 +224,15 @@ def tree_rollout(
         raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, {len(seeds)}")
     counter = _Counter()
     episodes: list[Episode] = []
+    lost = 0
     for b, seed in enumerate(seeds):
         base = Episode(seed=seed, base=b, branch=0)
         session = _start(env, policy, base)
         if session is None:
             episodes.append(base)
             continue
-        checkpoint = None  # (turn, env copy, session copy, prefix reward)
+        # (turn, env copy or None if the fork failed, session copy, prefix reward)
+        checkpoint = None
         best_entropy = float("-inf")
         turn = 0
         done = False
@@ -214,10 +244,12 @@ def tree_rollout(
                 else:
                     take = session.entropy() > best_entropy
             if take:
-                if checkpoint is not None:
+                if checkpoint is not None and checkpoint[1] is not None:
                     checkpoint[1].close()
-                counter.forks += 1
-                checkpoint = (turn, env.fork(1)[0], session.fork(), base.reward)
+                forked = _fork(env, 1, counter)
+                # A failed fork still takes this turn's place in the selection (the fork-turn
+                # distribution stays as documented); its branches are recorded as lost below.
+                checkpoint = (turn, forked[0] if forked else None, session.fork() if forked else None, base.reward)
                 if fork_selection == "entropy":
                     best_entropy = session.entropy()
             done = _step(env, session, base, rng, counter)
@@ -226,16 +258,23 @@ def tree_rollout(
         if checkpoint is None:
             continue
         t, fork_env, fork_session, prefix_reward = checkpoint
-        base.fork_turn = t
-        envs_ = [fork_env]
-        if branches > 2:
-            counter.forks += 1
-            envs_ += fork_env.fork(branches - 2)
-        for j, branch_env in enumerate(envs_, start=1):
+        envs_: list = []
+        if fork_env is not None:
+            base.fork_turn = t
+            envs_ = [fork_env]
+            if branches > 2:
+                envs_ += _fork(fork_env, branches - 2, counter) or []
+        live = len(envs_)
+        for j in range(1, branches):
             ep = Episode(seed=seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
-            branch_session = fork_session if j == len(envs_) else fork_session.fork()
+            episodes.append(ep)
+            if j > live:
+                ep.infra_failure, ep.reason = True, "infra_error"
+                lost += 1
+                continue
+            branch_env = envs_[j - 1]
+            branch_session = fork_session if j == live else fork_session.fork()
             while not _step(branch_env, branch_session, ep, rng, counter):
                 pass
             branch_env.close()
-            episodes.append(ep)
-    return Rollout("tree", episodes, counter.env_calls, counter.forks)
+    return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)

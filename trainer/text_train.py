@@ -401,6 +401,9 @@ def train_rl(cfg: TextTrainConfig, model=None, progress: bool = False) -> TextTr
                 "env_calls": ro.env_calls,
                 "env_calls_total": spent + ro.env_calls,
                 "episodes": len(ro.episodes),
+                "infra_failures": len(ro.episodes) - len(valid_rewards),
+                "forks_failed": ro.forks_failed,
+                "branches_lost": ro.branches_lost,
                 "trained_steps": len(assigned.steps),
                 **assigned.stats,
             }

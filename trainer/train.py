@@ -3,7 +3,9 @@
 One iteration: sample a group rollout (G independent episodes) or a tree-fork rollout (``n_base``
 bases x ``branches``), turn the chosen estimator's advantages into one value per step
 (:func:`step_advantages`), and take one REINFORCE step with learning rate ``lr``. Metrics of every
-iteration go to ``RUN_DIR/metrics.jsonl``.
+iteration go to ``RUN_DIR/metrics.jsonl``; among them the infrastructure losses: ``infra_failures``
+(episodes lost, branches of failed forks included), ``forks_failed`` (``env.fork`` calls that raised
+``EnvInfraError``) and ``branches_lost`` (branches never run because their fork failed).
 """
 
 from __future__ import annotations
@@ -313,6 +315,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                 "grad_norm": gnorm,
                 "env_calls": ro.env_calls,
                 "forks": ro.forks,
+                "forks_failed": ro.forks_failed,
+                "branches_lost": ro.branches_lost,
                 "episodes": len(ro.episodes),
                 "infra_failures": len(ro.episodes) - len(valid_rewards),
                 "trained_steps": len(assigned.steps),
