@@ -1,0 +1,419 @@
+"""Every command the README and docs/sandbox.md show is run, exactly as written, by this module or by CI.
+
+The commands are the lines of the fenced ```sh blocks (``\\`` continuations joined, trailing ``# comments``
+stripped) and the whole of each ```python block. ``TABLE`` says how each one is exercised; a documented
+command without an entry fails, and so does an entry the docs no longer show. Kinds:
+
+* ``BY_CI``: run by ``.ci/run`` (only what that script really runs may say so);
+* ``RUN``: ``bash -c CMD`` in the repository root, must exit 0 (and pass the entry's check);
+* ``PYTHON``: ``.venv/bin/python -c BLOCK`` in the repository root, must exit 0;
+* ``SERVER``: ``bash -c CMD`` in a new process group; once port 8000 answers, every ``FOLLOW_UP`` entry runs
+  against it (in the docs' order), then the group gets SIGTERM and must exit leaving no sandbox process and
+  no container with its ``forkyard.sandbox`` label;
+* ``DETACHED``: like ``SERVER`` for a command that returns once its stack is up (compose): must exit 0, the
+  stack is stopped with ``docker compose down`` (which sends the server SIGTERM);
+* ``FOLLOW_UP``: run inside every ``SERVER`` / ``DETACHED`` test; ``SESSION`` is replaced with the
+  ``session_id`` the create line printed (the only substitution);
+* ``TODO``: too slow to run as written in CI; fails until the docs show a cheaper command.
+
+The server tests need port 8000 (the documented default) and fail when it is busy; run them serially.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import httpx
+import pytest
+
+from tests.docker_support import IN_CI, ROOT, docker_reason
+
+DOCS = ["README.md", "docs/sandbox.md"]
+VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
+URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
+
+BY_CI, RUN, PYTHON, SERVER, DETACHED, FOLLOW_UP, TODO = (
+    "by CI", "run", "python", "server", "detached server", "follow-up", "TODO: too slow")
+
+
+class Entry(NamedTuple):
+    how: str
+    note: str
+    marks: tuple[str, ...] = ()
+    check: Callable[[str], bool] | None = None  # on the command's stdout
+    backend: str | None = None  # servers: what GET /v1/pool must report
+    label: str | None = None  # servers: the forkyard.sandbox label of their sandbox containers
+
+
+ENV_API_BLOCK = '''\
+import gymnasium as gym
+import envs  # registers forkyard/* ids (or write gymnasium.make("envs:forkyard/ClueProbe-v0"))
+
+env = gym.make("forkyard/ClueProbe-v0", turns=5).unwrapped
+obs, info = env.reset(seed=0)                 # obs: str; info: turn, anchor_key, legal_actions
+obs, reward, terminated, truncated, info = env.step("probe(0)")
+branches = env.fork(4)                        # 4 independent copies: same hidden target, same history
+for b, action in zip(branches, ["probe(1)", "probe(2)", "probe(0)", "answer(3)"]):
+    print(b.step(action)[0])                  # each branch diverges (answer(3) is refused: too early)
+snap = env.snapshot().to_bytes()              # plain JSON: crosses a process or HTTP boundary
+'''
+
+SANDBOX_CLIENT_BLOCK = '''\
+from sandbox_server.client import SandboxClient
+c = SandboxClient("http://127.0.0.1:8000")
+sb = c.create(files={"question.txt": b"..."})      # per-episode files land in /scratch
+c.exec(sb.id, "grep", {"pattern": "def main", "path": "Lib"}, timeout_s=5)   # ToolResult(stdout, status, truncated, ...)
+kids = c.fork(sb.id, 4)                            # 4 independent copies of /scratch, /tmp, cwd, env, metadata
+'''
+
+TABLE: dict[str, Entry] = {
+    # README, first block
+    "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
+                      check=lambda out: "60 runs in" in out),
+    "make test": Entry(BY_CI, ".ci/run runs `make test` (a test cannot run the suite that holds it)"),
+    # README, env API
+    ENV_API_BLOCK: Entry(PYTHON, "no server; the answer(3) branch is refused",
+                         check=lambda out: "Invalid action" in out),
+    # README, training
+    ".venv/bin/forkyard train --turns 5 --estimator tree --run-dir runs/t5-tree": Entry(
+        RUN, "250 tabular iterations, 2 s here", check=lambda out: "greedy evaluation" in out),
+    ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
+                                                  check=lambda out: "100 runs in" in out),
+    # README, env sessions over HTTP: against every server below
+    "curl -s localhost:8000/v1/envs": Entry(
+        FOLLOW_UP, "lists ClueProbe",
+        check=lambda out: "forkyard/ClueProbe-v0" in [e["env_id"] for e in json.loads(out)]),
+    "curl -s -XPOST localhost:8000/v1/envs -H 'content-type: application/json' -d "
+    "'{\"env_id\": \"forkyard/ClueProbe-v0\", \"kwargs\": {\"turns\": 3}, \"seed\": 1}'": Entry(
+        FOLLOW_UP, "prints the session_id that replaces SESSION below",
+        check=lambda out: {"session_id", "observation", "info"} <= json.loads(out).keys()),
+    "curl -s -XPOST localhost:8000/v1/envs/SESSION/step -H 'content-type: application/json' -d "
+    "'{\"action\": \"probe(0)\"}'": Entry(
+        FOLLOW_UP, "SESSION -> the created id; one turn taken", check=lambda out: json.loads(out)["info"]["turn"] == 1),
+    "curl -s -XPOST localhost:8000/v1/envs/SESSION/fork -H 'content-type: application/json' -d '{\"n\": 4}'": Entry(
+        FOLLOW_UP, "SESSION -> the created id; 4 new ids", check=lambda out: len(json.loads(out)["session_ids"]) == 4),
+    "curl -s -XDELETE localhost:8000/v1/envs/SESSION": Entry(
+        FOLLOW_UP, "SESSION -> the created id; 204, empty body", check=lambda out: out == ""),
+    # README, sandbox service
+    ".venv/bin/forkyard serve --backend local": Entry(
+        SERVER, "follow-ups; local pool; SIGTERM leaves no sandbox process", backend="local"),
+    "make images && python -m sandbox_server --backend docker": Entry(
+        SERVER, "follow-ups; docker pool; SIGTERM leaves no container labelled default", ("slow", "docker"),
+        backend="docker", label="default"),
+    "./scripts/compose-up.sh": Entry(
+        DETACHED, "follow-ups; docker pool; `docker compose down` leaves no container labelled compose",
+        ("slow", "docker"), backend="docker", label="compose"),
+    SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every server above"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# extraction
+
+
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def strip_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` after whitespace, outside quotes)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def commands_in(text: str) -> list[str]:
+    """The commands of ``text``'s ```sh blocks (one per logical line) and ```python blocks (whole)."""
+    out = []
+    for lang, body in FENCE.findall(text):
+        if lang == "python":
+            out.append(body)
+        elif lang == "sh":
+            pending = ""
+            for raw in body.splitlines():
+                line = strip_comment(raw)
+                if pending:
+                    line = f"{pending} {line.lstrip()}"
+                if line.endswith("\\"):
+                    pending = line[:-1].rstrip()
+                    continue
+                pending = ""
+                if line.strip():
+                    out.append(line.strip())
+    return out
+
+
+def documented_commands() -> list[str]:
+    return [c for doc in DOCS for c in commands_in((ROOT / doc).read_text())]
+
+
+def ci_commands() -> set[str]:
+    """The commands .ci/run runs (its lines, less comments and shell set-up)."""
+    lines = [strip_comment(x).strip() for x in (ROOT / ".ci" / "run").read_text().splitlines()]
+    return {x for x in lines if x and not x.startswith(("set ", "cd ", "export "))}
+
+
+# ---------------------------------------------------------------------------------------------------
+# runners
+
+
+def run_shell(cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """``bash -c cmd`` in the repository root, in its own process group (killed whole on timeout)."""
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"`{cmd}` ran past {timeout_s} s:\n{(out + err)[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_python(block: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([VENV_PYTHON, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
+def assert_ran(cmd: str, r: subprocess.CompletedProcess) -> None:
+    """Exit status 0 and, when the table has one, the entry's check on stdout."""
+    shown = f"`{cmd[:300]}` exited {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-3000:]}"
+    assert r.returncode == 0, shown
+    check = TABLE[cmd].check
+    if check:
+        try:
+            ok = check(r.stdout)
+        except Exception as exc:  # noqa: BLE001  (a JSON error body, a missing key: the check failed)
+            ok, shown = False, f"{shown}\ncheck raised {exc!r}"
+        assert ok, f"output check failed: {shown}"
+
+
+def run_follow_ups() -> None:
+    """Every FOLLOW_UP entry in the docs' order against the server on port 8000."""
+    session = None
+    for cmd in documented_commands():
+        if TABLE[cmd].how != FOLLOW_UP:
+            continue
+        if "\n" in cmd:  # a python block (a sh command is one line once its continuations are joined)
+            r = run_python(cmd)
+        else:
+            assert session or "SESSION" not in cmd, "the create line must come before the SESSION lines"
+            r = run_shell(cmd.replace("SESSION", session or "SESSION"), timeout_s=120)
+        assert_ran(cmd, r)
+        if '"env_id"' in cmd:  # the create line: its session_id replaces SESSION in the lines after it
+            session = json.loads(r.stdout)["session_id"]
+
+
+def need_docker() -> None:
+    """Fail in CI, skip elsewhere, when no engine answers (no image is built here: the command must)."""
+    reason = docker_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+
+
+def containers(label: str | None = None, project: str | None = None) -> list[str]:
+    """Containers (all states) with ``forkyard.sandbox=label`` or of the compose project ``project``."""
+    import docker
+
+    flt = f"forkyard.sandbox={label}" if label else f"com.docker.compose.project={project}"
+    c = docker.from_env(timeout=30)
+    try:
+        return [f"{ct.id[:12]} {ct.attrs.get('Names')}"
+                for ct in c.containers.list(all=True, sparse=True, filters={"label": flt})]
+    finally:
+        c.close()
+
+
+def remove_containers(label: str) -> None:
+    subprocess.run(f"docker ps -aq --filter label=forkyard.sandbox={label} | xargs -r docker rm -f", shell=True,
+                   capture_output=True, timeout=120)
+
+
+def port_8000_busy() -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", 8000)) == 0
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every live descendant of ``pid``: pid -> start time (field 22 of /proc/PID/stat, against pid reuse)."""
+    parent, start = {}, {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            parent[int(p)], start[int(p)] = int(fields[1]), fields[19]
+        except (OSError, IndexError, ValueError):
+            pass
+    out, todo = {}, [pid]
+    while todo:
+        ppid = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == ppid]
+        out.update({k: start[k] for k in kids})
+        todo += kids
+    return out
+
+
+def still_alive(procs: dict[int, str], grace_s: float = 10.0) -> list[str]:
+    """Those of ``procs`` still running (zombies count as gone) after up to ``grace_s`` seconds."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid, started in procs.items():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if fields[19] == started and fields[0] != "Z":
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+                    alive.append(f"{pid} {argv!r}")
+            except (OSError, IndexError):
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def check_backend(cmd: str, backend: str | None) -> None:
+    """The server's backend flag holds for all it serves: its pool has that backend, and a FileQA env session
+    (the sandbox-backed env) takes its sandbox from that pool."""
+    with httpx.Client(base_url=URL, timeout=120) as http:
+        pool = http.get("/v1/pool").json()
+        assert pool.get("backend") == backend, f"`{cmd}` serves with backend {pool.get('backend')!r}: {pool}"
+        r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["log_errors"]}, "seed": 1})
+        assert r.status_code == 201, f"`{cmd}`: a FileQA env session: {r.status_code} {r.text[:2000]}"
+        busy = http.get("/v1/pool").json()["busy"]
+        assert busy == pool["busy"] + 1, f"`{cmd}`: a FileQA env session took no sandbox from the {backend} pool"
+        assert http.delete(f"/v1/envs/{r.json()['session_id']}").status_code == 204
+
+
+def exercise_server(cmd: str, entry: Entry) -> None:
+    """Start ``cmd``, wait for port 8000, run the follow-ups, stop it, and check that it left nothing."""
+    assert not port_8000_busy(), "port 8000 is busy before the test: stop whatever listens there (servers need 8000)"
+    if entry.label:
+        before = containers(entry.label)
+        assert not before, f"containers labelled forkyard.sandbox={entry.label} exist before the test: {before}"
+    if entry.how == DETACHED:
+        before = containers(project="forkyard")
+        assert not before, f"compose project `forkyard` already has containers: {before}"
+    log = tempfile.NamedTemporaryFile("w+", prefix="forkyard-docs-server-", suffix=".log")
+    proc, sandbox_procs, problems = None, {}, []
+    try:
+        if entry.how == DETACHED:
+            assert_ran(cmd, run_shell(cmd, timeout_s=900))
+        else:
+            proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        deadline = time.monotonic() + 900  # `make images` may build the images first
+        while True:
+            if proc is not None and proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"`{cmd}` exited {proc.returncode} before answering on port 8000:\n{log.read()[-3000:]}")
+            try:
+                if httpx.get(f"{URL}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"`{cmd}` did not answer on port 8000 within 900 s"
+            time.sleep(0.2)
+        run_follow_ups()
+        check_backend(cmd, entry.backend)
+        if entry.label:
+            assert containers(entry.label), f"`{cmd}` runs no container labelled forkyard.sandbox={entry.label}"
+        if proc is not None:
+            sandbox_procs = descendants(proc.pid)
+            assert sandbox_procs or entry.backend != "local", f"`{cmd}` runs its local sandboxes in no process"
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                problems.append(f"`{cmd}` did not exit within 60 s of SIGTERM")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            left = still_alive(sandbox_procs)
+            if left:
+                problems.append(f"processes left after the server exited: {left}")
+                for pid in sandbox_procs:  # only the server's own descendants
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        if entry.how == DETACHED:
+            down = subprocess.run(["docker", "compose", "down", "-t", "30"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=180)
+            if down.returncode:
+                problems.append(f"docker compose down exited {down.returncode}: {down.stderr[-2000:]}")
+            if containers(project="forkyard"):
+                problems.append(f"compose containers left: {containers(project='forkyard')}")
+        if entry.label and containers(entry.label):
+            problems.append(f"sandbox containers left: {containers(entry.label)}")
+            remove_containers(entry.label)
+        if port_8000_busy():
+            problems.append("port 8000 still answers after the stop")
+        log.seek(0)
+        server_log = log.read()
+        log.close()
+        if problems:
+            print(f"server log of `{cmd}`:\n{server_log[-3000:]}\nproblems after stopping it: {problems}")
+    assert not problems, f"{problems}\nserver log:\n{server_log[-3000:]}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# tests
+
+
+def test_extraction_rules():
+    doc = ("```sh\nmake run    # a comment\n            # a comment line\ncurl -d '{\"a\": \"#x\"}' \\\n"
+           "     -H 'h: v'  # -> out\n```\n```python\nx = 1  # kept\n```\n```\nnot a command\n```\n")
+    assert commands_in(doc) == ["make run", "curl -d '{\"a\": \"#x\"}' -H 'h: v'", "x = 1  # kept\n"]
+
+
+def test_every_documented_command_has_an_entry():
+    missing = [c for c in documented_commands() if c not in TABLE]
+    assert not missing, f"documented commands with no entry in TABLE (add one and a way to run it): {missing}"
+
+
+def test_every_entry_is_documented():
+    gone = [c for c in TABLE if c not in documented_commands()]
+    assert not gone, f"TABLE entries the docs no longer show (remove or update them): {gone}"
+
+
+def test_only_what_ci_runs_is_marked_by_ci():
+    claimed = {c for c, e in TABLE.items() if e.how == BY_CI}
+    assert claimed <= ci_commands(), f"marked by CI but not in .ci/run: {claimed - ci_commands()}"
+
+
+def _params():
+    return [pytest.param(cmd, marks=[getattr(pytest.mark, m) for m in e.marks], id=cmd.splitlines()[0][:60])
+            for cmd, e in TABLE.items() if e.how not in (BY_CI, FOLLOW_UP)]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("cmd", _params())
+def test_documented_command(cmd: str):
+    entry = TABLE[cmd]
+    if entry.how == TODO:
+        pytest.fail(f"`{cmd}` is too slow to run as written: the docs need a cheaper command ({entry.note})")
+    if "docker" in entry.marks:
+        need_docker()
+    if entry.how == RUN:
+        assert_ran(cmd, run_shell(cmd))
+    elif entry.how == PYTHON:
+        assert_ran(cmd, run_python(cmd))
+    else:
+        exercise_server(cmd, entry)
