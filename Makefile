@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install docker-engine bench clean images serve compose-up bench-sandbox
+.PHONY: run test install docker-engine bench clean images serve compose-up bench-sandbox bwrap
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,12 +16,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The local sandbox backend's isolation (Debian's bubblewrap); run and test install it themselves.
+bwrap:
+	./scripts/ensure-bwrap.sh
+
 run: $(STAMP)
+	./scripts/ensure-bwrap.sh
 	$(BIN)/forkyard demo
 	# A reduced granularity sweep (3 seeds instead of 5): about half a minute on 2 cores.
 	$(BIN)/forkyard compare --seeds 3 --out runs/make-run
 
 test: $(STAMP)
+	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh
 	$(BIN)/python -m pytest -q
@@ -37,6 +43,7 @@ images: $(STAMP)
 	PYTHON=$(BIN)/python ./scripts/build-images.sh --server
 
 serve: $(STAMP)
+	./scripts/ensure-bwrap.sh
 	$(BIN)/python -m sandbox_server
 
 compose-up: $(STAMP)

@@ -4,10 +4,18 @@
   capabilities dropped, ``no-new-privileges``, a non-root user, pids / memory / CPU limits, tmpfs
   ``/scratch`` and ``/tmp``, the ``forkyard.sandbox`` label). The server talks to the container's agent
   through its attached stdio.
-* :class:`LocalBackend`: no Docker; the same agent as a subprocess, under bubblewrap when it is installed
-  (read-only bind of the data, private tmpfs ``/scratch`` and ``/tmp``, no network, own PID namespace),
-  with only the agent's path-confinement checks otherwise. Much weaker than a container: see
-  ``docs/sandbox.md``.
+* :class:`LocalBackend`: no Docker; the same agent as a subprocess under bubblewrap (read-only bind of
+  the data, private 16 MiB tmpfs ``/scratch`` and ``/tmp`` mounted ``noexec``, no network, own PID
+  namespace, no capabilities). It refuses to start without a working ``bwrap``
+  (:class:`~sandbox_server.errors.IsolationUnavailable`) unless built with ``unsafe_no_isolation=True``:
+  then tools run as host processes with only the agent's path checks, the session-environment allow-list
+  and (where the kernel has Landlock) a ban on executing anything outside the system directories.
+  Weaker than a container either way: see ``docs/sandbox.md``.
+
+Every sandbox's agent answers in sandbox paths only (``/data``, ``/scratch``, ``/tmp``): host paths are
+written back before any output or message leaves it. Two servers or processes on one machine never touch
+each other's sandboxes: local state lives in a folder per backend instance, and orphan clean-up removes
+only what a dead process left (see :meth:`LocalBackend.cleanup_orphans`, :meth:`DockerBackend.cleanup_orphans`).
 
 Every method blocks; callers on an event loop run them in worker threads. All sandbox ids are opaque
 strings. Times are in seconds, sizes in bytes.
@@ -21,6 +29,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -34,12 +43,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from sandbox_server.errors import AgentFailed, AgentTimeout, EngineUnavailable, SandboxNotFound
-from sandbox_server.tools import READABLE_ROOTS, WRITABLE_AREAS, ToolResult
+from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES
+from sandbox_server.errors import (AgentFailed, AgentTimeout, EngineUnavailable, IsolationUnavailable, LimitExceeded,
+                                   SandboxNotFound, SnapshotUnsupported)
+from sandbox_server.tools import READABLE_ROOTS, WRITABLE_AREAS, ToolRefused, ToolResult
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 #: Label set on every forkyard sandbox container; its value is the server name (see ``server_name``).
 LABEL = "forkyard.sandbox"
+#: Labels naming the process that owns a container: machine (boot id + PID namespace), pid, process
+#: start time (clock ticks since boot) and a random id of the backend instance.
+OWNER_LABELS = ("forkyard.owner.machine", "forkyard.owner.pid", "forkyard.owner.start", "forkyard.owner.instance")
 #: Seconds the server waits for an agent beyond the call's own timeout before declaring it hung.
 AGENT_GRACE_S = 3.0
 
@@ -57,6 +71,11 @@ class Backend(Protocol):
     """What the pool needs from a sandbox implementation."""
 
     name: str
+    #: True when every sandbox runs isolated from the host (container, or bubblewrap namespaces).
+    isolated: bool
+
+    def describe(self) -> str:
+        """One line naming the backend and its isolation mode (for logs, ``/healthz`` and errors)."""
 
     def create(self) -> str:
         """Start a sandbox and wait until its agent answers. Returns its id. Raises EngineUnavailable."""
@@ -72,7 +91,8 @@ class Backend(Protocol):
         """Replace the writable areas' contents with a tar made by :meth:`snapshot`."""
 
     def write_files(self, sid: str, files: dict[str, bytes]) -> None:
-        """Write ``{relative path: bytes}`` under the sandbox's /scratch (the server's per-episode files)."""
+        """Write ``{relative path: bytes}`` under the sandbox's /scratch (the server's per-episode files).
+        Raises LimitExceeded past a limit (nothing of the write is kept)."""
 
     def destroy(self, sid: str) -> None:
         """Stop and remove the sandbox (idempotent)."""
@@ -153,6 +173,26 @@ class _Channel:
                 raise AgentFailed(f"the sandbox agent's stream closed ({type(exc).__name__})") from None
 
 
+def check_write_limits(files: dict[str, bytes], area_bytes: int = AREA_BYTES) -> None:
+    """Refuse, before any sandbox is touched, a write that cannot fit whatever the area already holds.
+
+    Checks :data:`~sandbox_server.agent.MAX_WRITE_FILES` files per write and the bytes the files take in
+    whole :data:`~sandbox_server.agent.PAGE_BYTES` pages against ``area_bytes`` (default 16 MiB). The agent
+    checks again against what /scratch holds at the time of the write.
+
+    Raises:
+        LimitExceeded: naming the limit (HTTP 413).
+    """
+    if len(files) > MAX_WRITE_FILES:
+        raise LimitExceeded(f"{len(files)} files in one write; the limit is {MAX_WRITE_FILES} files per write; "
+                            "nothing was written")
+    need = sum(-(-len(v) // PAGE_BYTES) * PAGE_BYTES for v in files.values())
+    if need > area_bytes:
+        raise LimitExceeded(f"the files need {need} bytes in /scratch ({need / (1 << 20):g} MiB in {PAGE_BYTES}-byte "
+                            f"pages); /scratch holds at most {area_bytes} bytes ({area_bytes / (1 << 20):g} MiB); "
+                            "nothing was written")
+
+
 def _empty_tar() -> bytes:
     buf = io.BytesIO()
     tarfile.open(fileobj=buf, mode="w").close()
@@ -166,6 +206,11 @@ class _AgentBackend:
     """Shared implementation of the agent protocol; subclasses start and stop the agent processes."""
 
     name = "agent"
+    isolated = False
+
+    def describe(self) -> str:
+        """The backend's name and isolation mode in words."""
+        return self.name
 
     def __init__(self) -> None:
         self._channels: dict[str, _Channel] = {}
@@ -178,9 +223,27 @@ class _AgentBackend:
         return ch
 
     def _call(self, sid: str, req: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+        """Send one request; map the agent's error answers by ``error_kind``.
+
+        Raises:
+            LimitExceeded: ``limit`` (a documented limit; nothing was written).
+            ToolRefused: ``refused`` (a bad request; nothing was done).
+            SnapshotUnsupported: ``unsupported`` (a FIFO, socket or device in a writable area).
+            IsolationUnavailable: ``isolation`` (the sandbox could not be confined; it serves nothing).
+            AgentFailed: any other error, a closed stream; AgentTimeout: no answer in ``timeout_s`` seconds.
+        """
         ans = self._channel(sid).request(req, timeout_s)
         if "error" in ans:
-            raise AgentFailed(f"agent: {ans['error']}")
+            kind, msg = ans.get("error_kind"), str(ans["error"])
+            if kind == "limit":
+                raise LimitExceeded(msg)
+            if kind == "refused":
+                raise ToolRefused(msg)
+            if kind == "unsupported":
+                raise SnapshotUnsupported(msg)
+            if kind == "isolation":
+                raise IsolationUnavailable(msg)
+            raise AgentFailed(f"agent: {msg}")
         return ans
 
     def _ping(self, sid: str, timeout_s: float) -> None:
@@ -205,16 +268,43 @@ class _AgentBackend:
         return ToolResult(**ans)
 
     def snapshot(self, sid: str) -> bytes:
-        """Tar bytes of the writable areas. Raises AgentTimeout / AgentFailed."""
+        """PAX tar bytes of the writable areas: files, directories, symbolic links and hard links with their
+        modes and modification times (ns).
+
+        Raises:
+            SnapshotUnsupported: a FIFO, socket or device is in /scratch or /tmp (the message names it).
+            AgentTimeout / AgentFailed.
+        """
         return base64.b64decode(self._call(sid, {"op": "pack"})["data"])
 
     def restore(self, sid: str, data: bytes) -> None:
-        """Replace the writable areas with the tar ``data``. Raises AgentTimeout / AgentFailed."""
+        """Replace the writable areas with the tar ``data`` (made by :meth:`snapshot`).
+
+        Raises:
+            LimitExceeded: it would pass an area's limits (nothing changed).
+            ToolRefused: a member outside the writable areas, or written through a symbolic link.
+            AgentTimeout / AgentFailed.
+        """
         self._call(sid, {"op": "unpack", "data": base64.b64encode(data).decode("ascii")})
 
     def write_files(self, sid: str, files: dict[str, bytes]) -> None:
-        """Write ``{relpath: bytes}`` under /scratch. Raises AgentFailed on a path outside /scratch."""
+        """Write ``{relpath: bytes}`` under /scratch (mode 0644), all or nothing.
+
+        Limits: :data:`~sandbox_server.agent.MAX_WRITE_FILES` files per write; /scratch holds at most
+        :data:`~sandbox_server.agent.AREA_BYTES` bytes (16 MiB; each file counted in whole 4 KiB pages) and
+        :data:`~sandbox_server.agent.MAX_AREA_ENTRIES` entries. A write that fails keeps none of its files.
+
+        Raises:
+            LimitExceeded: a limit would be passed, or the area filled up (nothing of the write kept).
+            ToolRefused: a path outside /scratch, through a symbolic link, or onto a directory.
+            AgentTimeout / AgentFailed.
+        """
         self._call(sid, {"op": "write", "files": {k: base64.b64encode(v).decode("ascii") for k, v in files.items()}})
+
+    def confinement(self, sid: str) -> dict[str, Any]:
+        """How the sandbox's agent is confined (its ping answer's ``confinement``: ``noexec`` areas,
+        ``caps_dropped``, ``landlock_abi``)."""
+        return self._call(sid, {"op": "ping"}).get("confinement") or {}
 
     def ps(self, sid: str) -> list[str]:
         """Command lines of the processes the sandbox's agent can see."""
@@ -245,43 +335,193 @@ class _AgentBackend:
 # Local backend
 
 
+def default_state_root() -> Path:
+    """Where local sandboxes live: ``$XDG_CACHE_HOME/forkyard/local`` (default ``~/.cache/forkyard/local``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forkyard" / "local"
+
+
+def machine_id() -> str:
+    """Identifies this kernel boot and PID namespace: pids recorded under another id cannot be checked here."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = socket.gethostname()
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{boot}:{ns}"
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of process ``pid`` (clock ticks after boot, ``/proc/<pid>/stat`` field 22), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_record() -> dict[str, Any]:
+    """This process as an owner of sandboxes: ``{"machine", "pid", "start"}``."""
+    return {"machine": machine_id(), "pid": os.getpid(), "start": process_start(os.getpid())}
+
+
+def owner_alive(owner: dict[str, Any]) -> bool:
+    """Whether the process an owner record names may still run. Owners on another machine or in another
+    PID namespace cannot be checked from here and count as alive (never removed by mistake)."""
+    if owner.get("machine") and owner["machine"] != machine_id():
+        return True
+    try:
+        pid = int(owner["pid"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    start = owner.get("start")
+    if start is not None:
+        now = process_start(pid)
+        if now is not None and str(now) != str(start):
+            return False  # the pid was reused by another process
+    return True
+
+
+def _safe_name(name: str) -> str:
+    out = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:100]
+    return out if out.strip(".") else "_" + out
+
+
+_BWRAP: dict[tuple, str | None] = {}
+_BWRAP_LOCK = threading.Lock()
+
+
+def bwrap_problem(argv: list[str]) -> str | None:
+    """Run ``argv`` (a bubblewrap command ending in the agent's ``--probe``) once per distinct command; None
+    when it works, else why not (cached for the process)."""
+    key = tuple(argv)
+    with _BWRAP_LOCK:
+        if key not in _BWRAP:
+            try:
+                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                if r.returncode == 0 and b'"pong": true' in r.stdout:
+                    _BWRAP[key] = None
+                else:
+                    detail = (r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")).strip()
+                    _BWRAP[key] = f"bwrap exited with {r.returncode}: {detail[-500:]}"
+            except (OSError, subprocess.SubprocessError) as exc:
+                _BWRAP[key] = f"bwrap could not run: {exc}"
+        return _BWRAP[key]
+
+
+def _bwrap_has_size(exe: str) -> bool:
+    try:
+        return "--size" in subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+INSTALL_HINT = ("install bubblewrap (`apt-get install bubblewrap`; `make run` and `make test` do it through "
+                "scripts/ensure-bwrap.sh), or accept unisolated sandboxes explicitly: "
+                "LocalBackend(unsafe_no_isolation=True) (server: --unsafe-no-isolation)")
+
+
 class LocalBackend(_AgentBackend):
-    """Sandboxes as local agent subprocesses (the embedded default; no Docker needed).
+    """Sandboxes as local agent subprocesses (the embedded default; no Docker needed), isolated by bubblewrap.
 
     Args:
         data_dir: host directory shown read-only as ``/data`` (default: the corpus, see
             :func:`sandbox_server.corpus.ensure_corpus`).
-        state_dir: where per-sandbox directories live (default ``~/.cache/forkyard/local/<server_name>``);
-            emptied at start-up (:meth:`cleanup_orphans`).
-        use_bwrap: ``None`` = use bubblewrap when ``bwrap`` is installed and works.
-        server_name: names this server's state directory.
+        state_dir: base folder of local sandbox state (default :func:`default_state_root`). This instance
+            keeps its sandboxes in ``<state_dir>/<server_name>/<pid>-<random>/`` (:attr:`state_dir` after
+            construction), with an ``owner.json`` naming this process; :meth:`close` removes the folder
+            (and the server-name folder when it is left empty).
+        unsafe_no_isolation: run the agents as plain host processes, without bubblewrap: tools then run as
+            the server's user, limited only by the agent's path checks, the session-environment allow-list
+            and Landlock where the kernel has it. Off by default; only this explicit flag allows it.
+        server_name: names the folder of this server's instances.
+        area_bytes: size of each writable area (/scratch, /tmp), in bytes (default 16 MiB).
+
+    Raises:
+        IsolationUnavailable: bubblewrap is missing or does not work here and ``unsafe_no_isolation`` is
+            false (the message says how to install it). Never falls back silently.
     """
 
     name = "local"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, state_dir: str | os.PathLike | None = None,
-                 use_bwrap: bool | None = None, server_name: str = "default"):
+                 unsafe_no_isolation: bool = False, server_name: str = "default", area_bytes: int = AREA_BYTES):
         super().__init__()
+        if not isinstance(unsafe_no_isolation, bool):
+            raise TypeError("unsafe_no_isolation must be True or False")
         if data_dir is None:
             from sandbox_server.corpus import ensure_corpus
 
             data_dir = ensure_corpus()
         self.data_dir = os.path.realpath(data_dir)
-        self.state_dir = Path(state_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                              / "forkyard" / "local" / server_name)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.use_bwrap = _bwrap_works() if use_bwrap is None else use_bwrap
+        self.unsafe_no_isolation = unsafe_no_isolation
+        self.area_bytes = int(area_bytes)
+        self.server_name = server_name
+        self._bwrap = shutil.which("bwrap")
+        self._bwrap_size = False
+        if not unsafe_no_isolation:
+            if not self._bwrap:
+                raise IsolationUnavailable(f"the local backend needs bubblewrap and `bwrap` is not installed: {INSTALL_HINT}")
+            self._bwrap_size = _bwrap_has_size(self._bwrap)
+            problem = bwrap_problem(self._argv(None, probe=True))
+            if problem:
+                raise IsolationUnavailable(f"the local backend needs bubblewrap and it does not work here ({problem}): "
+                                           f"{INSTALL_HINT}")
+        self.server_dir = Path(state_dir or default_state_root()) / _safe_name(server_name)
+        self.state_dir = self.server_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.state_dir.mkdir(parents=True)  # parents: another process may just have removed an empty server folder
+        tmp = self.state_dir / ".owner.json.tmp"
+        tmp.write_text(json.dumps({**owner_record(), "server_name": server_name, "created_at": time.time()}))
+        os.replace(tmp, self.state_dir / "owner.json")
         self._procs: dict[str, subprocess.Popen] = {}
+        self._closed = False
 
-    def _argv(self, sbdir: Path) -> list[str]:
-        agent_args = ["--readable", "/data", "--readable", "/scratch", "--writable", "/scratch", "--writable", "/tmp"]
-        if not self.use_bwrap:
+    @property
+    def isolated(self) -> bool:  # type: ignore[override]
+        """True under bubblewrap; False only when built with ``unsafe_no_isolation=True``."""
+        return not self.unsafe_no_isolation
+
+    @property
+    def isolation(self) -> str:
+        """``"bubblewrap"`` or ``"none (unsafe)"``."""
+        return "none (unsafe)" if self.unsafe_no_isolation else "bubblewrap"
+
+    def describe(self) -> str:
+        """The backend and its isolation mode in words."""
+        if self.unsafe_no_isolation:
+            return ("local, UNSAFE: no isolation (unsafe_no_isolation=True): tools run as host processes of the "
+                    "server's user, confined only by path checks, the environment allow-list and Landlock")
+        return ("local, isolated by bubblewrap: read-only /data, private noexec tmpfs /scratch and /tmp, "
+                "no network, own PID and user namespaces, no capabilities")
+
+    def _agent_args(self) -> list[str]:
+        return ["--readable", "/data", "--readable", "/scratch", "--writable", "/scratch", "--writable", "/tmp",
+                "--area-bytes", str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
+                "--max-area-entries", str(MAX_AREA_ENTRIES)]
+
+    def _argv(self, sbdir: Path | None, probe: bool = False) -> list[str]:
+        agent_args = self._agent_args() + (["--probe"] if probe else [])
+        if self.unsafe_no_isolation:
+            assert sbdir is not None
             roots = {"/data": self.data_dir, "/scratch": str(sbdir / "scratch"), "/tmp": str(sbdir / "tmp")}
             return [sys.executable, "-u", "-I", str(AGENT_PATH), *agent_args,
                     *itertools.chain.from_iterable(("--root", f"{k}={v}") for k, v in roots.items())]
         py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
-        argv = ["bwrap", "--ro-bind", "/usr", "/usr"]
-        for d in ("/bin", "/lib", "/lib64", "/sbin"):
+        argv = [self._bwrap or "bwrap", "--ro-bind", "/usr", "/usr"]
+        for d in ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"):
             if os.path.islink(d):
                 argv += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
@@ -289,23 +529,28 @@ class LocalBackend(_AgentBackend):
         if not py.startswith("/usr/"):
             prefix = os.path.realpath(sys.base_prefix)
             argv += ["--ro-bind", prefix, prefix]
-        argv += ["--ro-bind", self.data_dir, "/data", "--tmpfs", "/scratch", "--tmpfs", "/tmp",
+        size = ["--size", str(self.area_bytes)] if self._bwrap_size else []
+        argv += ["--ro-bind", self.data_dir, "/data", *size, "--tmpfs", "/scratch", *size, "--tmpfs", "/tmp",
                  "--ro-bind", str(AGENT_PATH), "/opt/forkyard/agent.py", "--proc", "/proc", "--dev", "/dev",
                  "--unshare-all", "--die-with-parent", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
-                 py, "-u", "-I", "/opt/forkyard/agent.py", *agent_args]
+                 py, "-u", "-I", "/opt/forkyard/agent.py", "--confine", *agent_args]
         return argv
 
     def create(self) -> str:
         """Start an agent subprocess; returns its sandbox id once it answers (5 s at most).
 
         Raises:
-            EngineUnavailable: the agent could not start or did not answer.
+            IsolationUnavailable: the sandbox could not be confined.
+            EngineUnavailable: the agent could not start or did not answer (or the backend is closed).
         """
+        if self._closed:
+            raise EngineUnavailable("the local backend is closed")
         sid = "l-" + uuid.uuid4().hex[:12]
         sbdir = self.state_dir / sid
-        (sbdir / "scratch").mkdir(parents=True)
-        (sbdir / "tmp").mkdir()
+        for d in (sbdir, sbdir / "scratch", sbdir / "tmp"):
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
         try:
             proc = subprocess.Popen(self._argv(sbdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
@@ -330,6 +575,9 @@ class LocalBackend(_AgentBackend):
         try:
             self._ping(sid, 5.0)
             self._warm(sid)
+        except IsolationUnavailable:
+            self.destroy(sid)
+            raise
         except Exception as exc:
             self.destroy(sid)
             raise EngineUnavailable(f"local sandbox agent did not answer: {exc}") from None
@@ -358,29 +606,75 @@ class LocalBackend(_AgentBackend):
                     f.close()
                 except OSError:
                     pass
-        shutil.rmtree(self.state_dir / sid, ignore_errors=True)
+        if sid.startswith("l-") and "/" not in sid:
+            shutil.rmtree(self.state_dir / sid, ignore_errors=True)
 
     def cleanup_orphans(self) -> int:
-        """Remove sandbox directories an earlier run left (their agents exit on stdin EOF). Returns the count."""
+        """Remove what dead processes left; never touch a live process's sandboxes. Returns the sandbox count.
+
+        Looks at every instance folder ``<state root>/<any server name>/<pid>-<random>`` but this one and
+        removes it when its ``owner.json`` names a process that is gone (pid not running, or reused by a
+        process with another start time). Folders of owners on another machine or PID namespace are kept.
+        Sandbox folders of the old flat layout (``<server_name>/l-*``) are removed when no process has its
+        working directory in them. Server-name folders left empty are removed too.
+        """
         n = 0
-        for d in self.state_dir.iterdir():
-            if d.name.startswith("l-") and d.name not in self._procs:
-                shutil.rmtree(d, ignore_errors=True)
-                n += 1
+        root = self.server_dir.parent
+        for sdir in sorted(root.iterdir()) if root.is_dir() else []:
+            if sdir.is_symlink() or not sdir.is_dir():
+                continue
+            for inst in sorted(sdir.iterdir()):
+                if inst == self.state_dir or inst.is_symlink() or not inst.is_dir():
+                    continue
+                if inst.name.startswith("l-"):
+                    if sdir == self.server_dir and not _dir_in_use(inst):
+                        shutil.rmtree(inst, ignore_errors=True)
+                        n += 1
+                    continue
+                m = re.fullmatch(r"(\d+)-[0-9a-f]+", inst.name)
+                if not m:
+                    continue
+                try:
+                    owner = json.loads((inst / "owner.json").read_text())
+                    if not isinstance(owner, dict):
+                        raise ValueError
+                except (OSError, ValueError):
+                    owner = {"pid": int(m.group(1))}  # being created right now, or a crash before the record
+                if owner_alive(owner):
+                    continue
+                n += sum(1 for d in inst.iterdir() if d.name.startswith("l-"))
+                shutil.rmtree(inst, ignore_errors=True)
+            if sdir != self.server_dir:
+                try:
+                    sdir.rmdir()  # only when empty
+                except OSError:
+                    pass
         return n
 
+    def close(self) -> None:
+        """Destroy every sandbox of this instance and remove its state folder (idempotent)."""
+        self._closed = True
+        super().close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        try:
+            self.server_dir.rmdir()  # only when no other instance of this server name is left
+        except OSError:
+            pass
 
-_BWRAP_OK: bool | None = None
 
-
-def _bwrap_works() -> bool:
-    global _BWRAP_OK
-    if _BWRAP_OK is None:
-        exe = shutil.which("bwrap")
-        _BWRAP_OK = bool(exe) and subprocess.run(
-            [exe, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-            capture_output=True, timeout=10).returncode == 0
-    return _BWRAP_OK
+def _dir_in_use(path: Path) -> bool:
+    """Whether any process (that we may inspect) has its working directory at or under ``path``."""
+    target = os.path.realpath(path)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd == target or cwd.startswith(target + "/"):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -392,16 +686,17 @@ class DockerBackend(_AgentBackend):
 
     Args:
         image: the sandbox image (``docker/sandbox.Dockerfile``; default ``forkyard-sandbox:latest``).
-        server_name: value of the ``forkyard.sandbox`` label; :meth:`cleanup_orphans` removes containers
-            with the same value, so two servers sharing an engine need different names.
+        server_name: value of the ``forkyard.sandbox`` label; :meth:`cleanup_orphans` looks only at
+            containers with the same value, and removes only those whose owning process is gone.
         data_dir: optional host directory bind-mounted read-only over ``/data`` (default: the image's corpus).
         mem_limit / pids_limit / nano_cpus / tmpfs_size: resource limits (``"256m"``, processes, 1e9 = one CPU,
-            ``"16m"``).
+            ``"16m"`` = 16 MiB per writable area, mounted ``noexec``).
         engine_timeout_s: deadline of every engine API call, in seconds.
         base_url: engine address (default ``DOCKER_HOST`` or the local socket).
     """
 
     name = "docker"
+    isolated = True
 
     def __init__(self, image: str = "forkyard-sandbox:latest", *, server_name: str = "default",
                  data_dir: str | os.PathLike | None = None, user: str = "1000:1000", mem_limit: str = "256m",
@@ -416,6 +711,9 @@ class DockerBackend(_AgentBackend):
         self.user = user
         self.limits = dict(mem_limit=mem_limit, pids_limit=pids_limit, nano_cpus=nano_cpus)
         self.tmpfs_size = tmpfs_size
+        self.area_bytes = _parse_size(tmpfs_size)
+        self.instance = uuid.uuid4().hex
+        self._owner = owner_record()
         kw: dict[str, Any] = dict(timeout=int(engine_timeout_s), max_pool_size=64)
         try:
             self.client = docker.DockerClient(base_url=base_url, **kw) if base_url else docker.from_env(**kw)
@@ -425,14 +723,25 @@ class DockerBackend(_AgentBackend):
         self._containers: dict[str, Any] = {}
         self._socks: dict[str, Any] = {}
 
+    def describe(self) -> str:
+        """The backend and its isolation mode in words."""
+        return (f"docker ({self.image}): read-only root, no network, no capabilities, user {self.user}, "
+                f"noexec tmpfs /scratch and /tmp of {self.tmpfs_size}")
+
+    def labels(self) -> dict[str, str]:
+        """Labels of this instance's containers: ``forkyard.sandbox=<server_name>`` and the owner labels."""
+        o = self._owner
+        return {LABEL: self.server_name, OWNER_LABELS[0]: str(o["machine"]), OWNER_LABELS[1]: str(o["pid"]),
+                OWNER_LABELS[2]: str(o["start"]), OWNER_LABELS[3]: self.instance}
+
     def run_kwargs(self) -> dict[str, Any]:
         """The hardened ``containers.create`` arguments (also used by the benchmarks' naive baseline)."""
         uid, _, gid = self.user.partition(":")
-        tmpfs_opts = f"rw,nosuid,nodev,size={self.tmpfs_size},uid={uid},gid={gid or uid},mode=0755"
+        tmpfs_opts = f"rw,noexec,nosuid,nodev,size={self.tmpfs_size},uid={uid},gid={gid or uid},mode=0755"
         kw: dict[str, Any] = dict(
             read_only=True, network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"],
             user=self.user, tmpfs={"/scratch": tmpfs_opts, "/tmp": tmpfs_opts}, init=True,
-            labels={LABEL: self.server_name}, working_dir="/data", **self.limits,
+            labels=self.labels(), working_dir="/data", **self.limits,
         )
         if self.data_dir:
             kw["volumes"] = {self.data_dir: {"bind": "/data", "mode": "ro"}}
@@ -447,9 +756,13 @@ class DockerBackend(_AgentBackend):
         import docker.errors
 
         try:
+            # detach=False makes docker-py set StdinOnce: when this server's attach stream closes (it exited or
+            # was killed), the agent reads EOF and the container exits, so orphans are told by their status.
             c = self.client.containers.create(
-                self.image, command=["python3", "-u", "-I", "/opt/forkyard/agent.py"], stdin_open=True, tty=False,
-                detach=True, **self.run_kwargs())
+                self.image, command=["python3", "-u", "-I", "/opt/forkyard/agent.py", "--area-bytes",
+                                     str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
+                                     "--max-area-entries", str(MAX_AREA_ENTRIES)],
+                stdin_open=True, tty=False, detach=False, **self.run_kwargs())
         except docker.errors.ImageNotFound:
             raise EngineUnavailable(f"sandbox image {self.image!r} is missing (scripts/build-images.sh builds it)") from None
         except Exception as exc:
@@ -507,10 +820,32 @@ class DockerBackend(_AgentBackend):
                 pass
 
     def cleanup_orphans(self) -> int:
-        """Remove every container labelled ``forkyard.sandbox=<server_name>`` not run by this instance."""
+        """Remove containers labelled ``forkyard.sandbox=<server_name>`` whose owner is gone. Returns the count.
+
+        Never removes this instance's containers nor a live process's. A container is an orphan when:
+        it has no owner labels (made before they existed); or its owner ran on this machine and PID
+        namespace and that process is gone (pid not running, or reused: another start time); or its owner
+        is elsewhere (another PID namespace, e.g. a server in a container) and the container is no longer
+        running (its agent exits when the owner's attach stream closes) or was created over a minute ago
+        and never started.
+        """
         n = 0
+        me = machine_id()
         for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.server_name}"}):
             if "d-" + c.id[:12] in self._containers:
+                continue
+            labels = c.labels or {}
+            inst = labels.get(OWNER_LABELS[3])
+            if inst == self.instance:
+                continue
+            if inst is None:
+                orphan = True
+            elif labels.get(OWNER_LABELS[0]) == me:
+                orphan = not owner_alive({"machine": me, "pid": labels.get(OWNER_LABELS[1]),
+                                          "start": labels.get(OWNER_LABELS[2]) or None})
+            else:
+                orphan = c.status in ("exited", "dead") or (c.status == "created" and _age_s(c) > 60)
+            if not orphan:
                 continue
             try:
                 c.remove(force=True)
@@ -526,6 +861,27 @@ class DockerBackend(_AgentBackend):
             self.client.close()
         except Exception:
             pass
+
+
+def _parse_size(text: str | int) -> int:
+    """Bytes of a size such as ``"16m"`` (k, m, g: powers of 1024, as the kernel reads tmpfs sizes)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgKMG]?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read the size {text!r}; use bytes or a number with k, m or g")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def _age_s(c: Any) -> float:
+    """Seconds since a container was created (0 when unknown)."""
+    import datetime
+
+    try:
+        created = datetime.datetime.strptime(str(c.attrs["Created"])[:19], "%Y-%m-%dT%H:%M:%S")
+        return time.time() - created.replace(tzinfo=datetime.timezone.utc).timestamp()
+    except (KeyError, ValueError):
+        return 0.0
 
 
 def make_backend(kind: str = "local", **kwargs: Any) -> Backend:

@@ -36,9 +36,27 @@ class EngineUnavailable(ServiceUnavailable):
     """The container engine did not answer or refused to start a sandbox."""
 
 
+class IsolationUnavailable(EngineUnavailable):
+    """The local backend cannot isolate sandboxes (bubblewrap missing or not working) and was not told it may
+    run without isolation; the message says how to install bubblewrap. Also raised when a sandbox's agent
+    could not confine itself (noexec writable areas, dropped capabilities)."""
+
+
 class PoolExhausted(ServiceUnavailable):
     """``max_total`` sandboxes are in use and none became free in time."""
 
 
+class SnapshotUnsupported(SandboxError):
+    """A snapshot (or fork) cannot carry what the writable areas hold: a FIFO, socket or device file. The
+    message names the sandbox path; nothing is dropped silently. A client-visible refusal, not a failure
+    of the sandbox (it stays usable)."""
+
+
+class LimitExceeded(ToolRefused):
+    """A documented limit would be passed (files per write, bytes or entries of a writable area); the
+    message names the limit. Nothing of the request was kept. HTTP 413, never a retry hint."""
+
+
 __all__ = ["SandboxError", "SandboxNotFound", "AgentTimeout", "AgentFailed", "ServiceUnavailable",
-           "EngineUnavailable", "PoolExhausted", "ToolRefused"]
+           "EngineUnavailable", "IsolationUnavailable", "PoolExhausted", "SnapshotUnsupported", "LimitExceeded",
+           "ToolRefused"]

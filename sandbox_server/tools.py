@@ -14,6 +14,9 @@ Validation (:func:`validate_call`) happens once, before any backend sees the cal
   (patterns go after ``-e``, paths after ``--``; ``find``'s start path is made ``./-x``);
 * ``find`` takes only ``name`` / ``type`` / ``maxdepth``: there is no way to pass ``-exec`` & co.
 
+Session environments (:func:`validate_session_env`) are an allow-list of locale, time-zone and display
+variables: nothing that changes how programs load or run (``LD_*``, ``PATH``, ``PYTHON*``, ...).
+
 The agent in the sandbox checks each path once more *on the sandbox's filesystem* (symlinks resolved,
 component-wise containment) before it runs anything.
 """
@@ -27,12 +30,24 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
+from sandbox_server.agent import (AREA_BYTES, MAX_AREA_ENTRIES, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_WRITE_FILES,
+                                  PAGE_BYTES, SESSION_ENV_NAMES, env_problems)
+
 #: Longest string argument, in characters.
 MAX_ARG_CHARS = 1024
 #: Sandbox roots tools may read: the read-only corpus and the per-episode scratch area.
 READABLE_ROOTS = ("/data", "/scratch")
 #: Writable areas captured by snapshots.
 WRITABLE_AREAS = ("/scratch", "/tmp")
+#: Output format of the ``stat`` tool: name (with a link's target), type, size (bytes), permission bits
+#: and modification time (UTC unless the session sets TZ). Nothing host-dependent (inode, device, owner,
+#: links, blocks, access or change time), so forks and restored sandboxes answer alike.
+STAT_FORMAT = "  File: %N\n  Type: %F\n  Size: %s\n  Mode: %04a (%A)\nModify: %y\n"
+
+__all__ = ["AREA_BYTES", "MAX_AREA_ENTRIES", "MAX_ARG_CHARS", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS", "MAX_WRITE_FILES",
+           "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES", "STAT_FORMAT", "TOOLS", "WRITABLE_AREAS", "Param",
+           "PreparedCall", "Tool", "ToolRefused", "ToolResult", "ToolSpec", "check_path", "clamp_timeout",
+           "tool_specs", "validate_call", "validate_session_env"]
 
 
 class ToolRefused(ValueError):
@@ -155,7 +170,7 @@ def _wc(a: dict) -> tuple[list[str], list[int]]:
 
 
 def _stat(a: dict) -> tuple[list[str], list[int]]:
-    return ["stat", "--", a["path"]], [2]
+    return ["stat", "--printf", STAT_FORMAT, "--", a["path"]], [4]
 
 
 def _grep(a: dict) -> tuple[list[str], list[int]]:
@@ -215,7 +230,8 @@ TOOLS: dict[str, Tool] = {
               Param("name", "string", "shell glob the file name must match, e.g. '*.py'"),
               Param("type", "string", "f (file), d (directory) or l (symbolic link)", enum=("f", "d", "l")),
               Param("maxdepth", "integer", "descend at most this many levels", minimum=0, maximum=32)), _find),
-        Tool("stat", "show a file's metadata", (Param("path", "string", _PATH.description, required=True, is_path=True),), _stat),
+        Tool("stat", "show a file's metadata: name, type, size in bytes, permissions and modification time",
+             (Param("path", "string", _PATH.description, required=True, is_path=True),), _stat),
     ]
 }
 
@@ -300,6 +316,26 @@ def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, 
         bound[p.name] = check_path(value, cwd) if p.is_path else value
     argv, path_args = tool.build(bound)
     return PreparedCall(tool=name, argv=argv, path_args=path_args)
+
+
+def validate_session_env(env: Any) -> dict[str, str]:
+    """Check a session environment (``create`` / ``update_state``) against the allow-list; return a copy.
+
+    Allowed: at most :data:`MAX_ENV_VARS` variables, each named in :data:`SESSION_ENV_NAMES` (``LANG``,
+    ``LANGUAGE``, ``LC_*``, ``TZ``, ``TERM``, ``COLUMNS``, ``LINES``, ``NO_COLOR``), with a ``str`` value of at
+    most :data:`MAX_ENV_VALUE_CHARS` characters, no NUL, and the form the variable takes (locale names
+    without ``/``, ``TZ`` never a path outside the zone database, ``COLUMNS`` / ``LINES`` digits). ``None``
+    is the empty environment. The agent in every sandbox enforces the same rules on each call.
+
+    Raises:
+        ToolRefused: with a message naming every refused variable (HTTP 422); nothing is stored then.
+    """
+    if env is None:
+        return {}
+    problems = env_problems(env)
+    if problems:
+        raise ToolRefused("session environment refused: " + "; ".join(problems))
+    return {str(k): str(v) for k, v in env.items()}
 
 
 def clamp_timeout(value: Any, default_s: float, max_s: float) -> float:

@@ -4,8 +4,10 @@ Import the fixtures a module needs (``from tests.docker_support import ...``). S
 cached here at module level, so several test modules share one service per backend and one server.
 
 Docker: in CI (``CI=true``) a missing engine or image is a failure, never a skip; elsewhere the Docker
-tests skip with the reason. Every container the tests create carries the label
-``forkyard.sandbox=pytest-...``; at the end of the session no such container may remain.
+tests skip with the reason. The same holds for bubblewrap, which the isolated local backend needs
+(``local``); ``local-nobwrap`` is the explicit opt-in ``LocalBackend(unsafe_no_isolation=True)``. Every
+container the tests create carries the label ``forkyard.sandbox=pytest-...``; at the end of the session
+no such container may remain.
 """
 
 from __future__ import annotations
@@ -60,6 +62,30 @@ def require_docker() -> None:
             _cache["images"] = "" if r.returncode == 0 else (r.stderr + r.stdout)[-2000:]
     if _cache["images"]:
         pytest.fail(f"building the sandbox image failed: {_cache['images']}")
+
+
+def bwrap_reason() -> str | None:
+    """Why the isolated local backend cannot run here (None when it can)."""
+    if "bwrap_reason" not in _cache:
+        from sandbox_server.backends import LocalBackend
+        from sandbox_server.errors import IsolationUnavailable
+
+        reason = None
+        try:
+            LocalBackend(ROOT / "docs", server_name=f"{SERVER_NAME}-probe").close()
+        except IsolationUnavailable as exc:
+            reason = f"{exc} (run ./scripts/ensure-bwrap.sh)"
+        _cache["bwrap_reason"] = reason
+    return _cache["bwrap_reason"]  # type: ignore[return-value]
+
+
+def require_bwrap() -> None:
+    """Skip (outside CI) or fail (in CI) when bubblewrap cannot isolate the local backend."""
+    reason = bwrap_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
 
 
 def leftover_containers(prefix: str = TEST_LABEL_PREFIX) -> list[str]:
@@ -137,9 +163,9 @@ def _service(kind: str, data: Path, request: pytest.FixtureRequest):
                                 max_timeout_s=10.0, output_cap_bytes=CAP, acquire_timeout_s=30.0)
             if kind == "docker":
                 backend = DockerBackend(server_name=SERVER_NAME, data_dir=data)
-            else:  # "local" (bubblewrap when it works) or "local-nobwrap" (path checks only)
+            else:  # "local" (bubblewrap, required) or "local-nobwrap" (the explicit unsafe opt-in)
                 backend = LocalBackend(data, server_name=f"{SERVER_NAME}-{kind}",
-                                       use_bwrap=False if kind == "local-nobwrap" else None)
+                                       unsafe_no_isolation=kind == "local-nobwrap")
             svc = SandboxService(backend, cfg).start()
             _cache[key] = svc
             request.session.config.add_cleanup(close_all)
@@ -158,11 +184,14 @@ def service(request: pytest.FixtureRequest, fixture_data: Path):
     """A started SandboxService per backend over the fixture data (session-wide, shared across modules)."""
     if request.param == "docker":
         require_docker()
+    elif request.param == "local":
+        require_bwrap()
     return _service(request.param, fixture_data, request)
 
 
 @pytest.fixture(scope="session")
 def local_service(request: pytest.FixtureRequest, fixture_data: Path):
+    require_bwrap()
     return _service("local", fixture_data, request)
 
 
@@ -170,6 +199,21 @@ def local_service(request: pytest.FixtureRequest, fixture_data: Path):
 def docker_service(request: pytest.FixtureRequest, fixture_data: Path):
     require_docker()
     return _service("docker", fixture_data, request)
+
+
+def unisolated(service) -> bool:
+    """Whether the service's backend runs its agents unisolated on the host (``local-nobwrap``)."""
+    return not service.backend.isolated
+
+
+def host_sh(service, sid: str, script: str, timeout_s: float = 10):
+    """Run a trusted shell script in a sandbox (``exec_argv``: no whitelist). Sandbox paths ``/scratch`` and
+    ``/tmp`` in ``script`` are written as the host folders when the backend is unisolated (its agent then
+    runs in the host's mount namespace)."""
+    if unisolated(service):
+        sbdir = service.backend.state_dir / service._session(sid).sid
+        script = script.replace("/scratch", str(sbdir / "scratch")).replace("/tmp", str(sbdir / "tmp"))
+    return service.exec_argv(sid, ["sh", "-c", script], timeout_s=timeout_s)
 
 
 def free_port() -> int:

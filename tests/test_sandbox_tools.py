@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from envs.actions import bind_arguments, parse_action
 from sandbox_server.agent import utf8_cut
-from sandbox_server.tools import MAX_ARG_CHARS, TOOLS, ToolRefused, clamp_timeout, tool_specs, validate_call
+from sandbox_server.tools import (MAX_ARG_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, SESSION_ENV_NAMES, STAT_FORMAT, TOOLS,
+                                  ToolRefused, clamp_timeout, tool_specs, validate_call, validate_session_env)
 
 # (tool, args, words the refusal message must contain)
 REFUSED = [
@@ -130,3 +131,51 @@ def test_utf8_cut_keeps_invalid_bytes_for_replacement():
     assert utf8_cut(b"caf\xe9") == b"caf"  # a lone lead byte at the end is an incomplete sequence
     assert utf8_cut(b"caf\xe9x") == b"caf\xe9x"
     assert utf8_cut(b"a\xc3\xa9") == b"a\xc3\xa9"
+
+
+# -- S17: the session-environment allow-list ---------------------------------------------------------------
+
+@pytest.mark.parametrize("env,names", [
+    ({"LD_PRELOAD": "x.so", "LD_LIBRARY_PATH": "."}, ["LD_LIBRARY_PATH", "LD_PRELOAD"]),
+    ({"PATH": "/scratch", "HOME": "/scratch", "PYTHONPATH": "/scratch", "PYTHONSTARTUP": "x"},
+     ["HOME", "PATH", "PYTHONPATH", "PYTHONSTARTUP"]),
+    ({"GCONV_PATH": "/scratch", "LOCPATH": "/scratch", "MALLOC_PERTURB_": "1", "GLIBC_TUNABLES": "x"},
+     ["GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "MALLOC_PERTURB_"]),
+    ({"IFS": " ", "BASH_ENV": "x", "ENV": "x", "PERL5OPT": "-Mx", "POSIXLY_CORRECT": "1", "A": "1"},
+     ["A", "BASH_ENV", "ENV", "IFS", "PERL5OPT", "POSIXLY_CORRECT"]),
+    ({"LANG": "C.UTF-8", "LD_AUDIT": "x", "lang": "C"}, ["LD_AUDIT", "lang"]),
+])
+def test_session_env_refuses_every_unlisted_name(env, names):
+    with pytest.raises(ToolRefused) as exc:
+        validate_session_env(env)
+    listed = str(exc.value).split("not allowed: ")[1].split(" (allowed")[0].split(", ")
+    assert listed == names
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"LC_ALL": "/scratch/loc"}, "LC_ALL: "), ({"LANG": "../x"}, "LANG: "), ({"TZ": "/etc/passwd"}, "TZ: "),
+    ({"TZ": ":/scratch/z"}, "TZ: "), ({"TZ": "../../scratch/z"}, "TZ: "), ({"LANG": "C\x00x"}, "NUL"),
+    ({"TERM": "x" * (MAX_ENV_VALUE_CHARS + 1)}, "limit is"), ({"COLUMNS": "80x"}, "COLUMNS: "),
+    ({"LANG": 5}, "must be a string"), ({f"LC_{i}": "C" for i in range(MAX_ENV_VARS + 1)}, "variables; the limit"),
+    ([("LANG", "C")], "must be an object"),
+])
+def test_session_env_value_rules(env, words):
+    with pytest.raises(ToolRefused) as exc:
+        validate_session_env(env)
+    assert words in str(exc.value)
+
+
+def test_session_env_allowed_values():
+    env = {"LANG": "en_US.UTF-8", "LANGUAGE": "fr:en", "LC_ALL": "C.UTF-8", "LC_TIME": "de_DE@euro", "TZ": "Europe/Paris",
+           "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40", "NO_COLOR": "1"}
+    assert validate_session_env(env) == env and validate_session_env(None) == {} and validate_session_env({}) == {}
+    assert validate_session_env({"TZ": "EST5EDT,M3.2.0,M11.1.0"}) == {"TZ": "EST5EDT,M3.2.0,M11.1.0"}
+    assert validate_session_env({"TZ": "<+03>-3"}) == {"TZ": "<+03>-3"}
+    assert SESSION_ENV_NAMES >= set(env)
+
+
+def test_stat_prints_a_fixed_host_independent_format():
+    call = validate_call("stat", {"path": "-x"})
+    assert call.argv == ["stat", "--printf", STAT_FORMAT, "--", "./-x"] and call.path_args == [4]
+    for field in ("%i", "%d", "%D", "%x", "%z", "%w", "%u", "%g", "%U", "%G", "%h", "%b"):
+        assert field not in STAT_FORMAT
