@@ -16,23 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_server.backends import Backend
-from sandbox_server.errors import AgentFailed, AgentTimeout, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
+from sandbox_server.backends import Backend, check_write_limits
+from sandbox_server.errors import (
+    AgentFailed, AgentTimeout, LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused,
+)
 from sandbox_server.metrics import Metrics
 from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
 from sandbox_server.pool import SandboxPool
 from sandbox_server.tools import (
-    READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call,
+    READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call, validate_session_env,
 )
-
-try:  # TEMPORARY while the allow-list lands (helper C)
-    from sandbox_server.errors import LimitExceeded
-    from sandbox_server.tools import validate_session_env
-except ImportError:  # pragma: no cover
-    LimitExceeded = ToolRefused  # type: ignore[misc,assignment]
-
-    def validate_session_env(env):  # type: ignore[no-redef]
-        return env
 
 
 #: Most bytes of per-episode files one write may carry.
@@ -154,7 +147,9 @@ def _check_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _check_files(files: dict[str, bytes]) -> None:
-    """Refuse bad per-episode file paths and more than :data:`MAX_WRITE_BYTES` in all (nothing written)."""
+    """Refuse bad per-episode file paths, more than :data:`MAX_WRITE_BYTES` in all, and writes that cannot
+    fit /scratch or pass the file-count limit (:func:`~sandbox_server.backends.check_write_limits`), before
+    any sandbox is taken or touched. Raises ToolRefused / LimitExceeded."""
     total = 0
     for rel, data in files.items():
         if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
@@ -162,6 +157,7 @@ def _check_files(files: dict[str, bytes]) -> None:
         total += len(data)
     if total > MAX_WRITE_BYTES:
         raise LimitExceeded(f"{total} bytes of files; the limit of one write is {MAX_WRITE_BYTES} bytes")
+    check_write_limits(files)
 
 
 class SandboxService:
@@ -361,7 +357,9 @@ class SandboxService:
         """Write ``{path relative to /scratch: bytes}`` into the sandbox (done by the server, not by a tool).
 
         Raises:
-            ToolRefused: absolute paths, ``..``, NUL, or more than :data:`MAX_WRITE_BYTES` in all.
+            ToolRefused: absolute paths, ``..`` or NUL.
+            LimitExceeded: more than :data:`MAX_WRITE_BYTES` in all, more files than the per-write limit, or
+                more than /scratch holds (no file of the write is left behind).
             SandboxNotFound; SandboxError if the sandbox failed.
         """
         _check_files(files)

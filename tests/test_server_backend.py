@@ -58,3 +58,41 @@ def test_docker_server_runs_fileqa_sessions_in_containers():
     finally:
         srv.stop()
     assert leftover_containers(srv.name) == []
+
+
+def test_local_server_refuses_to_start_without_isolation_unless_told_it_is_unsafe(tmp_path):
+    """No bubblewrap on PATH: ``python -m sandbox_server`` exits 2 saying how to install it; with
+    ``--unsafe-no-isolation`` it serves; ``--unsafe-no-isolation`` with docker is an error."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.docker_support import ROOT, free_port
+    from tests.test_isolation import _fake_bin
+
+    env = {k: v for k, v in os.environ.items() if k != "FORKYARD_BACKEND"}
+    env.update(PATH=_fake_bin(tmp_path, None), PYTHONPATH=str(ROOT), FORKYARD_SERVER_NAME=f"{SERVER_NAME}-nobwrap")
+    port = free_port()
+    cmd = [sys.executable, "-m", "sandbox_server", "--port", str(port), "--log-level", "warning"]
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "apt-get install bubblewrap" in r.stderr, r.stderr
+    proc = subprocess.Popen(cmd + ["--unsafe-no-isolation"], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert health["backend"] == "local"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            sb = http.post("/v1/sandboxes").json()["id"]
+            assert http.post(f"/v1/sandboxes/{sb}/exec", json={"tool": "ls", "args": {"path": "/data"}}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    bad = subprocess.run(cmd[:-2] + ["--backend", "docker", "--unsafe-no-isolation"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "local backend only" in bad.stderr
