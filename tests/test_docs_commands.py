@@ -41,8 +41,8 @@ DOCS = ["README.md", "docs/sandbox.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
-BY_CI, RUN, PYTHON, SERVER, DETACHED, FOLLOW_UP, TODO = (
-    "by CI", "run", "python", "server", "detached server", "follow-up", "TODO: too slow")
+BY_CI, RUN, PYTHON, SERVER, DETACHED, FOLLOW_UP, STOP, TODO = (
+    "by CI", "run", "python", "server", "detached server", "follow-up", "stops the detached server", "TODO: too slow")
 
 
 class Entry(NamedTuple):
@@ -106,12 +106,13 @@ TABLE: dict[str, Entry] = {
     # README, sandbox service
     ".venv/bin/forkyard serve --backend local": Entry(
         SERVER, "follow-ups; local pool; SIGTERM leaves no sandbox process", backend="local"),
-    "make images && python -m sandbox_server --backend docker": Entry(
+    "make images && .venv/bin/python -m sandbox_server --backend docker": Entry(
         SERVER, "follow-ups; docker pool; SIGTERM leaves no container labelled default", ("slow", "docker"),
         backend="docker", label="default"),
     "./scripts/compose-up.sh": Entry(
         DETACHED, "follow-ups; docker pool; `docker compose down` leaves no container labelled compose",
         ("slow", "docker"), backend="docker", label="compose"),
+    "docker compose down": Entry(STOP, "run as written to stop the detached server of ./scripts/compose-up.sh"),
     SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every server above"),
 }
 
@@ -354,10 +355,10 @@ def exercise_server(cmd: str, entry: Entry) -> None:
                     except ProcessLookupError:
                         pass
         if entry.how == DETACHED:
-            down = subprocess.run(["docker", "compose", "down", "-t", "30"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=180)
+            stop = next(c for c, e in TABLE.items() if e.how == STOP)
+            down = run_shell(stop, timeout_s=180)
             if down.returncode:
-                problems.append(f"docker compose down exited {down.returncode}: {down.stderr[-2000:]}")
+                problems.append(f"`{stop}` exited {down.returncode}: {(down.stdout + down.stderr)[-2000:]}")
             if containers(project="forkyard"):
                 problems.append(f"compose containers left: {containers(project='forkyard')}")
         if entry.label and containers(entry.label):
@@ -400,7 +401,7 @@ def test_only_what_ci_runs_is_marked_by_ci():
 
 def _params():
     return [pytest.param(cmd, marks=[getattr(pytest.mark, m) for m in e.marks], id=cmd.splitlines()[0][:60])
-            for cmd, e in TABLE.items() if e.how not in (BY_CI, FOLLOW_UP)]
+            for cmd, e in TABLE.items() if e.how not in (BY_CI, FOLLOW_UP, STOP)]
 
 
 @pytest.mark.timeout(1800)
