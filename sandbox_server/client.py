@@ -2,7 +2,9 @@
 
 Both have the same method names and models as :class:`sandbox_server.service.SandboxService`, and raise
 the same errors: :class:`ToolRefused` (422), :class:`SandboxNotFound` (404), :class:`ServiceUnavailable`
-(503, ``retry_after_s`` from ``Retry-After``), :class:`SandboxError` (anything else unexpected).
+(503, ``retry_after_s`` from ``Retry-After``), :class:`LimitExceeded` (413: a body over the server's
+limit, or a bounded resource that would overflow), :class:`SandboxError` (anything else unexpected).
+Error bodies are the server's ``ErrorBody`` ``{"detail": str, "status": str}``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from sandbox_server.errors import SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
+from sandbox_server.errors import LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
     CloneResponse, Health, PoolStatus, SandboxInfo, SandboxList, SnapshotInfo, ToolList,
 )
@@ -29,6 +31,8 @@ def _raise_for(resp: httpx.Response) -> None:
         detail = resp.text
     if not isinstance(detail, str):
         detail = str(detail)
+    if resp.status_code == 413:
+        raise LimitExceeded(detail)
     if resp.status_code == 422:
         raise ToolRefused(detail)
     if resp.status_code == 404:

@@ -1,15 +1,75 @@
-"""Pydantic models of every request and response of the sandbox service (HTTP and in-process)."""
+"""Pydantic models of every request and response of the sandbox service (HTTP and in-process).
+
+Request models derive from :class:`RequestModel`: strict types (a JSON ``true`` is not an integer and
+``2.0`` is not one either; an integer is accepted for a float), unknown fields refused, numbers finite
+(no ``NaN`` / ``Infinity``, which Python's JSON parser takes), and every string valid Unicode (no lone
+surrogates such as ``"\\ud800"``, which could not be answered back as UTF-8). A request that breaks any
+of these is answered 422 before anything runs.
+"""
 
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_server.tools import ToolResult, ToolSpec
 
 MAX_CLONES = 64
+
+
+def _check_str(text: str) -> None:
+    if not text.isascii():  # O(1) for ASCII strings: the common case costs nothing
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{text[:40]!r} is not valid Unicode (it holds a lone surrogate)") from None
+
+
+def _check_float(x: float) -> None:
+    if not math.isfinite(x):
+        raise ValueError(f"{x} is not a JSON number (NaN, Infinity and numbers past the float range are refused)")
+
+
+def _check_json(value: Any) -> None:
+    """Raise ValueError if any string (or dict key) in a parsed JSON value holds a lone surrogate, or a
+    number is not finite (Python's parser takes ``NaN``, ``Infinity`` and ``1e400``, which JSON has not).
+
+    Iterative, so a deeply nested value cannot exhaust the stack."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is str:
+            _check_str(v)
+        elif type(v) is dict:
+            for k, x in v.items():
+                if type(k) is str:
+                    _check_str(k)
+                if type(x) is str:
+                    _check_str(x)
+                elif type(x) is float:
+                    _check_float(x)
+                elif type(x) in (dict, list):
+                    stack.append(x)
+        elif type(v) is list:
+            stack.extend(v)
+        elif type(v) is float:
+            _check_float(v)
+
+
+class RequestModel(BaseModel):
+    """Base of every request body: strict types, no unknown fields, finite numbers, valid Unicode
+    (anywhere in it, free-form ``metadata`` / ``kwargs`` / ``options`` included)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_json(cls, data: Any) -> Any:
+        _check_json(data)
+        return data
 
 
 class SessionState(BaseModel):
@@ -20,7 +80,7 @@ class SessionState(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class CreateRequest(BaseModel):
+class CreateRequest(RequestModel):
     """``POST /v1/sandboxes``: optional initial state and per-episode files (see :class:`WriteFilesRequest`)."""
 
     cwd: str | None = None
@@ -45,7 +105,7 @@ class SandboxList(BaseModel):
     sandboxes: list[SandboxInfo]
 
 
-class ExecRequest(BaseModel):
+class ExecRequest(RequestModel):
     """``POST /v1/sandboxes/{id}/exec``: ``{"tool": "cat", "args": {"path": "x"}, "timeout_s": 5}``."""
 
     tool: str = Field(max_length=64)
@@ -53,7 +113,7 @@ class ExecRequest(BaseModel):
     timeout_s: float | None = Field(default=None, description="per-call deadline in seconds (clamped to the maximum)")
 
 
-class WriteFilesRequest(BaseModel):
+class WriteFilesRequest(RequestModel):
     """``PUT /v1/sandboxes/{id}/files``: ``files`` maps a path relative to /scratch to its content."""
 
     files: dict[str, str]
@@ -66,7 +126,7 @@ class WriteFilesRequest(BaseModel):
         return {k: v.encode("utf-8") for k, v in self.files.items()}
 
 
-class StateUpdate(BaseModel):
+class StateUpdate(RequestModel):
     """``PATCH /v1/sandboxes/{id}/state``: fields given replace the current ones."""
 
     cwd: str | None = None
@@ -74,7 +134,9 @@ class StateUpdate(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-class SnapshotRequest(BaseModel):
+class SnapshotRequest(RequestModel):
+    """``POST /v1/sandboxes/{id}/snapshot``."""
+
     ttl_s: float | None = Field(default=None, gt=0, description="seconds the snapshot is kept (default: server's)")
 
 
@@ -89,12 +151,16 @@ class SnapshotInfo(BaseModel):
     expires_at: float
 
 
-class CloneRequest(BaseModel):
-    n: int = Field(default=1, ge=1, le=MAX_CLONES)
+class CloneRequest(RequestModel):
+    """``POST /v1/snapshots/{id}/clone``: how many sandboxes to restore from the snapshot."""
+
+    n: int = Field(default=1, ge=1, le=MAX_CLONES, description="number of clones")
 
 
-class ForkRequest(BaseModel):
-    n: int = Field(default=1, ge=1, le=MAX_CLONES)
+class ForkRequest(RequestModel):
+    """``POST /v1/sandboxes/{id}/fork`` and ``POST /v1/envs/{id}/fork``: how many copies to make."""
+
+    n: int = Field(default=1, ge=1, le=MAX_CLONES, description="number of copies")
 
 
 class CloneResponse(BaseModel):
@@ -132,12 +198,13 @@ class ToolList(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every 4xx / 5xx answer of the API."""
+    """Every 4xx / 5xx answer of the API (FastAPI's own validation errors included)."""
 
-    detail: str
-    status: str | None = None
+    detail: str = Field(description="what was wrong, in words")
+    status: str | None = Field(default=None, description="a short machine-readable kind: not_found, refused, "
+                               "invalid, conflict, too_large, unavailable, sandbox_error, infra_error, internal")
 
 
-__all__ = ["SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest", "WriteFilesRequest",
+__all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest", "WriteFilesRequest",
            "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest", "CloneResponse",
            "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec"]

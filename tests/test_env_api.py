@@ -58,7 +58,13 @@ def test_s10_sessions_are_independent(http):
         ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 0}}, 422, "turns"),
         ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"color": 1}}, 422, "color"),
         ("post", "/v1/envs", {"kwargs": {}}, 422, "env_id"),
+        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "seed": -1}, 422, "seed"),
+        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": True}}, 422, "turns"),
+        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 5, "max_episode_steps": 2}}, 422,
+         "max_episode_steps"),
+        ("post", "/v1/envs", {"env_id": "forkyard/FileQA-v0"}, 422, "no sandbox service"),
         ("post", "/v1/envs/unknown/step", {"action": "probe(0)"}, 404, "no env session"),
+        ("post", "/v1/envs/unknown/reset", {"seed": 1}, 404, "no env session"),
         ("post", "/v1/envs/unknown/fork", {"n": 1}, 404, "no env session"),
         ("delete", "/v1/envs/unknown", None, 404, "no env session"),
     ],
@@ -66,7 +72,7 @@ def test_s10_sessions_are_independent(http):
 def test_error_paths(http, method, path, body, status, says):
     r = http.request(method.upper(), path, json=body)
     assert r.status_code == status, r.text
-    assert says in r.text
+    assert set(r.json()) == {"detail", "status"} and says in r.json()["detail"]
 
 
 def test_bad_requests_leave_the_session_unchanged(http):
@@ -78,6 +84,9 @@ def test_bad_requests_leave_the_session_unchanged(http):
     assert r.status_code == 413 and "at most 256" in r.json()["detail"]
     r = http.post(f"/v1/envs/{sid}/fork", json={"n": 0})
     assert r.status_code == 422
+    for bad in ({"n": True}, {"n": 2.0}):
+        assert http.post(f"/v1/envs/{sid}/fork", json=bad).status_code == 422
+    assert http.post(f"/v1/envs/{sid}/reset", json={"seed": -1}).status_code == 422
     assert http.get(f"/v1/envs/{sid}").json()["turn"] == 0
     http.post(f"/v1/envs/{sid}/step", json={"action": "probe(0)"})
     end = http.post(f"/v1/envs/{sid}/step", json={"action": "answer(1)"}).json()

@@ -10,10 +10,10 @@ import pytest
 from sandbox_server.app import create_app
 from sandbox_server.backends import DockerBackend, LocalBackend
 from sandbox_server.client import AsyncSandboxClient, SandboxClient
-from sandbox_server.errors import SandboxNotFound, ServiceUnavailable, ToolRefused
-from sandbox_server.service import SandboxService, ServiceConfig
+from sandbox_server.errors import LimitExceeded, SandboxNotFound, ServiceUnavailable, ToolRefused
+from sandbox_server.service import MAX_WRITE_BYTES, SandboxService, ServiceConfig
 from tests.docker_support import (  # noqa: F401
-    SERVER_NAME, UvicornThread, _cache, docker_service, fixture_data, local_service, require_docker,
+    SERVER_NAME, UvicornThread, _cache, docker_service, fixture_data, local_service, require_bwrap, require_docker,
 )
 
 
@@ -24,6 +24,7 @@ def server(request, fixture_data):
         require_docker()
         backend = DockerBackend(server_name=f"{SERVER_NAME}-http", data_dir=fixture_data)
     else:
+        require_bwrap()
         backend = LocalBackend(fixture_data, server_name=f"{SERVER_NAME}-http")
     svc = SandboxService(backend, ServiceConfig(min_idle=3, max_total=8, default_timeout_s=5, max_timeout_s=10,
                                                 acquire_timeout_s=2.0))
@@ -82,7 +83,8 @@ def test_bad_calls_are_422_never_500(server, client, body, words):
     try:
         resp = httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/exec", json=body, timeout=30)
         assert resp.status_code == 422, resp.text
-        assert words in str(resp.json()["detail"])
+        assert set(resp.json()) == {"detail", "status"} and isinstance(resp.json()["detail"], str)  # one shape
+        assert words in resp.json()["detail"]
     finally:
         client.delete(sb.id)
 
@@ -95,9 +97,13 @@ def test_malformed_requests(server, client):
     try:
         assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": 0}).status_code == 422
         assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": 10_000}).status_code == 422
+        assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": True}).status_code == 422
         assert httpx.put(f"{server.url}/v1/sandboxes/{sb.id}/files", json={"files": {"x": "!!"}, "encoding": "base64"}).status_code == 422
         with pytest.raises(ToolRefused):
             client.write_files(sb.id, {"/abs": b"x"})
+        with pytest.raises(LimitExceeded):  # 413 from the service's limit, named in the message
+            client.write_files(sb.id, {"big.bin": b"x" * (MAX_WRITE_BYTES + 1)})
+        assert client.exec(sb.id, "ls", {"path": "/scratch"}).stdout == ""  # nothing of it was kept
     finally:
         client.delete(sb.id)
 
@@ -126,7 +132,9 @@ def test_metrics_and_openapi(server, client):
     for name in ("forkyard_pool_idle", "forkyard_acquire_seconds_bucket", "forkyard_exec_seconds_bucket",
                  "forkyard_fork_seconds", "forkyard_timeouts_total", "forkyard_rejected_calls_total"):
         assert name in text
+    assert httpx.get(f"{server.url}/metrics").headers["content-type"].startswith("text/plain")
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     for p in ("/v1/sandboxes", "/v1/sandboxes/{sandbox_id}/exec", "/v1/sandboxes/{sandbox_id}/fork",
               "/v1/snapshots/{snapshot_id}/clone", "/v1/tools", "/v1/pool", "/healthz", "/metrics"):
         assert p in paths
