@@ -149,7 +149,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--url", default=None, help="measure an existing server (e.g. docker compose up) instead")
     ap.add_argument("--backend", default="local", help="FileQA's sandbox backend in-process (local or docker)")
     args = ap.parse_args(argv)
-    ENVS["fileqa"][1]["backend"] = args.backend
     server = None
     if args.url:
         url = args.url.rstrip("/")
@@ -174,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"env steps over HTTP to {where}; FileQA sandbox backend {args.backend}; {args.seconds:g} s per figure")
         for name in names:
             env_id, kw = ENVS[name]
-            local = in_process(env_id, kw, args.seconds)
+            # in-process FileQA takes the backend as a kwarg; over HTTP the server's --backend decides
+            local = in_process(env_id, {**kw, "backend": args.backend} if name == "fileqa" else kw, args.seconds)
             one, p50 = http_one(url, env_id, kw, args.seconds)
             one_async = asyncio.run(_http_many(url, env_id, kw, args.seconds, 1))
             # FileQA holds one sandbox per session: stay within the pool's default max_total (16).

@@ -176,7 +176,7 @@ def test_check_env_passes_on_fileqa_local():
 
 
 def test_fileqa_over_http_with_remote_client():
-    srv = UvicornThread(create_env_app()).start()
+    srv = UvicornThread(create_env_app(sandbox_provider=shared_provider("local"))).start()
     try:
         env = gym.make("forkyard/FileQA-v0", server_url=srv.url, kinds=["constant"]).unwrapped
         obs, info = env.reset(seed=2)
@@ -230,7 +230,7 @@ def test_a_blocking_sandbox_step_does_not_stall_other_sessions():
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as slow_http, httpx.Client(base_url=srv.url, timeout=30) as fast:
             slow = slow_http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 0,
-                                                    "kwargs": {"per_turn_timeout_s": 2, "backend": "local"}}).json()
+                                                    "kwargs": {"per_turn_timeout_s": 2}}).json()
             quick = fast.post("/v1/envs", json={"env_id": "forkyard/ClueProbe-v0", "seed": 0}).json()
             done = {}
 
