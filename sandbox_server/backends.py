@@ -681,6 +681,23 @@ def _dir_in_use(path: Path) -> bool:
 # Docker backend
 
 
+def _close_attach_socket(sock: Any) -> None:
+    """Close the stream docker-py's ``attach_socket`` returned, and its descriptor now.
+
+    That object is a ``SocketIO`` made by the HTTP response's ``makefile``, so closing it alone leaves the
+    real socket open (the response still references it) until the garbage collector runs: one descriptor
+    per destroyed sandbox, measured +4 per round of 4 containers. Closing the response, the socket and
+    the ``SocketIO`` releases it at once.
+    """
+    for part in (getattr(sock, "_response", None), getattr(sock, "_sock", None), sock):
+        if part is None:
+            continue
+        try:
+            part.close()
+        except Exception:  # noqa: BLE001 - already closed, or the engine went away: nothing left to free
+            pass
+
+
 class DockerBackend(_AgentBackend):
     """Sandboxes as hardened Docker containers whose main process is the agent.
 
@@ -809,10 +826,7 @@ class DockerBackend(_AgentBackend):
             sock = self._socks.pop(sid, None)
             self._channels.pop(sid, None)
         if sock is not None:
-            try:
-                sock.close()
-            except Exception:
-                pass
+            _close_attach_socket(sock)
         if c is not None:
             try:
                 c.remove(force=True)

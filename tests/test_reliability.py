@@ -248,7 +248,8 @@ def test_docker_kill_of_a_busy_and_an_idle_container(served):
     assert r.status_code == 200 and r.json()["status"] == "error", r.text
     assert http.post(f"/v1/sandboxes/{sb}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"] == "hello"
     # every idle container killed: a new session's first call still works (S31)
-    idle = [s for s in svc.backend.ids() if s not in {x.sid for x in svc._sessions.values()}]
+    with svc.pool._cond:
+        idle = list(svc.pool._idle)
     assert idle
     for sid in idle:
         svc.backend.container(sid).kill()
