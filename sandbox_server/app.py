@@ -169,16 +169,18 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         svc = await anyio.to_thread.run_sync(build)
         app.state.service = svc
         app.state.backend_error = backend_error[0] if backend_error else None
-        if svc is not None:
-            await anyio.to_thread.run_sync(lambda: svc.start(wait=warm))
-        # Sandbox-backed env sessions (FileQA) take their sandboxes from this app's own service.
-        sessions.sandbox_provider = svc
-        sessions.sandbox_unavailable = None if svc is not None else f"no sandbox backend: {app.state.backend_error}"
-        reaper_task = asyncio.create_task(env_api.reaper(sessions))
-        try:
+        reaper_task = None
+        try:  # whatever fails from here on, the service (and every sandbox it started) is closed
+            if svc is not None:
+                await anyio.to_thread.run_sync(lambda: svc.start(wait=warm))
+            # Sandbox-backed env sessions (FileQA) take their sandboxes from this app's own service.
+            sessions.sandbox_provider = svc
+            sessions.sandbox_unavailable = None if svc is not None else f"no sandbox backend: {app.state.backend_error}"
+            reaper_task = asyncio.create_task(env_api.reaper(sessions))
             yield
         finally:
-            reaper_task.cancel()
+            if reaper_task is not None:
+                reaper_task.cancel()
             await anyio.to_thread.run_sync(sessions.close_all)  # first: env sessions give their sandboxes back
             if svc is not None:
                 await anyio.to_thread.run_sync(svc.close)

@@ -185,7 +185,11 @@ def served(request, fixture_data):
         backend = LocalBackend(fixture_data, server_name=name)
     svc = SandboxService(backend, ServiceConfig(min_idle=2, max_total=5, default_timeout_s=5, max_timeout_s=10,
                                                 acquire_timeout_s=2.0))
-    srv = UvicornThread(create_app(service=svc)).start()
+    try:
+        srv = UvicornThread(create_app(service=svc)).start()
+    except BaseException:
+        svc.close()  # the app never started: its lifespan cannot close the service
+        raise
     yield request.param, svc, httpx.Client(base_url=srv.url, timeout=60)
     srv.stop()
     if request.param == "docker":
