@@ -37,7 +37,7 @@ import pytest
 
 from tests.docker_support import IN_CI, ROOT, docker_reason
 
-DOCS = ["README.md", "docs/sandbox.md"]
+DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
@@ -114,6 +114,11 @@ TABLE: dict[str, Entry] = {
         ("slow", "docker"), backend="docker", label="compose"),
     "docker compose down": Entry(STOP, "run as written to stop the detached server of ./scripts/compose-up.sh"),
     SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every server above"),
+    # docs/reliability.md
+    "FORKYARD_RELIABILITY_OUT=/tmp/forkyard-reliability.json .venv/bin/python -m pytest -q -s "
+    "tests/test_reliability.py tests/test_schema_fuzz.py": Entry(
+        RUN, "the reliability suite and the schema fuzzer, again as documented: about 100 s here",
+        ("slow", "docker"), check=lambda out: "[reliability] load:" in out and "requests over 16 operations" in out),
 }
 
 
