@@ -52,6 +52,7 @@ class Entry(NamedTuple):
     check: Callable[[str], bool] | None = None  # on the command's stdout
     backend: str | None = None  # servers: what GET /v1/pool must report
     label: str | None = None  # servers: the forkyard.sandbox label of their sandbox containers
+    sandbox_routes: bool = False  # follow-ups: needs the sandbox routes (not run against an env-only server)
 
 
 ENV_API_BLOCK = '''\
@@ -89,6 +90,8 @@ TABLE: dict[str, Entry] = {
     ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
                                                   check=lambda out: "100 runs in" in out),
     # README, env sessions over HTTP: against every server below
+    ".venv/bin/python -m uvicorn --factory sandbox_server.env_api:create_env_app --port 8000": Entry(
+        SERVER, "follow-ups; no sandbox pool: FileQA refused with a 422 naming the missing sandbox service"),
     "curl -s localhost:8000/v1/envs": Entry(
         FOLLOW_UP, "lists ClueProbe",
         check=lambda out: "forkyard/ClueProbe-v0" in [e["env_id"] for e in json.loads(out)]),
@@ -113,7 +116,8 @@ TABLE: dict[str, Entry] = {
         DETACHED, "follow-ups; docker pool; `docker compose down` leaves no container labelled compose",
         ("slow", "docker"), backend="docker", label="compose"),
     "docker compose down": Entry(STOP, "run as written to stop the detached server of ./scripts/compose-up.sh"),
-    SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every server above"),
+    SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every sandbox server above",
+                                sandbox_routes=True),
     # docs/reliability.md
     "FORKYARD_RELIABILITY_OUT=/tmp/forkyard-reliability.json .venv/bin/python -m pytest -q -s "
     "tests/test_reliability.py tests/test_schema_fuzz.py": Entry(
@@ -207,11 +211,12 @@ def assert_ran(cmd: str, r: subprocess.CompletedProcess) -> None:
         assert ok, f"output check failed: {shown}"
 
 
-def run_follow_ups() -> None:
-    """Every FOLLOW_UP entry in the docs' order against the server on port 8000."""
+def run_follow_ups(sandboxes: bool = True) -> None:
+    """Every FOLLOW_UP entry in the docs' order against the server on port 8000 (``sandboxes=False``: a
+    server of env sessions alone, which the sandbox-route follow-ups do not apply to)."""
     session = None
     for cmd in documented_commands():
-        if TABLE[cmd].how != FOLLOW_UP:
+        if TABLE[cmd].how != FOLLOW_UP or (not sandboxes and TABLE[cmd].sandbox_routes):
             continue
         if "\n" in cmd:  # a python block (a sh command is one line once its continuations are joined)
             r = run_python(cmd)
@@ -296,6 +301,11 @@ def check_backend(cmd: str, backend: str | None) -> None:
     """The server's backend flag holds for all it serves: its pool has that backend, and a FileQA env session
     (the sandbox-backed env) takes its sandbox from that pool."""
     with httpx.Client(base_url=URL, timeout=120) as http:
+        if backend is None:  # a server of env sessions alone: a sandbox-backed env is refused, never run elsewhere
+            r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["log_errors"]}})
+            assert r.status_code == 422 and "sandbox" in r.json()["detail"], f"`{cmd}`: FileQA: {r.status_code} {r.text}"
+            assert http.get("/v1/pool").status_code == 404, f"`{cmd}` serves a sandbox pool"
+            return
         pool = http.get("/v1/pool").json()
         assert pool.get("backend") == backend, f"`{cmd}` serves with backend {pool.get('backend')!r}: {pool}"
         r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["log_errors"]}, "seed": 1})
@@ -334,7 +344,7 @@ def exercise_server(cmd: str, entry: Entry) -> None:
                 pass
             assert time.monotonic() < deadline, f"`{cmd}` did not answer on port 8000 within 900 s"
             time.sleep(0.2)
-        run_follow_ups()
+        run_follow_ups(sandboxes=entry.backend is not None)
         check_backend(cmd, entry.backend)
         if entry.label:
             assert containers(entry.label), f"`{cmd}` runs no container labelled forkyard.sandbox={entry.label}"
