@@ -342,8 +342,8 @@ class TextEnv(gym.Env):
             },
         )
 
-    def restore(self, snapshot: Snapshot | dict[str, Any] | bytes | str) -> None:
-        """Set this env to the state captured in ``snapshot`` (a :class:`Snapshot`, its dict or its JSON).
+    def _checked_snapshot(self, snapshot: Snapshot | dict[str, Any] | bytes | str) -> Snapshot:
+        """``snapshot`` as a :class:`Snapshot` that this env can restore (same class, same kwargs).
 
         Raises:
             ValueError: if the snapshot was taken from another env class or other constructor kwargs.
@@ -359,6 +359,16 @@ class TextEnv(gym.Env):
                 f"snapshot of {snapshot.env_class} with kwargs {snapshot.kwargs} cannot restore into "
                 f"{mine} with kwargs {self._kwargs}"
             )
+        return snapshot
+
+    def restore(self, snapshot: Snapshot | dict[str, Any] | bytes | str) -> None:
+        """Set this env to the state captured in ``snapshot`` (a :class:`Snapshot`, its dict or its JSON).
+
+        Raises:
+            ValueError: if the snapshot was taken from another env class or other constructor kwargs.
+            pydantic.ValidationError: if the data is not a snapshot.
+        """
+        snapshot = self._checked_snapshot(snapshot)
         st = snapshot.state
         self._turn = int(st["turn"])
         self._history = [(str(a), str(o)) for a, o in st["history"]]

@@ -521,16 +521,9 @@ class FileQAEnv(TextEnv):
             ValueError: a snapshot of another env class or other kwargs (nothing changed).
             EnvInfraError: no sandbox could be made from it (nothing changed).
         """
-        from envs.core import Snapshot
         from sandbox_server.errors import SandboxError
 
-        if isinstance(snapshot, (bytes, str)):
-            snapshot = Snapshot.from_bytes(snapshot)
-        elif isinstance(snapshot, dict):
-            snapshot = Snapshot.model_validate(snapshot)
-        mine = f"{type(self).__module__}:{type(self).__qualname__}"
-        if snapshot.env_class != mine or snapshot.kwargs != self._kwargs:
-            super().restore(snapshot)  # raises ValueError naming both, before any change
+        snapshot = self._checked_snapshot(snapshot)  # raises before anything changes
         archive = snapshot.state.get("task", {}).get("sandbox")
         new_sandbox = None
         if archive is not None:

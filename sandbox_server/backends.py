@@ -46,7 +46,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES
 from sandbox_server.errors import (AgentFailed, AgentTimeout, EngineUnavailable, IsolationUnavailable, LimitExceeded,
                                    SandboxNotFound, SnapshotUnsupported)
-from sandbox_server.tools import READABLE_ROOTS, WRITABLE_AREAS, ToolRefused, ToolResult
+from sandbox_server.tools import ToolRefused, ToolResult
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 #: Label set on every forkyard sandbox container; its value is the server name (see ``server_name``).

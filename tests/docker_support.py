@@ -216,6 +216,17 @@ def host_sh(service, sid: str, script: str, timeout_s: float = 10):
     return service.exec_argv(sid, ["sh", "-c", script], timeout_s=timeout_s)
 
 
+def delete_quietly(service, *ids: str) -> None:
+    """Delete sessions ``ids`` of ``service``, ignoring those already gone."""
+    from sandbox_server.errors import SandboxNotFound
+
+    for i in ids:
+        try:
+            service.delete(i)
+        except SandboxNotFound:
+            pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,21 +23,14 @@ import pytest
 
 from sandbox_server.agent import PathRewriter, utf8_cut
 from sandbox_server.backends import LocalBackend
-from sandbox_server.errors import IsolationUnavailable, SandboxNotFound, ToolRefused
+from sandbox_server.errors import IsolationUnavailable, ToolRefused
 from sandbox_server.tools import SESSION_ENV_NAMES
 from tests.docker_support import (  # noqa: F401
     CAP, IN_CI, SERVER_NAME, docker_service, fixture_data, host_sh, require_bwrap, service, unisolated,
+    delete_quietly,
 )
 
 MARK = "[... output cut at"
-
-
-def _delete(service, *ids):
-    for i in ids:
-        try:
-            service.delete(i)
-        except SandboxNotFound:
-            pass
 
 
 # -- isolation by default ---------------------------------------------------------------------------------
@@ -186,7 +179,7 @@ def test_s17_ld_preload_of_an_uploaded_library_is_refused_and_never_runs(service
             assert not marker.exists()
     finally:
         if sid:
-            _delete(service, sid)
+            delete_quietly(service, sid)
 
 
 @pytest.mark.parametrize("env", [
@@ -206,7 +199,7 @@ def test_s17_loader_and_interpreter_variables_are_refused(service, env):
             assert (name or "''") in msg.split("not allowed: ")[1].split(" (allowed")[0].split(", ")
     finally:
         if sid:
-            _delete(service, sid)
+            delete_quietly(service, sid)
 
 
 def test_s17_display_and_locale_variables_work(service):
@@ -318,7 +311,7 @@ def test_s23_forks_answer_identically_in_sandbox_paths(service, fixture_data):
         assert "cat: /scratch/missing: No such file or directory" in by_tool[("cat", len(CALLS) + 1)][4]
         assert "cat: /data/missing: No such file or directory" in by_tool[("cat", len(CALLS) + 1)][4]
     finally:
-        _delete(service, *ids)
+        delete_quietly(service, *ids)
 
 
 def test_s23_the_cap_counts_sandbox_path_bytes(service):

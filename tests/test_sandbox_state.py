@@ -30,18 +30,11 @@ import pytest
 from sandbox_server import agent as agent_mod
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Agent
 from sandbox_server.backends import LocalBackend, machine_id, owner_record
-from sandbox_server.errors import LimitExceeded, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported
+from sandbox_server.errors import LimitExceeded, ServiceUnavailable, SnapshotUnsupported
 from tests.docker_support import (  # noqa: F401
     ROOT, SERVER_NAME, fixture_data, host_sh, require_bwrap, require_docker, service, unisolated,
+    delete_quietly,
 )
-
-
-def _delete(service, *ids):
-    for i in ids:
-        try:
-            service.delete(i)
-        except SandboxNotFound:
-            pass
 
 
 def _names(service, sid):
@@ -218,7 +211,7 @@ def test_s26_past_the_area_size_is_a_client_error_with_nothing_left(service):
         service.write_files(info.id, {"c.bin": b"c" * (4 << 20)})
         assert service.exec(info.id, "wc", {"path": "/scratch/c.bin"}).stdout.split()[2] == str(4 << 20)
     finally:
-        _delete(service, info.id)
+        delete_quietly(service, info.id)
 
 
 def test_s26_ten_thousand_small_files_at_create(service):
@@ -245,7 +238,7 @@ def test_s26_ten_thousand_small_files_at_create(service):
         else:
             pytest.fail("5,000 files of 4 KiB pages fit in 16 MiB")
     finally:
-        _delete(service, info.id)
+        delete_quietly(service, info.id)
 
 
 def test_s26_restore_past_the_limits_is_refused_and_changes_nothing(service):
@@ -261,7 +254,7 @@ def test_s26_restore_past_the_limits_is_refused_and_changes_nothing(service):
             service.backend.restore(sid, buf.getvalue())
         assert _names(service, info.id) == ["scratch/keep.txt"]
     finally:
-        _delete(service, info.id)
+        delete_quietly(service, info.id)
 
 
 def _agent(tmp_path: Path, **kw) -> Agent:
@@ -359,7 +352,7 @@ def test_s27_fork_carries_modes_mtimes_and_links(service):
         assert service.exec(kids[1].id, "cat", {"path": "/scratch/f"}).stdout == "content\n"
         service.delete_snapshot(snap.id)
     finally:
-        _delete(service, *ids)
+        delete_quietly(service, *ids)
 
 
 @pytest.mark.parametrize("where,make", [("/scratch/p", "mkfifo /scratch/p"), ("/tmp/sub/p", "mkdir /tmp/sub && mkfifo /tmp/sub/p"),
@@ -386,7 +379,7 @@ def test_s27_what_cannot_be_carried_is_refused_loudly(service, where, make):
         ids += [k.id for k in kids]
         assert len(kids) == 1
     finally:
-        _delete(service, *ids)
+        delete_quietly(service, *ids)
 
 
 def test_s27_restore_refuses_links_used_as_paths(tmp_path):
