@@ -233,10 +233,9 @@ def test_a_killed_agent_costs_one_call_of_one_session(served):
     _record(f"kill agent ({kind})", affected_calls=1, leaked=0)
 
 
+@pytest.mark.parametrize("served", ["docker"], indirect=True)  # `docker kill` is a docker fault
 def test_docker_kill_of_a_busy_and_an_idle_container(served):
     kind, svc, http = served
-    if kind != "docker":
-        pytest.skip("docker kill is a docker fault")
     sb = http.post("/v1/sandboxes", json={"files": {"q.txt": "hello"}}).json()["id"]
     out: dict = {}
 
