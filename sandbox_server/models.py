@@ -13,7 +13,7 @@ import base64
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox_server.tools import ToolResult, ToolSpec
 
@@ -33,14 +33,22 @@ def _check_float(x: float) -> None:
         raise ValueError(f"{x} is not a JSON number (NaN, Infinity and numbers past the float range are refused)")
 
 
+#: Deepest nesting a request body may have (objects and arrays): deeper values could not be answered
+#: back (the JSON encoder stops at 255 levels) or copied without exhausting the stack.
+MAX_JSON_DEPTH = 32
+
+
 def _check_json(value: Any) -> None:
-    """Raise ValueError if any string (or dict key) in a parsed JSON value holds a lone surrogate, or a
-    number is not finite (Python's parser takes ``NaN``, ``Infinity`` and ``1e400``, which JSON has not).
+    """Raise ValueError if any string (or dict key) in a parsed JSON value holds a lone surrogate, a
+    number is not finite (Python's parser takes ``NaN``, ``Infinity`` and ``1e400``, which JSON has not),
+    or the value nests deeper than :data:`MAX_JSON_DEPTH`.
 
     Iterative, so a deeply nested value cannot exhaust the stack."""
-    stack = [value]
+    stack = [(value, 1)]
     while stack:
-        v = stack.pop()
+        v, depth = stack.pop()
+        if type(v) in (dict, list) and depth > MAX_JSON_DEPTH:
+            raise ValueError(f"the body nests objects and arrays deeper than {MAX_JSON_DEPTH} levels")
         if type(v) is str:
             _check_str(v)
         elif type(v) is dict:
@@ -52,16 +60,17 @@ def _check_json(value: Any) -> None:
                 elif type(x) is float:
                     _check_float(x)
                 elif type(x) in (dict, list):
-                    stack.append(x)
+                    stack.append((x, depth + 1))
         elif type(v) is list:
-            stack.extend(v)
+            stack.extend((x, depth + 1) for x in v)
         elif type(v) is float:
             _check_float(v)
 
 
 class RequestModel(BaseModel):
-    """Base of every request body: strict types, no unknown fields, finite numbers, valid Unicode
-    (anywhere in it, free-form ``metadata`` / ``kwargs`` / ``options`` included)."""
+    """Base of every request body: strict types, no unknown fields, finite numbers, valid Unicode and at
+    most :data:`MAX_JSON_DEPTH` levels of nesting (anywhere in it, free-form ``metadata`` / ``kwargs`` /
+    ``options`` included)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -78,6 +87,12 @@ class SessionState(BaseModel):
     cwd: str = "/data"
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json(value)  # in-process callers too: a value the HTTP API could not answer back is refused
+        return value
 
 
 class CreateRequest(RequestModel):

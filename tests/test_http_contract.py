@@ -697,3 +697,44 @@ def test_s29_a_server_whose_backend_is_down_answers_503_for_fileqa(monkeypatch):
         assert httpx.post(f"{srv.url}/v1/envs", json={"env_id": CLUE}, timeout=30).status_code == 201
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("depth", [33, 400, 700])
+def test_deeply_nested_json_is_a_422_that_keeps_nothing(depth):
+    """Free-form JSON (metadata, kwargs, options) nested past MAX_JSON_DEPTH is refused before anything is
+    made: a value the server could not answer back (the JSON encoder stops at 255 levels) once left a
+    session behind and made every later list a 500."""
+    from sandbox_server.models import MAX_JSON_DEPTH
+    from sandbox_server.service import SandboxService, ServiceConfig
+    from sandbox_server.backends import LocalBackend
+    from sandbox_server.app import create_app
+
+    nested = '{"a":' * depth + "1" + "}" * depth
+    svc = SandboxService(LocalBackend(server_name=f"{SERVER_NAME}-deep"), ServiceConfig(min_idle=1, max_total=4))
+    srv = UvicornThread(create_app(service=svc)).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            for method, path, body in [
+                ("POST", "/v1/sandboxes", '{"metadata": ' + nested + "}"),
+                ("POST", "/v1/envs", '{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"x": ' + nested + "}}"),
+                ("POST", "/v1/envs", '{"env_id": "forkyard/ClueProbe-v0", "options": ' + nested + "}"),
+            ]:
+                r = c.request(method, path, content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 422 and str(MAX_JSON_DEPTH) in r.json()["detail"], r.text[:300]
+            sb = c.post("/v1/sandboxes", json={}).json()["id"]
+            r = c.patch(f"/v1/sandboxes/{sb}/state", content='{"metadata": ' + nested + "}",
+                        headers={"content-type": "application/json"})
+            assert r.status_code == 422
+            assert c.get(f"/v1/sandboxes/{sb}").json()["state"]["metadata"] == {}
+            assert [s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]] == [sb]
+            assert c.get("/v1/envs").status_code == 200
+            ok = '{"a":' * (MAX_JSON_DEPTH - 1) + "1" + "}" * (MAX_JSON_DEPTH - 1)  # the metadata object is level 1
+            assert c.patch(f"/v1/sandboxes/{sb}/state", content='{"metadata": ' + ok + "}",
+                           headers={"content-type": "application/json"}).status_code == 200
+            assert c.get("/v1/sandboxes").status_code == 200
+    finally:
+        srv.stop()
+    with pytest.raises(ValueError):  # in-process callers get the same refusal
+        from sandbox_server.models import SessionState
+
+        SessionState(metadata=__import__("json").loads(nested))
