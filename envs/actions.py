@@ -46,8 +46,11 @@ class ToolCall:
         return format_action(self.name, *self.args, **dict(self.kwargs))
 
 
-def format_action(name: str, *args: Scalar, **kwargs: Scalar) -> str:
-    """Canonical action text: ``format_action("grep", "x", path=".")`` -> ``grep('x', path='.')``."""
+def format_action(name: str, /, *args: Scalar, **kwargs: Scalar) -> str:
+    """Canonical action text: ``format_action("grep", "x", path=".")`` -> ``grep('x', path='.')``.
+
+    ``name`` is positional-only, so a keyword argument may itself be called ``name`` (``find(name="*.py")``).
+    """
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
 

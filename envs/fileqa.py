@@ -49,6 +49,21 @@ LOG_PATH = "/scratch/app.log"
 
 _providers: dict[str, Any] = {}
 _providers_lock = threading.Lock()
+_inherited: list[Any] = []  # a forked child's copies of its parent's providers (never used, never closed)
+
+
+def _forget_inherited_providers() -> None:
+    """In a forked child (an async vector env's worker), the parent's sandbox services are not ours:
+    their agents' pipes and sockets are shared with the parent, and their threads did not survive the
+    fork. Forget them (without closing: the parent still uses them); the child starts its own."""
+    global _providers_lock
+    _inherited.extend(_providers.values())  # kept referenced: no finalizer of theirs may run in the child
+    _providers.clear()
+    _verified.clear()
+    _providers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_providers)
 _verified: set[tuple[int, str]] = set()  # (id of a provider, content hash) pairs whose sandbox corpus matched
 
 
@@ -413,6 +428,8 @@ class FileQAEnv(TextEnv):
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         from sandbox_server.errors import SandboxError
 
+        if options:
+            raise ValueError(f"FileQA takes no reset options, got {sorted(options)}")
         self._release()
         self._question, files = self._draw_question()
         self._calls = []
@@ -453,6 +470,8 @@ class FileQAEnv(TextEnv):
             raise IllegalActionError(f"the sandbox refused the call: {exc}") from None
         except (ServiceUnavailable, SandboxError) as exc:
             raise EnvInfraError(f"sandbox failure: {exc}") from exc
+        if res.sandbox_replaced:  # the sandbox failed, not the tool: the episode ends as infra_error
+            raise EnvInfraError(f"the sandbox failed during {call.name}: {res.message}")
         self._calls.append(call.name)
         body = res.stdout
         if res.stderr:

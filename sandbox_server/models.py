@@ -10,6 +10,7 @@ of these is answered 422 before anything runs.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import Any, Literal
 
@@ -36,6 +37,8 @@ def _check_float(x: float) -> None:
 #: Deepest nesting a request body may have (objects and arrays): deeper values could not be answered
 #: back (the JSON encoder stops at 255 levels) or copied without exhausting the stack.
 MAX_JSON_DEPTH = 32
+#: Most bytes a session's free-form metadata may take as JSON (it is copied into every snapshot and clone).
+MAX_METADATA_BYTES = 64 << 10
 
 
 def _check_json(value: Any) -> None:
@@ -92,6 +95,9 @@ class SessionState(BaseModel):
     @classmethod
     def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
         _check_json(value)  # in-process callers too: a value the HTTP API could not answer back is refused
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size > MAX_METADATA_BYTES:  # it is copied into every snapshot, clone and fork
+            raise ValueError(f"metadata takes {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
         return value
 
 

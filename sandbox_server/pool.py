@@ -142,7 +142,13 @@ class SandboxPool:
                     continue
                 self._starting += 1
                 self._update_gauges()
-            self._bg.submit(self._fill_one)
+            try:
+                self._bg.submit(self._fill_one)
+            except RuntimeError:  # the interpreter is exiting and shut the executor down: stop refilling
+                with self._cond:
+                    self._starting -= 1
+                    self._update_gauges()
+                return
 
     def _fill_one(self) -> None:
         sid = None

@@ -18,7 +18,8 @@ from typing import Any
 
 from sandbox_server.backends import Backend, check_write_limits
 from sandbox_server.errors import (
-    AgentFailed, AgentTimeout, LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused,
+    AgentFailed, AgentTimeout, LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported,
+    ToolRefused,
 )
 from sandbox_server.metrics import Metrics
 from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
@@ -30,6 +31,9 @@ from sandbox_server.tools import (
 
 #: Most bytes of per-episode files one write may carry.
 MAX_WRITE_BYTES = 8 << 20
+#: Longest file name (one path component) and relative path of a written file, in UTF-8 bytes (Linux's
+#: NAME_MAX, and PATH_MAX less room for the /scratch prefix).
+MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4000
 
 
 @dataclass
@@ -154,6 +158,10 @@ def _check_files(files: dict[str, bytes]) -> None:
     for rel, data in files.items():
         if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
             raise ToolRefused(f"file path {rel!r} must be relative to /scratch, without '..' or NUL")
+        if len(rel.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES or \
+                any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in rel.split("/")):
+            raise ToolRefused(f"file path {rel[:60]!r}... is too long: at most {MAX_NAME_BYTES} bytes a name and "
+                              f"{MAX_PATH_BYTES} bytes a path")
         total += len(data)
     if total > MAX_WRITE_BYTES:
         raise LimitExceeded(f"{total} bytes of files; the limit of one write is {MAX_WRITE_BYTES} bytes")
@@ -312,7 +320,7 @@ class SandboxService:
         ``archive``. Raises SandboxNotFound, SandboxError (an entry that cannot be carried)."""
         s = self._session(sandbox_id)
         with s.lock:
-            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             s.last_used_at = time.time()
         return data
 
@@ -338,18 +346,20 @@ class SandboxService:
                      metadata: dict[str, Any] | None = None) -> SandboxInfo:
         """Replace the given parts of the session state (all checked before any is set).
 
-        Raises SandboxNotFound, ToolRefused (a bad cwd, or environment variables outside the allow-list).
+        Raises SandboxNotFound, ToolRefused (a bad cwd, or environment variables outside the allow-list),
+        pydantic.ValidationError (metadata nested too deep or over ``MAX_METADATA_BYTES``; HTTP 422).
         """
         s = self._session(sandbox_id)
         new_cwd = _check_cwd(cwd) if cwd is not None else None
         new_env = _check_env(env) if env is not None else None
+        new_meta = SessionState(metadata=dict(metadata)).metadata if metadata is not None else None
         with s.lock:
             if new_cwd is not None:
                 s.state.cwd = new_cwd
             if new_env is not None:
                 s.state.env = new_env
-            if metadata is not None:
-                s.state.metadata = dict(metadata)
+            if new_meta is not None:
+                s.state.metadata = new_meta
             s.last_used_at = time.time()
         return self._info(s)
 
@@ -417,10 +427,15 @@ class SandboxService:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
                                         cap_bytes=self.config.output_cap_bytes, path_args=path_args)
             except (AgentTimeout, AgentFailed) as exc:
-                self._replace(s)
-                status = "timeout" if isinstance(exc, AgentTimeout) else "error"
-                res = ToolResult(status=status, duration_s=time.perf_counter() - t0,
-                                 message=f"{exc}; the sandbox was replaced from its last snapshot")
+                if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):  # the agent answered: an error, not a failure
+                    res = ToolResult(status="error", duration_s=time.perf_counter() - t0, message=str(exc))
+                else:
+                    self._replace(s)
+                    hung = isinstance(exc, AgentTimeout)
+                    res = ToolResult(status="timeout" if hung else "error", duration_s=time.perf_counter() - t0,
+                                     sandbox_replaced=True,
+                                     message=f"the sandbox {'stopped answering' if hung else 'failed'}; "
+                                             "it was replaced from its last snapshot")
             s.last_used_at = time.time()
         if res.status == "timeout":
             self.metrics.timeouts.inc()
@@ -435,10 +450,18 @@ class SandboxService:
         if s.restore_point:
             self.backend.restore(s.sid, s.restore_point)
 
-    def _with_replace(self, s: _Session, fn: Any) -> Any:
+    def _with_replace(self, s: _Session, fn: Any, refused: type[SandboxError] = SandboxError) -> Any:
+        """``fn()``; if the sandbox hung or died, replace it from its restore point and try once more.
+
+        An error the agent answered (it is alive: the operation itself failed, e.g. an unreadable entry
+        in a snapshot) is raised as ``refused`` and the sandbox is kept as it is: replacing it would roll
+        its files back to the restore point without a word.
+        """
         try:
             return fn()
-        except (AgentTimeout, AgentFailed):
+        except (AgentTimeout, AgentFailed) as exc:
+            if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):
+                raise refused(str(exc)) from None
             self._replace(s)
             return fn()
 
@@ -454,7 +477,7 @@ class SandboxService:
         """
         s = self._session(sandbox_id)
         with s.lock:
-            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             s.restore_point = data
             state = s.state.model_copy(deep=True)
         now = time.time()
@@ -497,6 +520,9 @@ class SandboxService:
     def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None) -> list[SandboxInfo]:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
             raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
+        if n > self.pool.max_total:  # can never succeed: a client error, not a 503 to retry
+            raise ToolRefused(f"n={n} copies cannot fit a pool of at most {self.pool.max_total} sandboxes "
+                              "(FORKYARD_MAX_TOTAL)")
         sids = self.pool.acquire_many(n)
         try:
             if data:
@@ -527,7 +553,7 @@ class SandboxService:
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
         with s.lock:
-            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid))
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             state = s.state.model_copy(deep=True)
             s.last_used_at = time.time()
         out = self._clone_data(data, state, n, cancel)

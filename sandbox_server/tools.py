@@ -60,7 +60,9 @@ class ToolResult(BaseModel):
     ``status``: ``ok`` (ran to the end; see ``exit_code``), ``timeout`` (killed at its deadline; output
     is what was captured until then), ``refused`` (never ran), ``error`` (could not run, or the sandbox
     failed). ``truncated``: the output passed the cap and was cut (a marker line ends ``stdout``).
-    ``duration_s``: wall time in the sandbox, in seconds.
+    ``duration_s``: wall time in the sandbox, in seconds. ``sandbox_replaced``: the sandbox itself failed
+    (its agent hung or died: an infrastructure failure, not the tool's) and the session now runs on a
+    new sandbox restored from its last snapshot; envs end such an episode as ``infra_error``.
     """
 
     stdout: str = ""
@@ -70,6 +72,7 @@ class ToolResult(BaseModel):
     truncated: bool = False
     duration_s: float = 0.0
     message: str = ""
+    sandbox_replaced: bool = False  # the sandbox failed during the call and was rebuilt from its last snapshot
 
 
 @dataclass(frozen=True)
@@ -273,9 +276,7 @@ def _check_value(tool: Tool, p: Param, value: Any) -> Any:
         if p.enum and value not in p.enum:
             raise ToolRefused(f"{where} must be one of {', '.join(p.enum)}, got {value!r}")
     elif p.type == "integer":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not isinstance(value, int) or isinstance(value, bool):  # strict, like every request field: 2.0 is refused
             raise ToolRefused(f"{where} must be an integer, got {type(value).__name__}")
         if (p.minimum is not None and value < p.minimum) or (p.maximum is not None and value > p.maximum):
             raise ToolRefused(f"{where} must be between {p.minimum} and {p.maximum}, got {value}")

@@ -86,3 +86,12 @@ def test_arbitrary_text_parses_or_raises_action_parse_error(text):
         assert str(exc)
     else:
         assert isinstance(call, ToolCall) and call.name.isidentifier()
+
+
+def test_a_keyword_called_name_is_an_argument_like_any_other():
+    """``find(name='*.py')`` is a documented FileQA action: formatting it once raised a TypeError."""
+    from envs.actions import format_action, parse_action
+
+    call = parse_action("find('Lib', name='*.py')")
+    assert call.text() == "find('Lib', name='*.py')"
+    assert format_action("find", name="x") == "find(name='x')"

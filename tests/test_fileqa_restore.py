@@ -119,3 +119,47 @@ def test_snapshot_refuses_when_the_provider_cannot_export(tmp_path):
             env.snapshot()
     finally:
         env.close()
+
+
+def test_async_vector_fileqa_matches_sync():
+    """Forked async workers start their own sandbox services: they once shared the parent's agents, and
+    an env read another env's log (or hung)."""
+    seen = {}
+    for mode in ("sync", "async"):
+        v = gym.make_vec("forkyard/FileQA-v0", num_envs=3, vectorization_mode=mode, kinds=["log_errors"])
+        try:
+            obs, _ = v.reset(seed=[0, 1, 2])
+            out, *_ = v.step(["cat('/scratch/app.log')"] * 3)
+            seen[mode] = (tuple(obs), tuple(out))
+        finally:
+            v.close()
+    assert seen["async"] == seen["sync"]
+    assert len({o.count(" ERROR ") for o in seen["sync"][1]}) == 3  # three different logs
+
+
+def test_a_dead_sandbox_ends_the_episode_as_infra_error():
+    """The agent killed under a FileQA session: the step raises EnvInfraError (trainers end the episode
+    as infra_error), never an ordinary observation the policy would learn from."""
+    import os
+
+    env = make("local")
+    try:
+        env.reset(seed=1)
+        svc = env._provider
+        os.killpg(svc.backend.pid(svc._session(env._sandbox).sid), 9)
+        with pytest.raises(EnvInfraError, match="sandbox failed"):
+            env.step("wc('/scratch/app.log')")
+    finally:
+        env.close()
+
+
+def test_documented_actions_never_raise_and_options_are_checked():
+    env = make("local")
+    try:
+        env.reset(seed=1)
+        obs, *_ = env.step("find('Lib', name='json*')")  # a keyword called `name` once raised TypeError
+        assert "Lib/json" in obs
+        with pytest.raises(ValueError, match="no reset options"):
+            env.reset(seed=1, options={"targte": 3})
+    finally:
+        env.close()
