@@ -9,6 +9,11 @@ Probing a bit twice is allowed but wastes a turn. ``reset(options={"target": c})
 illegal action (reward 0.0, turn consumed).
 
 With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
+
+Episode metrics: the ``info`` of the step that ends an episode carries ``info["episode_metrics"] =
+{"distinct_probes": n}``, the number of distinct probe calls the agent wrote in the episode (distinct
+action texts beginning with ``probe``, refused ones included). Trainers average it without knowing
+what it means (the ``episode_metrics`` convention of :mod:`trainer.rollout`).
 """
 
 from __future__ import annotations
@@ -65,6 +70,13 @@ class ClueProbeEnv(TextEnv):
             f"0..{self.bits - 1} to read bit k of the target; on turn {self.turns} call answer(c).\n"
             + self._prompt()
         )
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
+        out = TextEnv.step(self, action)  # not super(): this runs on every step of every rollout
+        if self._done:
+            out[4]["episode_metrics"] = {"distinct_probes": len({a for a, _ in self._history if a[:5] == "probe"})}
+        return out
 
     def _is_answer_turn(self) -> bool:
         return self._turn == self.turns - 1

@@ -228,3 +228,24 @@ def test_weak_demonstrator_success_rate_follows_its_skill(skill):
     assert all(env.demo_action(rng, skill=skill) in env._legal_actions() for _ in range(50))
     with pytest.raises(ValueError, match="skill"):
         env.demo_action(rng, skill=1.5)
+
+
+@pytest.mark.parametrize("actions, distinct", [
+    (["probe(0)", "probe(0)", "probe(2)", "answer(1)"], 2),  # a repeated probe counts once
+    (["probe(1)", "probe(9)", "probe(1", "probe(0)"], 4),  # refused and unparseable probe texts count: the last one ends it
+    (["answer(0)", "answer(0)", "answer(0)", "answer(0)"], 0),
+])
+def test_episode_metrics_at_the_end_only(actions, distinct):
+    """ClueProbe reports ``info["episode_metrics"]["distinct_probes"]`` on the step that ends the episode
+    (answered or truncated), and on no other step; forks and restored envs report the same."""
+    env = make(turns=4)
+    env.reset(seed=3)
+    infos = [env.step(a)[4] for a in actions[:2]]
+    twin = env.fork(1)[0]
+    restored = make(turns=4)
+    restored.restore(env.snapshot().to_bytes())
+    for e in (env, twin, restored):
+        more = [e.step(a)[4] for a in actions[2:]]
+        assert e.done and all("episode_metrics" not in i for i in infos + more[:-1])
+        assert more[-1]["episode_metrics"] == {"distinct_probes": distinct}
+        json.dumps(more[-1])  # plain JSON: it crosses the HTTP API as is
