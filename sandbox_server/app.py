@@ -266,9 +266,11 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
 
     @r.post("/sandboxes/{sandbox_id}/snapshot", response_model=SnapshotInfo, status_code=201, tags=["snapshots"],
             responses=R(404, 413, 422, 503))
-    async def snapshot(sandbox_id: str, body: SnapshotRequest | None = None, svc: SandboxService = S) -> SnapshotInfo:
+    async def snapshot(request: Request, sandbox_id: str, body: SnapshotRequest | None = None,
+                       svc: SandboxService = S) -> SnapshotInfo:
         """Capture /scratch, /tmp and the session state as a stored snapshot (with a TTL)."""
-        return await _blocking(svc.snapshot, sandbox_id, (body or SnapshotRequest()).ttl_s)
+        return await _blocking(svc.snapshot, sandbox_id, (body or SnapshotRequest()).ttl_s, request=request,
+                               undo=lambda info: svc.delete_snapshot(info.id))
 
     @r.get("/snapshots/{snapshot_id}", response_model=SnapshotInfo, tags=["snapshots"], responses=R(404, 503))
     async def get_snapshot(snapshot_id: str, svc: SandboxService = S) -> SnapshotInfo:

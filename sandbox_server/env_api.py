@@ -399,7 +399,7 @@ def build_router(sessions: EnvSessions) -> APIRouter:
 
     @router.post("", response_model=ResetResponse, status_code=201, summary="Start an env session (and reset it)",
                  responses=_R(404, 413, 422, 503))
-    async def create(req: CreateEnvRequest) -> ResetResponse:
+    async def create(request: Request, req: CreateEnvRequest) -> ResetResponse:
         cls, kwargs, extra = resolve(req.env_id, req.kwargs)
         blocking = bool(getattr(cls, "blocking", False))
         with sessions.reserve(1) as slots:
@@ -419,6 +419,8 @@ def build_router(sessions: EnvSessions) -> APIRouter:
                     obs, info = await _run(blocking, lambda: env.reset(seed=req.seed, options=req.options))
                 except Exception as exc:
                     raise _env_failure(exc, "reset", True)
+                if await request.is_disconnected():  # nobody will learn of this session: keep nothing
+                    raise ServiceUnavailable("the client closed the connection before its session was made")
                 sid = slots.commit(req.env_id, [env], blocking)[0]
             except BaseException:
                 await _run(blocking, lambda: _close_quietly(env))
@@ -463,7 +465,7 @@ def build_router(sessions: EnvSessions) -> APIRouter:
 
     @router.post("/{session_id}/fork", response_model=ForkResponse, summary="Fork a session into n copies",
                  responses=_R(404, 413, 422, 503))
-    async def fork(session_id: str, req: ForkRequest) -> ForkResponse:
+    async def fork(request: Request, session_id: str, req: ForkRequest) -> ForkResponse:
         s = sessions.get(session_id)
         async with s.lock:
             with sessions.reserve(req.n) as slots:  # room for all n first: all or none
@@ -472,6 +474,8 @@ def build_router(sessions: EnvSessions) -> APIRouter:
                 except Exception as exc:
                     raise _env_failure(exc, "fork", False)
                 try:
+                    if await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
+                        raise ServiceUnavailable("the client closed the connection before its forks were made")
                     sids = slots.commit(s.env_id, list(children), s.blocking)
                 except BaseException:
                     await _run(s.blocking, lambda: [_close_quietly(c) for c in children])

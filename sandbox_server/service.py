@@ -466,14 +466,15 @@ class SandboxService:
             return fn()
 
     # -- snapshots, clone, fork -----------------------------------------------------------------------
-    def snapshot(self, sandbox_id: str, ttl_s: float | None = None) -> SnapshotInfo:
+    def snapshot(self, sandbox_id: str, ttl_s: float | None = None, *, cancel: CancelToken | None = None) -> SnapshotInfo:
         """Capture /scratch, /tmp and the session state as plain data kept ``ttl_s`` seconds.
 
         Raises:
             SandboxNotFound: unknown session.
             LimitExceeded: storing it would take the stored snapshots past ``max_snapshot_bytes``
                 (delete snapshots or wait for their TTL).
-            SandboxError: the writable areas hold an entry that cannot be carried (a FIFO, a device).
+            SnapshotUnsupported: the writable areas hold an entry that cannot be carried (a FIFO, a device).
+            ServiceUnavailable: ``cancel`` was set first (nothing is stored).
         """
         s = self._session(sandbox_id)
         with s.lock:
@@ -483,6 +484,8 @@ class SandboxService:
         now = time.time()
         snap = _Snapshot(id="snap-" + uuid.uuid4().hex[:16], source=s.id, data=data, state=state, created_at=now,
                          expires_at=now + (ttl_s or self.config.snapshot_ttl_s))
+        if not _claim(cancel):
+            raise ServiceUnavailable("the request was abandoned before its snapshot was stored", retry_after_s=1.0)
         with self._mu:
             held = sum(len(v.data) for v in self._snapshots.values() if v.expires_at > now)
             if held + len(data) > self.config.max_snapshot_bytes:

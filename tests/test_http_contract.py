@@ -738,3 +738,51 @@ def test_deeply_nested_json_is_a_422_that_keeps_nothing(depth):
         from sandbox_server.models import SessionState
 
         SessionState(metadata=__import__("json").loads(nested))
+
+
+def test_clients_that_hang_up_leave_nothing_behind_on_any_route():
+    """S25's kind on every route that makes sandboxes: a client hangs up while its request waits for a
+    sandbox (the pool is full); a sandbox then comes free and the waiting work takes it, but nobody will
+    learn of it: it is released, never held for the TTL."""
+    import json as _json
+    import socket
+    import time
+
+    from sandbox_server.app import create_app
+    from sandbox_server.backends import LocalBackend
+    from sandbox_server.service import SandboxService, ServiceConfig
+
+    svc = SandboxService(LocalBackend(server_name=f"{SERVER_NAME}-hangup"),
+                         ServiceConfig(min_idle=0, max_total=3, acquire_timeout_s=4))
+    app = create_app(service=svc)
+    srv = UvicornThread(app).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            seed = c.post("/v1/sandboxes", json={"files": {"a": "x"}}).json()["id"]
+            snap = c.post(f"/v1/sandboxes/{seed}/snapshot", json={}).json()["id"]
+            fq = c.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 0}).json()["session_id"]
+            for path, body in [("/v1/sandboxes", {}), (f"/v1/sandboxes/{seed}/fork", {"n": 1}),
+                               (f"/v1/snapshots/{snap}/clone", {"n": 1}),
+                               ("/v1/envs", {"env_id": "forkyard/FileQA-v0", "seed": 1}),
+                               (f"/v1/envs/{fq}/fork", {"n": 1})]:
+                blocker = c.post("/v1/sandboxes").json()["id"]  # the pool is full now
+                raw = _json.dumps(body).encode()
+                sock = socket.create_connection(("127.0.0.1", srv.port))
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+                time.sleep(0.5)
+                sock.close()  # the client gives up while its request waits for a sandbox
+                time.sleep(0.3)
+                assert c.delete(f"/v1/sandboxes/{blocker}").status_code == 204  # one comes free
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    pool = c.get("/v1/pool").json()
+                    if pool["busy"] == 2 and pool["starting"] == 0:
+                        break
+                    time.sleep(0.1)
+                time.sleep(0.5)
+                pool = c.get("/v1/pool").json()
+                assert (pool["sessions"], pool["busy"]) == (2, 2), (path, pool)  # the seed and FileQA's sandbox
+                assert len(app.state.env_sessions) == 1, path
+    finally:
+        srv.stop()
