@@ -31,12 +31,14 @@ import time
 import torch
 
 from trainer.lm import load_checkpoint
+from trainer.loop import make_env
 from trainer.losses import PPOConfig, ppo_loss
+from trainer.text_config import TextTrainConfig
 from trainer.text_eval import exact_policy_gradient
 from trainer.text_policy import TextPolicy, token_logprobs
-from trainer.text_train import TextTrainConfig, estimator_config, sample_batch, sft
+from trainer.text_sft import sft
+from trainer.text_train import sample_batch
 from trainer.tokenizer import model_tokenizer
-from trainer.train import make_env
 
 #: the variants: TextTrainConfig fields over the defaults below (the arms of docs/results/text_policy.md)
 VARIANTS = {
@@ -59,7 +61,6 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def sampled_gradients(model, cfg: TextTrainConfig, samples: int, seed: int) -> tuple[list[torch.Tensor], list[int]]:
     """``samples`` ascent directions [n_params] float64 of independent iterations of ``cfg``, and their env calls."""
-    est_cfg = estimator_config(cfg)
     env = make_env(cfg.env_id, cfg.env_kwargs())
     policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
@@ -68,7 +69,7 @@ def sampled_gradients(model, cfg: TextTrainConfig, samples: int, seed: int) -> t
     grads, calls = [], []
     for it in range(samples):
         model.eval()
-        ro, assigned, batch = sample_batch(cfg, est_cfg, env, policy, rng, it, policy.device)
+        ro, assigned, batch = sample_batch(cfg, env, policy, rng, it)
         calls.append(ro.env_calls)
         if batch is None:
             grads.append(torch.zeros(sum(p.numel() for p in params), dtype=torch.float64))

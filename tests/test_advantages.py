@@ -115,10 +115,10 @@ def test_keep_groups():
     groups = [[1, 1, 1], [0, 1, 0, 1], [0, 0, 1, 0], [0.5]]
     assert adv.keep_groups(groups) == [True] * 4
     assert adv.keep_groups(groups, drop_zero_variance=True) == [False, True, True, False]
-    assert adv.keep_groups(groups, top_p=0.25) == [False, True, False, False]
-    assert adv.keep_groups(groups, top_p=0.5) == [False, True, True, False]
+    assert adv.keep_groups(groups, filter_top_p=0.25) == [False, True, False, False]
+    assert adv.keep_groups(groups, filter_top_p=0.5) == [False, True, True, False]
     with pytest.raises(ValueError):
-        adv.keep_groups(groups, top_p=0)
+        adv.keep_groups(groups, filter_top_p=0)
 
 
 def test_bad_input_is_rejected_clearly():

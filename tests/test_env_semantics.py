@@ -21,7 +21,8 @@ from sandbox_server.env_api import create_env_app
 from tests.docker_support import UvicornThread
 from trainer.rollout import tree_rollout
 from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig, step_advantages, train
+from trainer.estimators import step_advantages
+from trainer.train import TrainConfig, train
 
 # ClueProbe(turns=3, bits=8): the case's numbers. A fresh env reset with seed 5 hides 171; a child forked
 # after its parent's reset(seed=0) used to draw 163 (the parent's next unseeded draw) instead.

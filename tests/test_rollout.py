@@ -8,7 +8,8 @@ from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError
 from trainer.rollout import group_rollout, tree_rollout
 from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig, anchor_stats, step_advantages, train
+from trainer.estimators import anchor_stats, step_advantages
+from trainer.train import TrainConfig, train
 
 
 class RecordingClueProbe(ClueProbeEnv):
@@ -143,7 +144,7 @@ def test_anchor_fallback_on_a_tree_rollout_groups_each_forks_siblings():
 
 
 def test_rollout_shape_defaults_to_the_estimator_and_rejects_a_tree_estimator_on_groups():
-    from trainer.train import rollout_kind
+    from trainer.estimators import rollout_kind
 
     assert rollout_kind("tree", None) == "tree" and rollout_kind("traj", None) == "group"
     assert rollout_kind("traj", "tree") == "tree"

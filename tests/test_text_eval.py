@@ -10,8 +10,9 @@ import torch
 
 from trainer.text_eval import action_probabilities, exact_policy_gradient, exact_success
 from trainer.text_policy import TextPolicy
-from trainer.text_train import TextTrainConfig, sft
-from trainer.train import make_env
+from trainer.loop import make_env
+from trainer.text_config import TextTrainConfig
+from trainer.text_sft import sft
 
 CFG = TextTrainConfig(turns=3, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                       sft_steps=200, sft_batch=16, sft_lr=1e-2, demo_skill=1.0, max_new_tokens=8, seed=1)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import PPOConfig, ppo_loss, reduce_tokens, response_mask
+from trainer.losses import PPOConfig, ppo_loss, reduce_tokens
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0], [5.0, 6.0, 0.0, 0.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
@@ -48,10 +48,6 @@ def test_masked_garbage_never_reaches_the_value():
     v[1, 1] = float("inf")
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         assert float(reduce_tokens(v, MASK, mode)) == pytest.approx(float(reduce_tokens(VALUES, MASK, mode)))
-
-
-def test_response_mask_from_roles():
-    assert response_mask(["header", "prompt", "policy", "policy", "tool", "pad"]) == [0, 0, 1, 1, 0, 0]
 
 
 def _ratios(r):

@@ -15,8 +15,8 @@ from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.losses import PPOConfig, ppo_loss
 from trainer.rollout import Episode, Rollout, tree_rollout
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
+from trainer.loop import make_env
 from trainer.text_train import build_batch
-from trainer.train import make_env
 
 TOK = ByteTokenizer()
 
@@ -282,13 +282,14 @@ def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
 
 
 def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_estimator_on_groups():
-    from trainer.text_train import TextTrainConfig, estimator_config, sample_batch
+    from trainer.text_config import TextTrainConfig
+    from trainer.text_train import sample_batch
 
     cfg = TextTrainConfig(turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
     model = small_model(context=512, eot_logit=5.0)
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    ro, assigned, batch = sample_batch(cfg, estimator_config(cfg), env, policy(model), random.Random(0), 0, "cpu")
+    ro, assigned, batch = sample_batch(cfg, env, policy(model), random.Random(0), 0)
     assert ro.kind == "tree" and len(ro.episodes) == 6 and assigned.n_episodes == 6
     assert int(batch.mask.sum()) == sum(len(s.data.action_ids) for s in assigned.steps)
     with pytest.raises(ValueError, match="needs a tree rollout"):
-        estimator_config(TextTrainConfig(estimator="tree", rollout="group"))
+        TextTrainConfig(estimator="tree", rollout="group").validate()

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from trainer.lm import ByteTokenizer, LMConfig, build_model, load_checkpoint, save_checkpoint
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
-from trainer.text_train import TextTrainConfig, demo_episodes, demo_rows, make_tokenizer, new_model
-from trainer.train import make_env
+from trainer.loop import make_env
+from trainer.text_config import TextTrainConfig
+from trainer.text_sft import demo_episodes, demo_rows, make_tokenizer, new_model
 
 CFG = TextTrainConfig(turns=4, vocab=400)
 
@@ -93,7 +94,8 @@ def test_bpe_policy_never_samples_a_suppressed_id_and_ratio_is_one(tok):
 def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
     """forkyard sft -> train-lm on real files: the checkpoint carries the BPE tokenizer into RL, the
     trained ids equal the sampled ids (build_batch checks), the ratio is 1 on the first epoch."""
-    from trainer.text_train import sft, train_rl
+    from trainer.text_sft import sft
+    from trainer.text_train import train_rl
 
     cfg = TextTrainConfig(turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                           sft_steps=5, sft_batch=8, demo_skill=0.5, run_dir=str(tmp_path / "sft"))

@@ -2,7 +2,8 @@
 
 Every estimator returns plain Python floats, never NaN or inf, whatever the rewards: an empty group
 gives ``[]``, a group of one gives ``[0.0]``, a group whose rewards are all equal gives exact zeros.
-The rollout code builds the groups; these functions only do arithmetic.
+The rollout code builds the groups; these functions only do arithmetic. :mod:`trainer.estimators`
+registers them by name (``grpo``, ``rloo``, ``anchor``, ``gigpo``, ``tree``) for the training loop.
 
 Normalisation (shared by ``traj``, ``anchor`` and ``tree``)::
 
@@ -247,16 +248,17 @@ def keep_groups(
     group_rewards: Sequence[Sequence[float]],
     *,
     drop_zero_variance: bool = False,
-    top_p: float | None = None,
+    filter_top_p: float | None = None,
     equal_tol: float = EQUAL_TOL,
 ) -> list[bool]:
     """Which groups to train on: DAPO dynamic sampling and StarPO-S uncertainty filtering.
 
     * ``drop_zero_variance``: drop groups whose rewards are all equal (DAPO, Yu et al. 2025,
       arXiv:2503.14476, section 3.2); their advantages are 0 anyway but they dilute the loss mean.
-    * ``top_p`` in (0, 1]: keep the ``ceil(top_p * G)`` groups with the highest reward std
+    * ``filter_top_p`` in (0, 1]: keep the ``ceil(filter_top_p * G)`` groups with the highest reward std
       (StarPO-S, Wang et al. 2025, arXiv:2504.20073, section 4; they use p = 0.25..0.5). Ties keep the
-      earlier group.
+      earlier group. (Named ``filter_`` so that ``top_p`` keeps one meaning in forkyard: nucleus
+      sampling of the text policy.)
 
     Args:
         group_rewards: [G][K_g] rewards of each group.
@@ -265,18 +267,18 @@ def keep_groups(
         [G] list of bools (True: keep).
 
     Raises:
-        ValueError: if ``top_p`` is outside (0, 1].
+        ValueError: if ``filter_top_p`` is outside (0, 1].
     """
     n = len(group_rewards)
     keep = [True] * n
     spreads = [(max(g) - min(g)) if len(g) else 0.0 for g in group_rewards]
     if drop_zero_variance:
         keep = [k and s > equal_tol for k, s in zip(keep, spreads)]
-    if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if filter_top_p is not None:
+        if not 0 < filter_top_p <= 1:
+            raise ValueError(f"filter_top_p must be in (0, 1], got {filter_top_p}")
         stds = [group_std(g) for g in group_rewards]
         order = sorted(range(n), key=lambda i: (-stds[i], i))
-        chosen = set(order[: math.ceil(top_p * n)])
+        chosen = set(order[: math.ceil(filter_top_p * n)])
         keep = [k and i in chosen for i, k in enumerate(keep)]
     return keep

@@ -1,6 +1,12 @@
 """The ``forkyard`` command line. Heavy imports (torch, uvicorn) happen inside the subcommands.
 
-Every subcommand registers a ``handler(args) -> int`` with ``set_defaults(handler=...)``.
+Every subcommand registers a ``handler(args) -> int`` with ``set_defaults(handler=...)``. The options of
+the training commands are generated from their config dataclasses (:mod:`trainer.config`): ``train``
+from :class:`trainer.train.TrainConfig` (``--policy tabular``, the default) or
+:class:`trainer.text_config.TextTrainConfig` (``--policy lm``, the same options as ``train-lm``),
+``compare`` from :class:`trainer.compare.SweepConfig`, ``sft`` / ``train-lm`` / ``eval-lm`` in
+:mod:`trainer.text_cli`. Only the invoked subcommand's options are built (they may read registries
+and, for the text policy, torch).
 """
 
 from __future__ import annotations
@@ -9,6 +15,9 @@ import argparse
 import json
 import logging
 import sys
+
+#: ``train --policy`` values.
+POLICIES = ("tabular", "lm")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -31,51 +40,30 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _env_kwargs(pairs: list[str]) -> dict:
-    """``["turns=5", "bits=3"]`` -> ``{"turns": 5, "bits": 3}`` (values parsed as JSON, else kept as text)."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--env-kwarg needs KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+def train_config(args: argparse.Namespace):
+    """The run config of a parsed ``forkyard train``: a :class:`~trainer.train.TrainConfig` (``--policy
+    tabular``) or a :class:`~trainer.text_config.TextTrainConfig` (``--policy lm``) holding every option
+    given, with ``progress`` on."""
+    from trainer.config import from_args
+
+    if args.policy == "lm":
+        from trainer.text_config import TextTrainConfig
+
+        return from_args(TextTrainConfig, args, progress=True)
+    from trainer.train import TrainConfig
+
+    return from_args(TrainConfig, args, progress=True)
 
 
 def _train(args: argparse.Namespace) -> int:
+    cfg = train_config(args)
     if args.policy == "lm":
-        from trainer.text_train import train_lm_from_args
+        from trainer.text_train import print_result, train_rl
 
-        return int(train_lm_from_args(args) or 0)
-    from trainer.train import TrainConfig, train
+        print_result(train_rl(cfg))
+        return 0
+    from trainer.train import train
 
-    kwargs = _env_kwargs(args.env_kwarg)
-    if args.turns is not None:
-        kwargs["turns"] = args.turns
-    cfg = TrainConfig(
-        env_id=args.env,
-        env_kwargs=kwargs,
-        estimator=args.estimator,
-        fork_selection=args.fork_selection,
-        tree_prefix=args.tree_prefix,
-        rollout=args.rollout,
-        omega=args.omega,
-        group_size=args.group_size,
-        n_base=args.n_base,
-        branches=args.branches,
-        iterations=args.iterations,
-        max_env_calls=args.max_env_calls,
-        eval_episodes=args.eval_episodes,
-        lr=args.lr,
-        seed=args.seed,
-        device=args.device,
-        server_url=args.server,
-        run_dir=args.run_dir,
-        progress=True,
-    )
     result = train(cfg)
     ms = result.metrics
     tail = ms[-min(20, len(ms)):]
@@ -88,35 +76,54 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from trainer.compare import SweepConfig, markdown_table, run_sweep
+    import os
+    import time
 
-    sweep = SweepConfig(
-        turns=tuple(args.turns),
-        variants=tuple(args.variants),
-        seeds=args.seeds,
-        iterations=args.iterations,
-        lr=args.lr,
-        budget_iterations=args.budget_iterations,
-        workers=args.workers,
-        out=args.out,
-    )
-    t0 = __import__("time").perf_counter()
+    from trainer.compare import SweepConfig, markdown_table, run_sweep
+    from trainer.config import from_args
+
+    sweep = from_args(SweepConfig, args)
+    t0 = time.perf_counter()
     rows, summary, out = run_sweep(sweep)
-    wall = __import__("time").perf_counter() - t0
+    wall = time.perf_counter() - t0
     print(markdown_table(summary, sweep.bits))
-    print(f"\n{len(rows)} runs in {wall:.1f} s wall on {sweep.workers or __import__('os').cpu_count()} processes; "
+    print(f"\n{len(rows)} runs in {wall:.1f} s wall on {sweep.workers or os.cpu_count()} processes; "
           f"wrote {out}/results.csv, table.md, accuracy_vs_T.png, metrics/")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``forkyard`` with every subcommand."""
-    from trainer.advantages import TREE_PREFIXES
-    from trainer.compare import DEFAULT_VARIANTS, VARIANTS
-    from trainer.train import ESTIMATORS, ROLLOUTS
+def _train_args(p: argparse.ArgumentParser, policy: str) -> None:
+    from trainer.config import add_arguments
 
+    p.add_argument("--policy", choices=POLICIES, default="tabular",
+                   help="tabular: a logit table trained by REINFORCE; lm: the text policy (the options of "
+                        "train-lm; `forkyard train --policy lm --help` lists them)")
+    if policy == "lm":
+        from trainer.text_cli import RL_GROUPS
+        from trainer.text_config import TextTrainConfig
+
+        add_arguments(p, TextTrainConfig, groups=RL_GROUPS)
+    else:
+        from trainer.train import TrainConfig
+
+        add_arguments(p, TrainConfig)
+
+
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    from trainer.compare import SweepConfig
+    from trainer.config import add_arguments
+
+    add_arguments(p, SweepConfig)
+
+
+def build_parser(command: str | None = None, policy: str = "tabular") -> argparse.ArgumentParser:
+    """The argument parser of ``forkyard``. Every subcommand is listed; the options are built for
+    ``command`` only (None: for all), ``train``'s for ``policy``."""
     parser = argparse.ArgumentParser(prog="forkyard", description="forkyard: forkable envs, sandboxes and tree-fork RL")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
 
     p = sub.add_parser("demo", help="show the fork API at work on ClueProbe (no Docker, about a second)")
     p.add_argument("--turns", type=int, default=4)
@@ -129,43 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_bench)
 
     p = sub.add_parser("train", help="train a policy with group or tree-fork rollouts")
-    p.add_argument("--env", default="forkyard/ClueProbe-v0", help="a registered env id")
-    p.add_argument("--turns", type=int, default=None, help="shortcut for --env-kwarg turns=N")
-    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--policy", choices=["tabular", "lm"], default="tabular")
-    p.add_argument("--estimator", choices=ESTIMATORS, default="tree")
-    p.add_argument("--fork-selection", choices=["uniform", "entropy"], default="uniform")
-    p.add_argument("--tree-prefix", choices=TREE_PREFIXES, default="base",
-                   help="tree estimator: prefix turns valued by the base episode's return (default) or its branches' mean")
-    p.add_argument("--rollout", choices=ROLLOUTS, default=None,
-                   help="rollout shape (default: tree for the tree estimator, else group)")
-    p.add_argument("--omega", type=float, default=1.0, help="anchor_fallback: weight of the anchor term")
-    p.add_argument("--group-size", type=int, default=16)
-    p.add_argument("--n-base", type=int, default=5)
-    p.add_argument("--branches", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=250)
-    p.add_argument("--max-env-calls", type=int, default=None, help="stop after this many env calls")
-    p.add_argument("--eval-episodes", type=int, default=64, help="greedy evaluation episodes on held-out seeds")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--server", default=None, help="URL of a forkyard server; envs run there")
-    p.add_argument("--run-dir", default=None, help="folder for config.json, metrics.jsonl, summary.json")
-    p.add_argument("--checkpoint", default=None, help="lm policy: SFT weights to start from")
+    if wanted("train"):
+        _train_args(p, policy)
     p.set_defaults(handler=_train)
 
     p = sub.add_parser("compare", help="the granularity sweep: T x estimator x seed, table + CSV + plot")
-    p.add_argument("--turns", type=int, nargs="+", default=[2, 3, 4, 5])
-    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--iterations", type=int, default=250)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument(
-        "--budget-iterations", type=int, default=None, metavar="N",
-        help="equal env-call budget: each run at T may spend N*G*T env calls (traj's cost of N iterations)",
-    )
-    p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
+    if wanted("compare"):
+        _compare_args(p)
     p.set_defaults(handler=_compare)
 
     # One declaration of the server's options: `forkyard serve ARGS` is `python -m sandbox_server ARGS`.
@@ -175,8 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from trainer.text_cli import register as register_text
 
-    register_text(sub)
+    register_text(sub, command)
     return parser
+
+
+def _policy_of(argv: list[str]) -> str:
+    """The ``--policy`` of a ``train`` command line (tabular when absent or not one of :data:`POLICIES`:
+    the full parser then reports the bad value)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--policy", default="tabular")
+    known, _ = pre.parse_known_args(argv)
+    return known.policy if known.policy in POLICIES else "tabular"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         from sandbox_server.__main__ import main as serve_main
 
         return serve_main(argv[1:])
-    parser = build_parser()
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    policy = _policy_of(argv[1:]) if command == "train" else "tabular"
+    parser = build_parser(command or "", policy)
     args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
 

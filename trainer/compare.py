@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.config import setting
 from trainer.train import TrainConfig
 
 VARIANTS: dict[str, dict] = {
@@ -45,21 +46,25 @@ ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, d
 
 @dataclass
 class SweepConfig:
-    turns: tuple[int, ...] = (2, 3, 4, 5)
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
-    seeds: int = 5
-    iterations: int = 250
-    lr: float = 0.1
-    group_size: int = 16
-    n_base: int = 5
-    branches: int = 4
-    # Equal env-call budget: every run at T gets budget_iterations * group_size * T env calls (what
-    # `traj` spends in budget_iterations iterations) and trains until it is spent; iterations is ignored.
-    budget_iterations: int | None = None
-    bits: int = 3
-    workers: int | None = None
-    out: str | None = None
-    progress: bool = True
+    """A sweep of ``forkyard compare`` (the command line is generated from these fields). The per-run
+    settings default to :class:`trainer.train.TrainConfig`'s."""
+
+    turns: tuple[int, ...] = setting((2, 3, 4, 5), help="episode lengths T to sweep")
+    variants: tuple[str, ...] = setting(DEFAULT_VARIANTS, choices=tuple(VARIANTS), help="estimator variants")
+    seeds: int = setting(5, help="training seeds per (T, variant): 0..N-1")
+    iterations: int = setting(TrainConfig.iterations, help="iterations per run")
+    lr: float = setting(TrainConfig.lr, help="SGD step size on the logit table")
+    group_size: int = setting(TrainConfig.group_size, help="G: episodes per group rollout")
+    n_base: int = setting(TrainConfig.n_base, help="tree rollouts: base episodes per iteration")
+    branches: int = setting(TrainConfig.branches, help="tree rollouts: branches per fork")
+    budget_iterations: int | None = setting(
+        None, metavar="N",
+        help="equal env-call budget: each run at T may spend N*G*T env calls (traj's cost of N iterations) "
+             "and trains until it is spent; --iterations is then ignored")
+    bits: int = setting(3, help="ClueProbe target bits")
+    workers: int | None = setting(None, help="processes (default: every core)")
+    out: str | None = setting(None, help="output folder (default runs/compare-<time>)")
+    progress: bool = setting(True, cli=False, help="a progress bar on stderr")
 
 
 def optimum(turns: int, bits: int = 3) -> float:
@@ -75,7 +80,7 @@ def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
     from trainer.train import train
 
     torch.set_num_threads(1)
-    logging.getLogger("trainer.train").setLevel(logging.ERROR)  # degeneration is a column of the table
+    logging.getLogger("trainer.loop").setLevel(logging.ERROR)  # degeneration is a column of the table
     turns, variant, seed, sweep, metrics_dir = job
     budget = None
     if sweep.budget_iterations is not None:
@@ -104,7 +109,7 @@ def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
         "variant": variant,
         "seed": seed,
         "accuracy": result.evaluation["accuracy"],
-        "distinct_probes": result.evaluation["distinct_tools"],
+        "distinct_probes": result.evaluation["distinct_probes"],  # reported by ClueProbe (info["episode_metrics"])
         "iterations": n,
         "env_calls_per_iter": sum(m["env_calls"] for m in ms) / n,
         "env_calls_total": sum(m["env_calls"] for m in ms),

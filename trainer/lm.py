@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.update import resolve_device
+
 #: The special tokens of the chat template, in id order from 256.
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>")
 
@@ -85,10 +87,6 @@ class ByteTokenizer(SpecialTokenIds):
     def decode(self, ids: list[int]) -> str:
         """Ids -> text; special ids are dropped, invalid UTF-8 becomes U+FFFD."""
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-    def token_text(self, i: int) -> str:
-        """Printable form of one id (for debugging and docs)."""
-        return SPECIAL_TOKENS[i - 256] if i >= 256 else repr(bytes([i]))[2:-1]
 
 
 @dataclass
@@ -217,13 +215,6 @@ class TinyCausalLM(nn.Module):
             cache.append(kv)
         logits = self.ln_f(x) @ self.tok.weight.T
         return logits, cache
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else CPU; otherwise ``torch.device(device)``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def build_model(cfg: LMConfig | None = None, device: str = "auto", dtype: str = "float32", seed: int = 0) -> TinyCausalLM:

@@ -84,6 +84,14 @@ class EchoTrapDetector:
             return msg
         return None
 
+    #: the metric the training loop sets to 1 at the iteration this monitor fires (:class:`trainer.loop.Monitor`)
+    key = "echo_trap_warning"
+
+    def check(self, iteration: int, metrics: dict) -> str | None:
+        """:meth:`update` with ``metrics["reward_std"]``, ``["entropy"]`` and ``["grad_norm"]`` (a
+        :class:`trainer.loop.Monitor`)."""
+        return self.update(iteration, metrics["reward_std"], metrics["entropy"], metrics["grad_norm"])
+
 
 @dataclass
 class FormatCollapseDetector:
@@ -122,3 +130,10 @@ class FormatCollapseDetector:
                f"penalty (--invalid-penalty), a KL to the SFT policy (--kl-coef), or the last good checkpoint")
         log.warning(msg)
         return msg
+
+    #: the metric the training loop sets to 1 at the iteration this monitor fires (:class:`trainer.loop.Monitor`)
+    key = "format_collapse_warning"
+
+    def check(self, iteration: int, metrics: dict) -> str | None:
+        """:meth:`update` with ``metrics["invalid_share"]`` (a :class:`trainer.loop.Monitor`)."""
+        return self.update(iteration, metrics["invalid_share"])

@@ -13,6 +13,11 @@ Infrastructure failures (:class:`~envs.core.EnvInfraError`) never end a rollout:
 ``step`` loses that episode, a failed ``fork`` loses the branches that fork would have started. Lost
 episodes are returned with ``infra_failure=True`` and ``reason="infra_error"``; trainers leave them out
 of group statistics.
+
+Env-reported episode metrics: the ``info`` of the step that ends an episode may carry
+``info["episode_metrics"]`` (:data:`EPISODE_METRICS`), a dict of numbers the env computes about the
+whole episode (ClueProbe: ``distinct_probes``). The rollout keeps it as :attr:`Episode.env_metrics`;
+the trainer averages it (:class:`EpisodeMetrics`) without knowing what the names mean.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
 log = logging.getLogger(__name__)
 
 FORK_SELECTIONS = ("uniform", "entropy")
+#: The ``info`` key under which an env reports its per-episode metrics at the step that ends the episode.
+EPISODE_METRICS = "episode_metrics"
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Episode:
     base: int | None = None  # tree: index of the base this episode belongs to
     branch: int = 0  # tree: 0 for the base's own continuation, 1..m-1 for new branches
     fork_turn: int | None = None  # tree: turn at which the base was forked
+    env_metrics: dict[str, float] | None = None  # info["episode_metrics"] of the last step, if the env gave one
 
 
 @dataclass
@@ -84,7 +92,52 @@ class Rollout:
 
     @property
     def valid(self) -> list[bool]:
+        """[K] per episode: False when it was lost to the infrastructure."""
         return [not e.infra_failure for e in self.episodes]
+
+    @property
+    def rewards(self) -> list[float]:
+        """[K] per episode: its return (a branch's includes its base's prefix rewards)."""
+        return [e.reward for e in self.episodes]
+
+    @property
+    def steps(self) -> list[Step]:
+        """[S] every step of every episode, episode by episode (the order advantages are given in)."""
+        return [s for e in self.episodes for s in e.steps]
+
+    @property
+    def step_episode(self) -> list[int]:
+        """[S] index into :attr:`episodes` of the episode each step of :attr:`steps` belongs to."""
+        return [i for i, e in enumerate(self.episodes) for _ in e.steps]
+
+
+class EpisodeMetrics:
+    """Means of env-reported episode metrics (:data:`EPISODE_METRICS`) over the episodes that reported them.
+
+    ``add(info)`` with the ``info`` of an episode's last step (or an :attr:`Episode.env_metrics` dict);
+    :meth:`means` returns ``{name: sum / number of episodes that reported name}`` (plain Python numbers:
+    an int sum divided by an int count).
+    """
+
+    __slots__ = ("sums", "counts")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, metrics: dict[str, Any] | None) -> None:
+        """Count one episode's metrics (``metrics`` None or empty: nothing)."""
+        for key, value in (metrics or {}).items():
+            self.sums[key] = self.sums.get(key, 0) + value
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def add_info(self, info: dict[str, Any]) -> None:
+        """Count the metrics of an episode's last ``info`` (none when the env reports none)."""
+        self.add(info.get(EPISODE_METRICS))
+
+    def means(self) -> dict[str, float]:
+        """``{name: mean over the episodes that reported it}``, in first-seen order."""
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
 class PolicySession(Protocol):
@@ -101,7 +154,10 @@ class PolicySession(Protocol):
         ...
 
 
-class Policy(Protocol):
+class Actor(Protocol):
+    """What a rollout needs of a policy: a session per episode (the training loop's
+    :class:`trainer.loop.Policy` adds the learning side)."""
+
     def session(self, observation: str, info: dict[str, Any]) -> PolicySession: ...
 
 
@@ -140,12 +196,13 @@ def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter:
     if terminated or truncated:
         ep.reason = info.get("termination_reason")
         ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
+        ep.env_metrics = info.get(EPISODE_METRICS)
         return True
     session.observe(obs, info)
     return False
 
 
-def _start(env, policy: Policy, ep: Episode) -> PolicySession | None:
+def _start(env, policy: Actor, ep: Episode) -> PolicySession | None:
     """Reset ``env`` with the episode's seed and open a policy session; None (and ``ep`` marked lost)
     when the reset failed through the infrastructure."""
     try:
@@ -157,7 +214,7 @@ def _start(env, policy: Policy, ep: Episode) -> PolicySession | None:
     return policy.session(obs, info)
 
 
-def group_rollout(env, policy: Policy, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
+def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
     """G independent episodes of one env configuration, episode i reset with ``seeds[i]``.
 
     Args:
@@ -185,7 +242,7 @@ def group_rollout(env, policy: Policy, group_size: int, seeds: list[int], rng: r
 
 def tree_rollout(
     env,
-    policy: Policy,
+    policy: Actor,
     n_base: int,
     branches: int,
     seeds: list[int],

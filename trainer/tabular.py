@@ -6,6 +6,10 @@ A key seen for the first time gets a new row of zeros (a uniform distribution).
 
 Sampling runs in plain Python on a cached copy of the probabilities (refreshed after each update),
 so the rollout hot loop never calls torch; only :meth:`TabularPolicy.log_probs` (the update) does.
+
+:class:`TabularPolicy` implements the training loop's :class:`trainer.loop.Policy`: ``session`` acts,
+``rollout_metrics`` reports the mean action entropy, ``update`` takes one REINFORCE step (Williams 1992)
+with plain SGD of step size ``lr`` on the table.
 """
 
 from __future__ import annotations
@@ -16,14 +20,8 @@ from typing import Any
 
 import torch
 
-from trainer.rollout import Step
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else CPU; otherwise ``torch.device(device)``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+from trainer.rollout import Rollout, Step
+from trainer.update import grad_norm, reinforce_loss, resolve_device
 
 
 class TabularPolicy:
@@ -32,13 +30,15 @@ class TabularPolicy:
     Args:
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         capacity: initial number of rows (grows by doubling).
+        lr: SGD step size of :meth:`update` (the trainer passes ``TrainConfig.lr``).
 
     Raises:
         ValueError: if one anchor key is seen with two different legal-action lists.
     """
 
-    def __init__(self, device: str = "auto", capacity: int = 1024):
+    def __init__(self, device: str = "auto", capacity: int = 1024, lr: float = 0.1):
         self.device = resolve_device(device)
+        self.lr = lr
         self.table = torch.zeros(capacity, 1, device=self.device)
         self.mask = torch.zeros(capacity, 1, dtype=torch.bool, device=self.device)
         self.rows: dict[str, int] = {}
@@ -90,8 +90,12 @@ class TabularPolicy:
         self._entropy = ent.cpu().tolist()
 
     # ------------------------------------------------------------------ acting
-    def sample(self, anchor_key: str, legal_actions: list[str], rng: random.Random) -> tuple[int, float, float]:
-        """Sample an action at ``anchor_key``. Returns ``(index, log-prob, entropy in nats, row)``."""
+    def sample(self, anchor_key: str, legal_actions: list[str], rng: random.Random) -> tuple[int, float, float, int]:
+        """Sample an action at ``anchor_key`` (one ``rng.random()`` draw, inverse CDF).
+
+        Returns:
+            ``(index into legal_actions, log-prob (natural log), entropy of the row in nats, table row)``.
+        """
         r = self.row(anchor_key, legal_actions)
         probs = self._probs[r]
         u = rng.random()
@@ -113,9 +117,12 @@ class TabularPolicy:
         return legal_actions[max(range(len(probs)), key=probs.__getitem__)]
 
     def entropy_at(self, anchor_key: str, legal_actions: list[str]) -> float:
+        """Entropy (nats) of the action distribution at ``anchor_key`` (the row is created if new)."""
         return self._entropy[self.row(anchor_key, legal_actions)]
 
     def session(self, observation: str, info: dict[str, Any]) -> "TabularSession":
+        """A :class:`TabularSession` for one episode starting at ``info`` (needs ``anchor_key``,
+        ``legal_actions`` and ``turn``)."""
         return TabularSession(self, info)
 
     # ------------------------------------------------------------------ learning
@@ -130,6 +137,27 @@ class TabularPolicy:
         acts = torch.tensor([s.data[1] for s in steps], dtype=torch.long, device=self.device)
         logits = self.table[rows].masked_fill(~self.mask[rows], float("-inf"))
         return torch.log_softmax(logits, dim=-1).gather(1, acts[:, None]).squeeze(1)
+
+    def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """``{"entropy": mean entropy (nats) of the action distributions the rollout's steps sampled from}``."""
+        steps = rollout.steps
+        return {"entropy": sum(s.entropy for s in steps) / max(len(steps), 1)}
+
+    def update(self, rollout: Rollout, assigned) -> dict[str, float]:
+        """One REINFORCE step (:func:`trainer.update.reinforce_loss`, normalised per valid episode) and
+        ``table -= lr * grad``; skipped when no step has a non-zero advantage.
+
+        Returns:
+            ``{"grad_norm": L2 norm of the table's gradient}`` (0.0 when skipped).
+        """
+        gnorm = 0.0
+        if assigned.steps and any(a != 0.0 for a in assigned.advantages):
+            logp = self.log_probs(assigned.steps)
+            a = torch.tensor(assigned.advantages, dtype=logp.dtype, device=logp.device)
+            reinforce_loss(logp, a, assigned.n_episodes).backward()
+            gnorm = grad_norm(self.parameters())
+            self.sgd_step(self.lr)
+        return {"grad_norm": gnorm}
 
     @torch.no_grad()
     def sgd_step(self, lr: float) -> None:

@@ -34,22 +34,24 @@ from typing import Any
 import torch
 
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
+from trainer.loop import evaluation_resets, make_env
+from trainer.rollout import EpisodeMetrics
 from trainer.tokenizer import model_tokenizer
-from trainer.train import evaluation_resets, make_env
 
 
 def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     """Greedy accuracy over every ClueProbe target (exact), and sampled accuracy (the training temperature)
-    over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions; mean
-    number of distinct probes per episode.
+    over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions; the
+    means of what the env reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
+    ``distinct_probes``, distinct probe calls per episode).
 
     Args:
         model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
-        cfg: a :class:`trainer.text_train.TextTrainConfig` (env id and kwargs, sampling settings).
+        cfg: a :class:`trainer.text_config.TextTrainConfig` (env id and kwargs, sampling settings).
         samples: held-out seeds for the sampled figures (default ``cfg.eval_samples``).
 
     Returns:
-        ``{"greedy_accuracy", "greedy_invalid_share", "greedy_distinct_probes", "sampled_..."}``, floats.
+        ``{"greedy_accuracy", "greedy_invalid_share", "greedy_<env metric>", ..., "sampled_..."}``, floats.
     """
     env = make_env(cfg.env_id, cfg.env_kwargs())
     tok = model_tokenizer(model)
@@ -63,27 +65,24 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         ("sampled", sampled, [(10**9 + i, None) for i in range(n_held_out)]),
     ):
         total = invalid = actions = 0.0
-        distinct = 0
+        env_metrics = EpisodeMetrics()
         for seed, options in resets:
             obs, info = env.reset(seed=seed, options=options)
             session = policy.session(obs, info)
-            used = set()
             while True:
                 step = session.act(rng)
                 obs, r, te, tr, info = env.step(step.action)
                 actions += 1
                 invalid += bool(info.get("invalid_action"))
-                if step.action.startswith("probe"):
-                    used.add(step.action)
                 total += r
                 if te or tr:
+                    env_metrics.add_info(info)
                     break
                 session.observe(obs, info)
-            distinct += len(used)
         n = max(len(resets), 1)
         out[f"{name}_accuracy"] = total / n
         out[f"{name}_invalid_share"] = invalid / max(actions, 1)
-        out[f"{name}_distinct_probes"] = distinct / n
+        out.update({f"{name}_{k}": v for k, v in env_metrics.means().items()})
     env.close()
     return out
 
@@ -148,10 +147,10 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
 
     Args:
         model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
-        cfg: a :class:`trainer.text_train.TextTrainConfig` (env id and kwargs, temperature,
+        cfg: a :class:`trainer.text_config.TextTrainConfig` (env id and kwargs, temperature,
             max_new_tokens; top-p must be 1).
         resets: ``[(seed, options), ...]``, weighted equally (default: every ClueProbe target, from
-            :func:`trainer.train.evaluation_resets`).
+            :func:`trainer.loop.evaluation_resets`).
         min_path_prob: paths less likely than this are not expanded (their mass is not covered).
         max_paths: stop with ValueError once more complete paths than this were visited.
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -311,29 +311,11 @@ class TextSession:
         return self._next_logits
 
 
-@dataclass
-class SequenceBatch:
-    """Padded token rows for one forward pass, with everything the loss needs, aligned on targets.
-
-    Position i of a row holds token ``ids[b, i]``; its log-prob is predicted from positions < i, so
-    position 0 is never a target (mask 0). All tensors are [B, L] on one device.
-
-    Attributes:
-        ids: int64 token ids (padding: ``pad_id``).
-        mask: float32 loss mask, 1 on policy-generated tokens that are trained.
-        advantages: float32 per-token advantages (the step's advantage broadcast over its tokens; 0 off mask).
-        old_logp: float32 behavior log-probs (0 off mask).
-        group: [B] int64 group index of each row (for group reductions).
-        temperature: the sampling temperature the log-probs are taken at.
-    """
-
-    ids: torch.Tensor
-    mask: torch.Tensor
-    advantages: torch.Tensor
-    old_logp: torch.Tensor
-    group: torch.Tensor
-    temperature: float = 1.0
-    steps: list = field(default_factory=list)
+def pad_rows(rows: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    """[B, max len] int64 tensor of ``rows`` right-padded with ``pad_id`` (causal attention: padding
+    after a token never changes that token's log-prob)."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 
 def token_logprobs(model, ids: torch.Tensor, temperature: float = 1.0,

@@ -19,7 +19,7 @@ Design:
   role header or an end-of-turn token.
 
 Same interface as :class:`~trainer.lm.ByteTokenizer`: ``vocab_size``, ``pad_id`` ... ``eot_id``,
-``suppressed_ids``, ``encode``, ``decode``, ``token_text``, plus ``to_json`` / :func:`tokenizer_from_json`.
+``suppressed_ids``, ``encode``, ``decode``, plus ``to_json`` / :func:`tokenizer_from_json`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from trainer.lm import SPECIAL_TOKENS, ByteTokenizer, SpecialTokenIds
+from trainer.lm import ByteTokenizer, SpecialTokenIds
 
 KIND_BYTE = "byte"
 KIND_BPE = "bpe"
@@ -91,10 +91,6 @@ class BPETokenizer(SpecialTokenIds):
         """Ids -> text; special (and out-of-range) ids are dropped, invalid UTF-8 becomes U+FFFD."""
         return self._tk.decode([i for i in ids if 0 <= i < self.bpe_size], skip_special_tokens=False)
 
-    def token_text(self, i: int) -> str:
-        """Printable form of one id."""
-        return SPECIAL_TOKENS[i - self.bpe_size] if i >= self.bpe_size else repr(self.decode([i]))[1:-1]
-
     def to_json(self) -> str:
         """The tokenizer as a JSON string (stored in checkpoints)."""
         return json.dumps({"kind": KIND_BPE, "tokenizers": self._tk.to_str()})
@@ -116,6 +112,6 @@ def tokenizer_from_json(blob: str | None):
 
 
 def model_tokenizer(model):
-    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text_train.sft`,
-    :func:`trainer.text_train.new_model` and :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
+    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text_sft.sft`,
+    :func:`trainer.text_sft.new_model` and :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
     return getattr(model, "tokenizer", None) or ByteTokenizer()

@@ -1,4 +1,4 @@
-"""The policy-gradient update shared by every policy: per-step log-probs and advantages in, a step out."""
+"""Torch helpers shared by every policy: the REINFORCE surrogate, the gradient norm, the device choice."""
 
 from __future__ import annotations
 
@@ -36,3 +36,11 @@ def grad_norm(parameters: list[torch.Tensor]) -> float:
         if p.grad is not None:
             total += float(p.grad.detach().pow(2).sum())
     return math.sqrt(total)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device for a ``--device`` value: ``"auto"`` is CUDA when available, else CPU; any other
+    text is ``torch.device(device)`` (which raises RuntimeError on an unknown device string)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

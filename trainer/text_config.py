@@ -1,0 +1,115 @@
+"""The text policy's settings: one dataclass for SFT and RL (:class:`TextTrainConfig`), one for evaluation
+(:class:`EvalConfig`). ``forkyard sft``, ``train-lm`` (= ``train --policy lm``) and ``eval-lm`` are
+generated from these fields (:mod:`trainer.config`). No torch import here, so building the command line
+stays cheap.
+
+Groups (which command shows a field): ``common`` (env, model size, numerics, seed, run folder) for
+``sft`` and ``train-lm``; ``sft`` for ``sft``; ``loop`` (the shared loop's settings of
+:class:`trainer.loop.LoopConfig`, PPO, sampling, evaluation, checkpoint) for ``train-lm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.config import setting
+from trainer.loop import LoopConfig
+
+
+
+def _reductions() -> tuple[str, ...]:
+    from trainer.losses import REDUCTIONS  # imports torch: read only when a parser shows --reduction
+
+    return REDUCTIONS
+
+
+@dataclass
+class TextTrainConfig(LoopConfig):
+    """Hyperparameters of a text-policy run (SFT and RL share it). The loop's settings are those of
+    :class:`trainer.loop.LoopConfig`; a text run defaults to 6 bases, 60 iterations and an evaluation
+    every 10 iterations."""
+
+    # the loop's settings with the text policy's defaults
+    n_base: int = 6
+    iterations: int = 60
+    eval_every: int = 10
+    # env
+    turns: int = setting(4, group="common", help="turns per episode (ClueProbe: T; other envs: max_turns)")
+    bits: int = setting(3, group="common", help="ClueProbe: target bits")
+    # model
+    d_model: int = setting(96, group="common", help="model width (a new model; a checkpoint keeps its own)")
+    n_layers: int = setting(2, group="common", help="transformer blocks (a new model)")
+    n_heads: int = setting(4, group="common", help="attention heads (a new model)")
+    context: int = setting(512, group="common", help="model context in tokens (a new model)")
+    tokenizer: str = setting("bpe", choices=("bpe", "byte"), group="common",
+                             help="bpe: trained on the env's demo texts, digits kept single; byte: UTF-8 bytes")
+    vocab: int = setting(512, group="common", help="BPE vocabulary size (bytes + merges; 6 special tokens on top)")
+    dtype: str = setting("float32", choices=("float32", "bfloat16"), group="common", help="parameter dtype")
+    threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
+    # SFT
+    sft_steps: int = setting(300, group="sft", help="SFT optimizer steps")
+    sft_batch: int = setting(32, group="sft", help="SFT episodes per step")
+    sft_lr: float = setting(3e-3, group="sft", help="SFT AdamW learning rate")
+    demo_skill: float = setting(0.0, group="sft",
+                                help="ClueProbe demonstrations: chance the demo answers from the probed bits (0: random)")
+    # RL
+    lr: float = setting(2e-4, group="loop",
+                        help="Adam learning rate (1e-3 collapsed to invalid actions within 2 iterations, docs/results/text_policy.md)")
+    ppo_epochs: int = setting(2, group="loop", help="full-batch PPO epochs per iteration")
+    max_grad_norm: float = setting(1.0, group="loop", help="gradient-norm clip")
+    clip_low: float = setting(0.2, group="loop", help="PPO ratio clip below 1")
+    clip_high: float = setting(0.28, group="loop", help="PPO ratio clip above 1 (DAPO clip-higher)")
+    entropy_coef: float = setting(0.0, group="loop", help="entropy bonus weight")
+    kl_coef: float = setting(0.0, group="loop", help="KL weight against the starting model (0: no reference model)")
+    reduction: str = setting("token-mean", choices=_reductions, group="loop", help="loss reduction (trainer/losses.py)")
+    invalid_penalty: float = setting(0.0, group="loop",
+                                     help="shaping: subtract this from an episode's return per illegal action on its path")
+    fork_entropy: str = setting("first", choices=("first", "greedy_max"), group="loop",
+                                help="entropy fork selection: first token of the action, or max along its greedy continuation")
+    temperature: float = setting(1.0, group="loop", help="sampling temperature (0: greedy)")
+    top_p: float = setting(1.0, group="loop", help="nucleus sampling: sample from the smallest token set of this mass")
+    max_new_tokens: int = setting(16, group="loop", help="token limit of one action")
+    eval_samples: int = setting(64, group="loop", help="held-out episodes of each periodic sampled evaluation")
+    checkpoint: str | None = setting(None, group="loop", help="SFT weights to start from (RUN_DIR/sft.pt of forkyard sft)")
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The env's constructor kwargs: ClueProbe ``turns`` and ``bits``; other envs ``max_turns``."""
+        return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"max_turns": self.turns}
+
+    def lm_config(self, vocab_size: int = 262):
+        """The :class:`trainer.lm.LMConfig` of a new model with ``vocab_size`` token ids."""
+        from trainer.lm import LMConfig
+
+        return LMConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                        context=self.context)
+
+    def sampling(self):
+        """The :class:`trainer.text_policy.SamplingConfig` of the training policy."""
+        from trainer.text_policy import SamplingConfig
+
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                              entropy_mode=self.fork_entropy)
+
+    def validate(self) -> None:
+        """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""
+        super().validate()
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class EvalConfig(TextTrainConfig):
+    """``forkyard eval-lm``: the checkpoints and how to evaluate them. The env and sampling settings are
+    :class:`TextTrainConfig`'s; evaluation runs on the CPU with 8 new tokens per action unless told
+    (the settings of the evaluations in docs/results/text_policy.md)."""
+
+    max_new_tokens: int = 8
+    device: str = "cpu"
+    checkpoints: list[str] = setting(default_factory=list, positional=True, help="model.pt / sft.pt files")
+    samples: int = setting(1000, help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
+    exact: bool = setting(False, help="also the exact expected success over every accepted action path (trainer/text_eval.py)")
+
+
+#: The fields ``forkyard eval-lm`` takes.
+EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads")

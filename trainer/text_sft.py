@@ -1,0 +1,146 @@
+"""Supervised warm start of the text policy (``forkyard sft``) on format-only demonstrations.
+
+Episodes played by the env's ``demo_action`` (ClueProbe: uniformly random legal actions, i.e. the action
+format without the strategy; with ``demo_skill > 0`` a deliberately weak scripted policy that answers
+from the probed bits that often and still probes at random; an env without ``demo_action``: random
+actions of its ``legal_actions`` menu) are rendered with the chat template and the model is trained by
+cross-entropy on the action tokens only (loss mask 1 on the action bytes and the ``<|end|>`` that
+closes them). The result writes valid tool calls and still has the strategy to learn
+(:mod:`trainer.text_train` does the RL).
+
+A new model's tokenizer is trained here too (:func:`make_tokenizer`: BPE on demonstration texts, or bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.lm import ByteTokenizer, build_model, save_checkpoint
+from trainer.loop import make_env
+from trainer.text_config import TextTrainConfig
+from trainer.text_policy import ChatTemplate, pad_rows, token_logprobs
+from trainer.tokenizer import BPETokenizer, model_tokenizer
+from trainer.update import resolve_device
+
+
+def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
+    """``n_episodes`` episodes played by ``env.demo_action`` (an env without one: a uniformly random
+    action of ``info["legal_actions"]``), as texts: ``[(first observation, [(action, observation or None
+    at the end), ...]), ...]``.
+
+    Raises:
+        ValueError: when the env has neither ``demo_action`` nor a ``legal_actions`` menu.
+    """
+    env = make_env(cfg.env_id, cfg.env_kwargs())
+    demo = getattr(env, "demo_action", None)
+    rng = random.Random(seed)
+    episodes = []
+    for i in range(n_episodes):
+        first, info = env.reset(seed=seed * 1_000_003 + i)
+        turns = []
+        while True:
+            if demo is not None:
+                action = demo(rng, skill=cfg.demo_skill) if cfg.demo_skill else demo(rng)
+            elif info.get("legal_actions"):
+                action = rng.choice(info["legal_actions"])
+            else:
+                env.close()
+                raise ValueError(f"{cfg.env_id} has no demo_action and no legal_actions menu to demonstrate from")
+            obs, r, te, tr, info = env.step(action)
+            done = te or tr
+            turns.append((action, None if done else obs))
+            if done:
+                break
+        episodes.append((first, turns))
+    env.close()
+    return episodes
+
+
+def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
+    """The tokenizer of a new model: :class:`ByteTokenizer` (``cfg.tokenizer == "byte"``) or a
+    :class:`~trainer.tokenizer.BPETokenizer` of ``cfg.vocab`` tokens trained on the texts of
+    ``n_episodes`` demonstration episodes (seed ``cfg.seed + 7``; never the evaluation seeds)."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer != "bpe":
+        raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {cfg.tokenizer!r}")
+    texts = []
+    for first, turns in demo_episodes(cfg, n_episodes, cfg.seed + 7):
+        texts.append(first)
+        for action, obs in turns:
+            texts.append(action)
+            if obs is not None:
+                texts.append(obs)
+    return BPETokenizer.train(texts, cfg.vocab)
+
+
+def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) -> tuple[list[list[int]], list[list[int]]]:
+    """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
+
+    Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""
+    template = ChatTemplate(tokenizer or ByteTokenizer())
+    rows, masks = [], []
+    for first, turns in demo_episodes(cfg, n_episodes, seed):
+        ids, mask = template.render(first, turns)
+        rows.append(ids)
+        masks.append(mask)
+    return rows, masks
+
+
+def new_model(cfg: TextTrainConfig):
+    """A fresh model sized by ``cfg`` with its tokenizer (:func:`make_tokenizer`) as ``model.tokenizer``."""
+    tok = make_tokenizer(cfg)
+    model = build_model(cfg.lm_config(tok.vocab_size), cfg.device, cfg.dtype, cfg.seed)
+    model.tokenizer = tok
+    return model
+
+
+def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
+    """Supervised warm start on demonstrations (module docstring): ``cfg.sft_steps`` AdamW steps (lr
+    ``cfg.sft_lr``, 20-step warm-up, linear decay to 10%, grad-norm clip 1) of ``cfg.sft_batch`` rows each.
+
+    Returns ``(model, metrics)``: metrics one dict per step, ``{"step", "loss" (nats per action token),
+    "wall_s"}``. Writes ``RUN_DIR/sft.pt`` and ``RUN_DIR/sft_metrics.jsonl`` when ``cfg.run_dir`` is set;
+    prints the loss every 20 steps when ``cfg.progress``."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    model = model or new_model(cfg)
+    tok = model_tokenizer(model)
+    rows, masks = demo_rows(cfg, cfg.sft_steps * cfg.sft_batch // 4 + cfg.sft_batch, cfg.seed, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / cfg.sft_steps))
+    rng = random.Random(cfg.seed)
+    metrics = []
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(cfg.sft_steps):
+        idx = rng.sample(range(len(rows)), cfg.sft_batch)
+        ids = pad_rows([rows[i] for i in idx], tok.pad_id, device)
+        width = ids.shape[1]
+        mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32, device=device)
+        logp, _, _ = token_logprobs(model, ids, suppress=tok.suppressed_ids)
+        loss = -torch.where(mask > 0, logp, torch.zeros_like(logp)).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        metrics.append({"step": step, "loss": float(loss.detach()), "wall_s": time.perf_counter() - t0})
+        if cfg.progress and step % 20 == 0:
+            print(f"sft step {step} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    model.eval()
+    if cfg.run_dir:
+        out = Path(cfg.run_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(model, str(out / "sft.pt"), tok, turns=cfg.turns, env_id=cfg.env_id)
+        with (out / "sft_metrics.jsonl").open("w") as f:
+            for m in metrics:
+                f.write(json.dumps(m) + "\n")
+    return model, metrics
