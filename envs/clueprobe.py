@@ -59,9 +59,12 @@ class ClueProbeEnv(TextEnv):
 
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         self._target = int(self.np_random.integers(self.n_candidates))
+        unknown = sorted(set(options or {}) - {"target"})
+        if unknown:
+            raise ValueError(f"unknown reset options {unknown}; ClueProbe takes only 'target'")
         if options and "target" in options:  # evaluation: enumerate every target exactly
             target = options["target"]
-            if not isinstance(target, int) or not 0 <= target < self.n_candidates:
+            if not isinstance(target, int) or isinstance(target, bool) or not 0 <= target < self.n_candidates:
                 raise ValueError(f"options['target'] must be an int in 0..{self.n_candidates - 1}, got {target!r}")
             self._target = target
         return (

@@ -55,6 +55,9 @@ SERVER_GRACE_S = 10.0
 #: Default request-body limit: the largest legitimate body is a file upload of MAX_WRITE_BYTES in
 #: base64 (4/3 of it) plus room for names and JSON. ``$FORKYARD_MAX_BODY_BYTES`` overrides it.
 MAX_BODY_BYTES = 4 * math.ceil(MAX_WRITE_BYTES / 3) + (1 << 20)
+#: Body limit of the sandbox routes that carry no files (exec, state, snapshot, clone, fork): room for
+#: metadata at its bound (``models.MAX_METADATA_BYTES``, escaped as JSON) and tool arguments.
+SMALL_BODY_BYTES = 512 << 10
 
 
 async def _disconnected(request: Request) -> None:
@@ -195,7 +198,16 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
                               "per-turn timeouts, and env sessions (/v1/envs) for every registered "
                               "forkyard env. Every error answer is an ErrorBody {detail, status}; 503s carry "
                               "Retry-After. See docs/sandbox.md.", lifespan=lifespan)
-    http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=sessions.body_limit,
+    def route_limit(path: str) -> tuple[int, str] | None:
+        """Only sandbox creation and file writes carry files: every other sandbox route's body is small,
+        so it is refused past :data:`SMALL_BODY_BYTES` before it is read (env routes: their own limits)."""
+        if path.startswith("/v1/envs"):
+            return sessions.body_limit(path)
+        if path == "/v1/sandboxes" or path.endswith("/files"):
+            return None
+        return SMALL_BODY_BYTES, "this route's body holds no files"
+
+    http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable)
     env_api.install(app, sessions)
 

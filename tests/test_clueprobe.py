@@ -249,3 +249,17 @@ def test_episode_metrics_at_the_end_only(actions, distinct):
         assert e.done and all("episode_metrics" not in i for i in infos + more[:-1])
         assert more[-1]["episode_metrics"] == {"distinct_probes": distinct}
         json.dumps(more[-1])  # plain JSON: it crosses the HTTP API as is
+
+
+def test_reset_options_are_checked_not_ignored():
+    import pytest as _pytest
+
+    from envs.clueprobe import ClueProbeEnv
+
+    env = ClueProbeEnv(turns=3, bits=3)
+    with _pytest.raises(ValueError, match="unknown reset options"):
+        env.reset(seed=0, options={"targte": 3})
+    with _pytest.raises(ValueError, match="must be an int"):
+        env.reset(seed=0, options={"target": True})
+    env.reset(seed=0, options={"target": 5})
+    assert env._target == 5

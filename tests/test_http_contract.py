@@ -786,3 +786,34 @@ def test_clients_that_hang_up_leave_nothing_behind_on_any_route():
                 assert len(app.state.env_sessions) == 1, path
     finally:
         srv.stop()
+
+
+def test_routes_without_files_refuse_big_bodies_before_reading_them():
+    """Only creation and file writes carry files: a 10 MB body to fork, clone, exec, snapshot or a state
+    update is a 413 from its declared length (it was read and parsed, up to 12 MB each)."""
+    from sandbox_server.app import SMALL_BODY_BYTES, create_app
+    from sandbox_server.backends import LocalBackend
+    from sandbox_server.service import SandboxService, ServiceConfig
+
+    svc = SandboxService(LocalBackend(server_name=f"{SERVER_NAME}-small"), ServiceConfig(min_idle=1, max_total=4))
+    srv = UvicornThread(create_app(service=svc)).start()
+    big = b'{"metadata": {"x": "' + b"a" * (10 << 20) + b'"}}'
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            sb = c.post("/v1/sandboxes", json={}).json()["id"]
+            snap = c.post(f"/v1/sandboxes/{sb}/snapshot", json={}).json()["id"]
+            for method, path in [("PATCH", f"/v1/sandboxes/{sb}/state"), ("POST", f"/v1/sandboxes/{sb}/fork"),
+                                 ("POST", f"/v1/sandboxes/{sb}/exec"), ("POST", f"/v1/sandboxes/{sb}/snapshot"),
+                                 ("POST", f"/v1/snapshots/{snap}/clone")]:
+                r = c.request(method, path, content=big, headers={"content-type": "application/json"})
+                assert r.status_code == 413 and str(SMALL_BODY_BYTES) in r.json()["detail"], (path, r.text[:200])
+            assert c.get(f"/v1/sandboxes/{sb}").json()["state"]["metadata"] == {}
+            # metadata at its bound still fits the small limit
+            from sandbox_server.models import MAX_METADATA_BYTES
+
+            ok = c.patch(f"/v1/sandboxes/{sb}/state", json={"metadata": {"x": "a" * (MAX_METADATA_BYTES - 16)}})
+            assert ok.status_code == 200, ok.text[:200]
+            too = c.patch(f"/v1/sandboxes/{sb}/state", json={"metadata": {"x": "a" * MAX_METADATA_BYTES}})
+            assert too.status_code == 422 and "metadata" in too.json()["detail"]
+    finally:
+        srv.stop()
