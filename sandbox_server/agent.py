@@ -710,6 +710,9 @@ class Agent:
             except (binascii.Error, ValueError):
                 raise _Fail(f"the content of {rel!r} is not base64", "refused") from None
             plan.append((virt, data))
+        # Written in path order, the order in which a restore (a fork, a clone) recreates them from the
+        # tar: a directory then lists its entries the same way in the copy as in the original.
+        plan.sort(key=lambda item: item[0])
         virts = [v for v, _ in plan]
         if len(set(virts)) != len(virts):
             raise _Fail("two file paths of this write name the same file", "refused")

@@ -445,3 +445,25 @@ def test_s27_unusual_modes_and_links_round_trip(tmp_path):
 
 def stat_mode(p: Path) -> int:
     return os.lstat(p).st_mode & 0o7777
+
+
+def test_one_write_lists_in_the_same_order_in_forks_and_clones(service):
+    """Files of one write (given in any order) are created in path order, the order a restore recreates
+    them in: `find` and recursive `grep` answer a fork or clone exactly as the original (anchor keys of
+    the parent and its children agree)."""
+    files = {"b.txt": b"x\n", "a.txt": b"x\n", "sub/c.txt": b"x\n", "sub/a.txt": b"x\n", "z/q": b"x\n"}
+    sb = service.create(files=files)
+    ids = [sb.id]
+    try:
+        calls = [("find", {"path": "/scratch"}), ("grep", {"pattern": "x", "path": "/scratch"})]
+        base = [service.exec(sb.id, t, a).stdout for t, a in calls]
+        assert base[0].count("\n") == 8
+        kid = service.fork(sb.id, 1)[0]
+        snap = service.snapshot(sb.id)
+        clone = service.clone(snap.id, 1)[0]
+        ids += [kid.id, clone.id]
+        for other in (kid, clone):
+            assert [service.exec(other.id, t, a).stdout for t, a in calls] == base
+        service.delete_snapshot(snap.id)
+    finally:
+        delete_quietly(service, *ids)
