@@ -9,6 +9,7 @@ from __future__ import annotations
 from gymnasium.envs.registration import register, registry
 
 from envs.actions import ActionParseError, ToolCall, format_action, parse_action
+from envs.checks import check_fork_contract
 from envs.core import (
     INFRA_FAILURE_REASONS,
     TERMINATION_REASONS,
@@ -45,6 +46,7 @@ __all__ = [
     "TextEnv",
     "TextSpace",
     "ToolCall",
+    "check_fork_contract",
     "fit_text",
     "format_action",
     "parse_action",

@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envs
-from envs import ENV_SPECS, EpisodeFinishedError, Snapshot
+from envs import ENV_SPECS, EpisodeFinishedError, Snapshot, check_fork_contract
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -164,6 +164,7 @@ def test_fork_independence_s11():
         copy.copy(env)
     with pytest.raises(ValueError):
         env.fork(0)
+    check_fork_contract(make(turns=5), seed=0)  # the whole contract, by envs.checks
 
 
 def test_fork_copies_rng():

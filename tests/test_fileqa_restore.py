@@ -8,6 +8,7 @@ import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401 - registers the ids
+from envs import check_fork_contract
 from envs.core import EnvInfraError
 from envs.fileqa import shared_provider
 from tests.docker_support import ROOT, require_docker
@@ -53,6 +54,7 @@ def test_restore_rebuilds_the_sandbox(backend):
         # the answer that scores in the restored env is the snapshot's, and it scores
         obs, reward, term, _, _ = b.step(f"answer({right})")
         assert term and reward == 1.0, obs
+        check_fork_contract(a, seed=3)  # fork/snapshot/seeding contract, by envs.checks (closes what it makes)
     finally:
         a.close()
         b.close()
