@@ -1,27 +1,48 @@
 """Typed HTTP clients of the sandbox service: :class:`SandboxClient` (sync) and :class:`AsyncSandboxClient`.
 
+Both are built from one endpoint table, :data:`ENDPOINTS` (in the manner of httpx's ``_client.py`` and the
+E2B SDK): each :class:`Endpoint` says the HTTP method, the path template, how the JSON body is built from
+the call's arguments, the request and response models (shared with the server: :mod:`sandbox_server.models`)
+and which field of the response the method returns. :class:`_ClientBase` turns one entry plus the call's
+arguments into a :class:`_Request`, and maps the answer (or the error) back; :class:`SandboxClient` and
+:class:`AsyncSandboxClient` only send it, with ``httpx.Client`` or ``httpx.AsyncClient``. Every public
+method is a one-line call into the table and takes its docstring from its entry, so both clients have the
+same methods, signatures, return types and documentation.
+
 Both have the same method names and models as :class:`sandbox_server.service.SandboxService`, and raise
 the same errors: :class:`ToolRefused` (422), :class:`SandboxNotFound` (404), :class:`ServiceUnavailable`
-(503, ``retry_after_s`` from ``Retry-After``), :class:`LimitExceeded` (413: a body over the server's
-limit, or a bounded resource that would overflow), :class:`SandboxError` (anything else unexpected).
-Error bodies are the server's ``ErrorBody`` ``{"detail": str, "status": str}``.
+(503, ``retry_after_s`` from ``Retry-After``; also when the server does not answer at all),
+:class:`LimitExceeded` (413: a body over the server's limit, or a bounded resource that would overflow),
+:class:`SandboxError` (anything else unexpected). Error bodies are the server's ``ErrorBody``
+``{"detail": str, "status": str}``.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from sandbox_server.errors import LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
-    CloneResponse, Health, PoolStatus, SandboxInfo, SandboxList, SnapshotInfo, ToolList,
+    CloneRequest, CloneResponse, CreateRequest, ExecRequest, ForkRequest, Health, PoolStatus, SandboxInfo,
+    SandboxList, SnapshotInfo, SnapshotRequest, StateUpdate, ToolList, WriteFilesRequest,
 )
 from sandbox_server.tools import ToolResult, ToolSpec
 
+#: HTTP status -> the error class raised for it (503 is :class:`ServiceUnavailable`, with ``Retry-After``).
+ERRORS: dict[int, type[SandboxError]] = {413: LimitExceeded, 422: ToolRefused, 404: SandboxNotFound}
+
+_ERRORS_DOC = {404: "SandboxNotFound (404): no such {what}", 413: "LimitExceeded (413): {limit}",
+               422: "ToolRefused (422): {refused}", 503: "ServiceUnavailable (503, or no answer): retry after "
+               "``retry_after_s`` seconds"}
+
 
 def _raise_for(resp: httpx.Response) -> None:
+    """Raise the error that an HTTP answer of 400 or more stands for (see :data:`ERRORS`)."""
     if resp.status_code < 400:
         return
     try:
@@ -31,12 +52,8 @@ def _raise_for(resp: httpx.Response) -> None:
         detail = resp.text
     if not isinstance(detail, str):
         detail = str(detail)
-    if resp.status_code == 413:
-        raise LimitExceeded(detail)
-    if resp.status_code == 422:
-        raise ToolRefused(detail)
-    if resp.status_code == 404:
-        raise SandboxNotFound(detail)
+    if resp.status_code in ERRORS:
+        raise ERRORS[resp.status_code](detail)
     if resp.status_code == 503:
         try:
             retry = float(resp.headers.get("Retry-After", "1"))
@@ -50,14 +67,201 @@ def _files_body(files: dict[str, bytes]) -> dict[str, Any]:
     return {"files": {k: base64.b64encode(v).decode("ascii") for k, v in files.items()}, "encoding": "base64"}
 
 
-def _create_body(cwd, env, metadata, files) -> dict[str, Any]:
+def _create_body(cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
+                 files: dict[str, bytes] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"cwd": cwd, "env": env, "metadata": metadata}
     if files:
         body.update(_files_body(files))
     return body
 
 
-class SandboxClient:
+def _exec_body(tool: str, args: dict[str, Any] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+    return {"tool": tool, "args": args or {}, "timeout_s": timeout_s}
+
+
+def _exec_wait(timeout_s: float | None = None, **_: Any) -> float:
+    """HTTP timeout of a tool call: its own ``timeout_s`` (60 s when unset or unusable) plus 30 s."""
+    return (timeout_s if isinstance(timeout_s, (int, float)) and 0 < timeout_s < 1e6 else 60.0) + 30.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One operation of the HTTP API, as the clients call it.
+
+    ``path`` is a template whose ``{names}`` are filled from the call's arguments of those names;
+    ``body`` builds the JSON body from the other arguments (``None``: no body); ``request`` is the server's
+    model of that body (for the record and the contract test: the client sends plain JSON and lets the
+    server refuse what it refuses); ``response`` is the model the answer is parsed into (``None``: the answer
+    has no body, the method returns ``None``) and ``field`` the attribute of it the method returns
+    (``None``: the whole model); ``timeout`` the HTTP timeout in seconds from the arguments (``None``: the
+    client's ``timeout_s``); ``errors`` the HTTP statuses the operation can answer besides success, with the
+    docstring's words for each."""
+
+    name: str
+    method: str
+    path: str
+    summary: str
+    response: type[BaseModel] | None = None
+    field: str | None = None
+    body: Callable[..., dict[str, Any]] | None = None
+    request: type[BaseModel] | None = None
+    timeout: Callable[..., float] | None = None
+    errors: tuple[int, ...] = (503,)
+    returns: str = ""
+    words: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        return tuple(p.split("}")[0] for p in self.path.split("{")[1:])
+
+    @property
+    def doc(self) -> str:
+        """The docstring of the methods of this entry (sync and async alike)."""
+        words = dict(self.words)
+        lines = [self.summary, "", f"``{self.method} {self.path}``."]
+        if self.returns:
+            lines.append(f"Returns {self.returns}.")
+        lines += ["", "Raises:"]
+        for status in self.errors:
+            lines.append("    " + _ERRORS_DOC[status].format(
+                what=words.get("what", "sandbox"), limit=words.get("limit", "a body over the server's limit"),
+                refused=words.get("refused", "the server refused the request")))
+        lines.append("    SandboxError: any other unexpected answer.")
+        return "\n".join(lines)
+
+
+_SB = ("what", "sandbox (ended, replaced or never created)")
+_SNAP = ("what", "snapshot (deleted, expired or never taken)")
+
+#: The endpoint table: every operation of the client, in one place. Keys are the client's method names.
+ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in [
+    Endpoint("health", "GET", "/healthz", "Whether the server is up and its backend and warm pool are healthy.",
+             Health, returns="``Health`` (``status`` ``ok`` or ``degraded``, the backend's name, why"
+             " degraded)"),
+    Endpoint("tools", "GET", "/v1/tools", "The tool whitelist: each tool's name, ordered parameters and JSON schema.",
+             ToolList, field="tools", returns="the list of ``ToolSpec``"),
+    Endpoint("pool_status", "GET", "/v1/pool", "Warm pool sizes and limits (counts of sandboxes).", PoolStatus,
+             returns="``PoolStatus``"),
+    Endpoint("create", "POST", "/v1/sandboxes", "Take a warm sandbox for a new session.\n\n``cwd``: working "
+             "directory; ``env``: environment variables; ``metadata``: free JSON kept with the session (and "
+             "copied into snapshots, clones and forks); ``files``: relative path under /scratch -> content "
+             "(bytes, sent base64).", SandboxInfo, body=_create_body, request=CreateRequest,
+             errors=(413, 422, 503), returns="the new sandbox's ``SandboxInfo``",
+             words=(("limit", "files or metadata over the server's limits, or the pool is at its maximum"),
+                    ("refused", "an invalid cwd, env, metadata or file path"))),
+    Endpoint("get", "GET", "/v1/sandboxes/{sandbox_id}", "One session's state.", SandboxInfo, errors=(404, 503),
+             returns="its ``SandboxInfo``", words=(_SB,)),
+    Endpoint("list", "GET", "/v1/sandboxes", "Every live session.", SandboxList, field="sandboxes",
+             returns="the list of ``SandboxInfo``"),
+    Endpoint("delete", "DELETE", "/v1/sandboxes/{sandbox_id}", "End a session; its sandbox is destroyed and "
+             "replaced in the pool.", errors=(404, 503), returns="``None``", words=(_SB,)),
+    Endpoint("exec", "POST", "/v1/sandboxes/{sandbox_id}/exec", "Run one whitelisted tool call in the sandbox."
+             "\n\n``tool``: the tool's name (see :meth:`tools`); ``args``: its arguments by name; ``timeout_s``: "
+             "its time limit in seconds (``None``: the server's default; capped at the server's maximum). The "
+             "HTTP call waits that limit plus 30 s (60 s + 30 s when unset).", ToolResult, body=_exec_body,
+             request=ExecRequest, timeout=_exec_wait, errors=(404, 413, 422, 503),
+             returns="the ``ToolResult`` (status, stdout, stderr, exit code, ``duration_s`` in seconds)",
+             words=(_SB, ("limit", "a body over the server's limit"),
+                    ("refused", "an unknown tool, bad arguments or a path outside the sandbox; nothing ran"))),
+    Endpoint("write_files", "PUT", "/v1/sandboxes/{sandbox_id}/files", "Write per-episode files under /scratch "
+             "(server-side; not a tool).\n\n``files``: relative path under /scratch -> content (bytes, sent "
+             "base64).", body=lambda files: _files_body(files), request=WriteFilesRequest,
+             errors=(404, 413, 422, 503), returns="``None``",
+             words=(_SB, ("limit", "files over the server's size limits"), ("refused", "an invalid file path"))),
+    Endpoint("update_state", "PATCH", "/v1/sandboxes/{sandbox_id}/state", "Set the working directory, "
+             "environment variables or metadata of a session (``None``: left as it is).", SandboxInfo,
+             body=lambda cwd=None, env=None, metadata=None: {"cwd": cwd, "env": env, "metadata": metadata},
+             request=StateUpdate, errors=(404, 413, 422, 503), returns="the updated ``SandboxInfo``",
+             words=(_SB, ("limit", "metadata over the server's limit"),
+                    ("refused", "an invalid cwd, env or metadata"))),
+    Endpoint("snapshot", "POST", "/v1/sandboxes/{sandbox_id}/snapshot", "Capture /scratch, /tmp and the session "
+             "state as a stored snapshot.\n\n``ttl_s``: how long the server keeps it, in seconds (``None``: the "
+             "server's default).", SnapshotInfo, body=lambda ttl_s=None: {"ttl_s": ttl_s}, request=SnapshotRequest,
+             errors=(404, 413, 422, 503), returns="the ``SnapshotInfo`` (id, ``size_bytes``, expiry)",
+             words=(_SB, ("limit", "the snapshot store is full"), ("refused", "an invalid ttl_s"))),
+    Endpoint("get_snapshot", "GET", "/v1/snapshots/{snapshot_id}", "A stored snapshot's info.", SnapshotInfo,
+             errors=(404, 503), returns="its ``SnapshotInfo``", words=(_SNAP,)),
+    Endpoint("delete_snapshot", "DELETE", "/v1/snapshots/{snapshot_id}", "Forget a snapshot.", errors=(404, 503),
+             returns="``None``", words=(_SNAP,)),
+    Endpoint("clone", "POST", "/v1/snapshots/{snapshot_id}/clone", "``n`` new independent sandboxes restored to "
+             "the snapshot (all or none).", CloneResponse, field="sandboxes", body=lambda n=1: {"n": n},
+             request=CloneRequest, errors=(404, 413, 422, 503), returns="the list of the new ``SandboxInfo``",
+             words=(_SNAP, ("limit", "n more sandboxes than the pool may hold"), ("refused", "an invalid n"))),
+    Endpoint("fork", "POST", "/v1/sandboxes/{sandbox_id}/fork", "Snapshot + clone in one call: ``n`` independent "
+             "copies of the sandbox (all or none).", CloneResponse, field="sandboxes", body=lambda n=1: {"n": n},
+             request=ForkRequest, errors=(404, 413, 422, 503), returns="the list of the new ``SandboxInfo``",
+             words=(_SB, ("limit", "n more sandboxes than the pool may hold"), ("refused", "an invalid n"))),
+]}
+
+_ENV_API = ("the gymnasium-style env API (sandbox_server/env_api.py); its client is envs.remote.RemoteEnv, "
+            "an env, not a sandbox client")
+
+#: Server routes under /v1 that these clients intentionally do not call, and why. (``/healthz`` is in the
+#: table although outside /v1; ``/metrics`` is Prometheus text for scrapers, not a client method.)
+NOT_IN_CLIENT: dict[tuple[str, str], str] = {
+    ("GET", "/v1/envs"): _ENV_API,
+    ("POST", "/v1/envs"): _ENV_API,
+    ("GET", "/v1/envs/{session_id}"): _ENV_API,
+    ("DELETE", "/v1/envs/{session_id}"): _ENV_API,
+    ("POST", "/v1/envs/{session_id}/reset"): _ENV_API,
+    ("POST", "/v1/envs/{session_id}/step"): _ENV_API,
+    ("POST", "/v1/envs/{session_id}/fork"): _ENV_API,
+}
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One HTTP request built from a table entry: what the senders pass to ``httpx``."""
+
+    method: str
+    url: str
+    kwargs: dict[str, Any]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _op(name: str) -> Callable[[F], F]:
+    """Mark a client method as the table entry ``name``: it takes the entry's docstring."""
+    def deco(fn: F) -> F:
+        fn.__doc__ = ENDPOINTS[name].doc
+        return fn
+    return deco
+
+
+class _ClientBase:
+    """What the sync and async clients share: building a request from a table entry, parsing the answer."""
+
+    timeout_s: float
+
+    @staticmethod
+    def _build(name: str, args: dict[str, Any]) -> _Request:
+        ep = ENDPOINTS[name]
+        params = ep.path_params
+        url = ep.path.format(**{p: args[p] for p in params})
+        rest = {k: v for k, v in args.items() if k not in params}
+        kwargs: dict[str, Any] = {}
+        if ep.body is not None:
+            kwargs["json"] = ep.body(**rest)
+        if ep.timeout is not None:
+            kwargs["timeout"] = ep.timeout(**rest)
+        return _Request(ep.method, url, kwargs)
+
+    @staticmethod
+    def _parse(name: str, resp: httpx.Response) -> Any:
+        _raise_for(resp)
+        ep = ENDPOINTS[name]
+        if ep.response is None:
+            return None
+        model = ep.response.model_validate(resp.json())
+        return getattr(model, ep.field) if ep.field else model
+
+    @staticmethod
+    def _unavailable(exc: httpx.TransportError) -> ServiceUnavailable:
+        return ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0)
+
+
+class SandboxClient(_ClientBase):
     """Synchronous client. ``base_url`` like ``http://127.0.0.1:8000``; ``timeout_s``: HTTP timeout in seconds
     for calls without their own deadline (tool calls wait their ``timeout_s`` plus 30 s)."""
 
@@ -66,6 +270,7 @@ class SandboxClient:
         self.timeout_s = timeout_s
 
     def close(self) -> None:
+        """Close the HTTP connections."""
         self.http.close()
 
     def __enter__(self) -> "SandboxClient":
@@ -74,68 +279,79 @@ class SandboxClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _req(self, method: str, url: str, **kw: Any) -> httpx.Response:
+    def _call(self, name: str, **args: Any) -> Any:
+        req = self._build(name, args)
         try:
-            resp = self.http.request(method, url, **kw)
+            resp = self.http.request(req.method, req.url, **req.kwargs)
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0) from None
-        _raise_for(resp)
-        return resp
+            raise self._unavailable(exc) from None
+        return self._parse(name, resp)
 
+    @_op("health")
     def health(self) -> Health:
-        return Health.model_validate(self._req("GET", "/healthz").json())
+        return self._call("health")
 
+    @_op("tools")
     def tools(self) -> list[ToolSpec]:
-        return ToolList.model_validate(self._req("GET", "/v1/tools").json()).tools
+        return self._call("tools")
 
+    @_op("pool_status")
     def pool_status(self) -> PoolStatus:
-        return PoolStatus.model_validate(self._req("GET", "/v1/pool").json())
+        return self._call("pool_status")
 
+    @_op("create")
     def create(self, cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
                files: dict[str, bytes] | None = None) -> SandboxInfo:
-        return SandboxInfo.model_validate(self._req("POST", "/v1/sandboxes", json=_create_body(cwd, env, metadata, files)).json())
+        return self._call("create", cwd=cwd, env=env, metadata=metadata, files=files)
 
+    @_op("get")
     def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate(self._req("GET", f"/v1/sandboxes/{sandbox_id}").json())
+        return self._call("get", sandbox_id=sandbox_id)
 
+    @_op("list")
     def list(self) -> list[SandboxInfo]:
-        return SandboxList.model_validate(self._req("GET", "/v1/sandboxes").json()).sandboxes
+        return self._call("list")
 
+    @_op("delete")
     def delete(self, sandbox_id: str) -> None:
-        self._req("DELETE", f"/v1/sandboxes/{sandbox_id}")
+        return self._call("delete", sandbox_id=sandbox_id)
 
+    @_op("exec")
     def exec(self, sandbox_id: str, tool: str, args: dict[str, Any] | None = None,
              timeout_s: float | None = None) -> ToolResult:
-        wait = (timeout_s if isinstance(timeout_s, (int, float)) and 0 < timeout_s < 1e6 else 60.0) + 30.0
-        resp = self._req("POST", f"/v1/sandboxes/{sandbox_id}/exec",
-                         json={"tool": tool, "args": args or {}, "timeout_s": timeout_s}, timeout=wait)
-        return ToolResult.model_validate(resp.json())
+        return self._call("exec", sandbox_id=sandbox_id, tool=tool, args=args, timeout_s=timeout_s)
 
+    @_op("write_files")
     def write_files(self, sandbox_id: str, files: dict[str, bytes]) -> None:
-        self._req("PUT", f"/v1/sandboxes/{sandbox_id}/files", json=_files_body(files))
+        return self._call("write_files", sandbox_id=sandbox_id, files=files)
 
+    @_op("update_state")
     def update_state(self, sandbox_id: str, cwd: str | None = None, env: dict[str, str] | None = None,
                      metadata: dict[str, Any] | None = None) -> SandboxInfo:
-        resp = self._req("PATCH", f"/v1/sandboxes/{sandbox_id}/state", json={"cwd": cwd, "env": env, "metadata": metadata})
-        return SandboxInfo.model_validate(resp.json())
+        return self._call("update_state", sandbox_id=sandbox_id, cwd=cwd, env=env, metadata=metadata)
 
+    @_op("snapshot")
     def snapshot(self, sandbox_id: str, ttl_s: float | None = None) -> SnapshotInfo:
-        return SnapshotInfo.model_validate(self._req("POST", f"/v1/sandboxes/{sandbox_id}/snapshot", json={"ttl_s": ttl_s}).json())
+        return self._call("snapshot", sandbox_id=sandbox_id, ttl_s=ttl_s)
 
+    @_op("get_snapshot")
     def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
-        return SnapshotInfo.model_validate(self._req("GET", f"/v1/snapshots/{snapshot_id}").json())
+        return self._call("get_snapshot", snapshot_id=snapshot_id)
 
+    @_op("delete_snapshot")
     def delete_snapshot(self, snapshot_id: str) -> None:
-        self._req("DELETE", f"/v1/snapshots/{snapshot_id}")
+        return self._call("delete_snapshot", snapshot_id=snapshot_id)
 
+    @_op("clone")
     def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
-        return CloneResponse.model_validate(self._req("POST", f"/v1/snapshots/{snapshot_id}/clone", json={"n": n}).json()).sandboxes
+        return self._call("clone", snapshot_id=snapshot_id, n=n)
 
+    @_op("fork")
     def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
-        return CloneResponse.model_validate(self._req("POST", f"/v1/sandboxes/{sandbox_id}/fork", json={"n": n}).json()).sandboxes
+        return self._call("fork", sandbox_id=sandbox_id, n=n)
 
 
-class AsyncSandboxClient:
+class AsyncSandboxClient(_ClientBase):
     """Asynchronous client with the same methods as :class:`SandboxClient` (each a coroutine)."""
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None):
@@ -143,6 +359,7 @@ class AsyncSandboxClient:
         self.timeout_s = timeout_s
 
     async def aclose(self) -> None:
+        """Close the HTTP connections."""
         await self.http.aclose()
 
     async def __aenter__(self) -> "AsyncSandboxClient":
@@ -151,66 +368,73 @@ class AsyncSandboxClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _req(self, method: str, url: str, **kw: Any) -> httpx.Response:
+    async def _call(self, name: str, **args: Any) -> Any:
+        req = self._build(name, args)
         try:
-            resp = await self.http.request(method, url, **kw)
+            resp = await self.http.request(req.method, req.url, **req.kwargs)
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0) from None
-        _raise_for(resp)
-        return resp
+            raise self._unavailable(exc) from None
+        return self._parse(name, resp)
 
+    @_op("health")
     async def health(self) -> Health:
-        return Health.model_validate((await self._req("GET", "/healthz")).json())
+        return await self._call("health")
 
+    @_op("tools")
     async def tools(self) -> list[ToolSpec]:
-        return ToolList.model_validate((await self._req("GET", "/v1/tools")).json()).tools
+        return await self._call("tools")
 
+    @_op("pool_status")
     async def pool_status(self) -> PoolStatus:
-        return PoolStatus.model_validate((await self._req("GET", "/v1/pool")).json())
+        return await self._call("pool_status")
 
+    @_op("create")
     async def create(self, cwd: str | None = None, env: dict[str, str] | None = None,
                      metadata: dict[str, Any] | None = None, files: dict[str, bytes] | None = None) -> SandboxInfo:
-        resp = await self._req("POST", "/v1/sandboxes", json=_create_body(cwd, env, metadata, files))
-        return SandboxInfo.model_validate(resp.json())
+        return await self._call("create", cwd=cwd, env=env, metadata=metadata, files=files)
 
+    @_op("get")
     async def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate((await self._req("GET", f"/v1/sandboxes/{sandbox_id}")).json())
+        return await self._call("get", sandbox_id=sandbox_id)
 
+    @_op("list")
     async def list(self) -> list[SandboxInfo]:
-        return SandboxList.model_validate((await self._req("GET", "/v1/sandboxes")).json()).sandboxes
+        return await self._call("list")
 
+    @_op("delete")
     async def delete(self, sandbox_id: str) -> None:
-        await self._req("DELETE", f"/v1/sandboxes/{sandbox_id}")
+        return await self._call("delete", sandbox_id=sandbox_id)
 
+    @_op("exec")
     async def exec(self, sandbox_id: str, tool: str, args: dict[str, Any] | None = None,
                    timeout_s: float | None = None) -> ToolResult:
-        wait = (timeout_s if isinstance(timeout_s, (int, float)) and 0 < timeout_s < 1e6 else 60.0) + 30.0
-        resp = await self._req("POST", f"/v1/sandboxes/{sandbox_id}/exec",
-                               json={"tool": tool, "args": args or {}, "timeout_s": timeout_s}, timeout=wait)
-        return ToolResult.model_validate(resp.json())
+        return await self._call("exec", sandbox_id=sandbox_id, tool=tool, args=args, timeout_s=timeout_s)
 
+    @_op("write_files")
     async def write_files(self, sandbox_id: str, files: dict[str, bytes]) -> None:
-        await self._req("PUT", f"/v1/sandboxes/{sandbox_id}/files", json=_files_body(files))
+        return await self._call("write_files", sandbox_id=sandbox_id, files=files)
 
+    @_op("update_state")
     async def update_state(self, sandbox_id: str, cwd: str | None = None, env: dict[str, str] | None = None,
                            metadata: dict[str, Any] | None = None) -> SandboxInfo:
-        resp = await self._req("PATCH", f"/v1/sandboxes/{sandbox_id}/state", json={"cwd": cwd, "env": env, "metadata": metadata})
-        return SandboxInfo.model_validate(resp.json())
+        return await self._call("update_state", sandbox_id=sandbox_id, cwd=cwd, env=env, metadata=metadata)
 
+    @_op("snapshot")
     async def snapshot(self, sandbox_id: str, ttl_s: float | None = None) -> SnapshotInfo:
-        resp = await self._req("POST", f"/v1/sandboxes/{sandbox_id}/snapshot", json={"ttl_s": ttl_s})
-        return SnapshotInfo.model_validate(resp.json())
+        return await self._call("snapshot", sandbox_id=sandbox_id, ttl_s=ttl_s)
 
+    @_op("get_snapshot")
     async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
-        return SnapshotInfo.model_validate((await self._req("GET", f"/v1/snapshots/{snapshot_id}")).json())
+        return await self._call("get_snapshot", snapshot_id=snapshot_id)
 
+    @_op("delete_snapshot")
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        await self._req("DELETE", f"/v1/snapshots/{snapshot_id}")
+        return await self._call("delete_snapshot", snapshot_id=snapshot_id)
 
+    @_op("clone")
     async def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
-        resp = await self._req("POST", f"/v1/snapshots/{snapshot_id}/clone", json={"n": n})
-        return CloneResponse.model_validate(resp.json()).sandboxes
+        return await self._call("clone", snapshot_id=snapshot_id, n=n)
 
+    @_op("fork")
     async def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
-        resp = await self._req("POST", f"/v1/sandboxes/{sandbox_id}/fork", json={"n": n})
-        return CloneResponse.model_validate(resp.json()).sandboxes
+        return await self._call("fork", sandbox_id=sandbox_id, n=n)
