@@ -152,8 +152,18 @@ def fixture_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _cache["fixture_data"]  # type: ignore[return-value]
 
 
-def _service(kind: str, data: Path, request: pytest.FixtureRequest):
+def backend_for(kind: str, name: str, data: Path):
+    """A backend over the fixture ``data``: ``"docker"`` (labelled ``name``; needs an engine: fails in CI,
+    skips elsewhere), ``"local"`` (bubblewrap, required) or ``"local-nobwrap"`` (the explicit unsafe opt-in)."""
     from sandbox_server.backends import DockerBackend, LocalBackend
+
+    if kind == "docker":
+        require_docker()
+        return DockerBackend(server_name=name, data_dir=data)
+    return LocalBackend(data, server_name=name, unsafe_no_isolation=kind == "local-nobwrap")
+
+
+def _service(kind: str, data: Path, request: pytest.FixtureRequest):
     from sandbox_server.service import SandboxService, ServiceConfig
 
     key = f"service-{kind}"
@@ -161,11 +171,7 @@ def _service(kind: str, data: Path, request: pytest.FixtureRequest):
         if key not in _cache:
             cfg = ServiceConfig(min_idle=4, max_total=40, max_concurrent_starts=2, default_timeout_s=5.0,
                                 max_timeout_s=10.0, output_cap_bytes=CAP, acquire_timeout_s=30.0)
-            if kind == "docker":
-                backend = DockerBackend(server_name=SERVER_NAME, data_dir=data)
-            else:  # "local" (bubblewrap, required) or "local-nobwrap" (the explicit unsafe opt-in)
-                backend = LocalBackend(data, server_name=f"{SERVER_NAME}-{kind}",
-                                       unsafe_no_isolation=kind == "local-nobwrap")
+            backend = backend_for(kind, SERVER_NAME if kind == "docker" else f"{SERVER_NAME}-{kind}", data)
             svc = SandboxService(backend, cfg).start()
             _cache[key] = svc
             request.session.config.add_cleanup(close_all)

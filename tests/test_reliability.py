@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.docker_support import (  # noqa: F401
-    ROOT, SERVER_NAME, UvicornThread, fixture_data, free_port, leftover_containers, require_docker,
+    ROOT, SERVER_NAME, UvicornThread, backend_for, fixture_data, free_port, leftover_containers, require_docker,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability]
@@ -174,15 +174,10 @@ def test_load_rounds_return_every_count_to_its_baseline():
 @pytest.fixture(params=["docker", "local"])
 def served(request, fixture_data):
     from sandbox_server.app import create_app
-    from sandbox_server.backends import DockerBackend, LocalBackend
     from sandbox_server.service import SandboxService, ServiceConfig
 
     name = f"{SERVER_NAME}-faults-{request.param}"
-    if request.param == "docker":
-        require_docker()
-        backend = DockerBackend(server_name=name, data_dir=fixture_data)
-    else:
-        backend = LocalBackend(fixture_data, server_name=name)
+    backend = backend_for(request.param, name, fixture_data)
     svc = SandboxService(backend, ServiceConfig(min_idle=2, max_total=5, default_timeout_s=5, max_timeout_s=10,
                                                 acquire_timeout_s=2.0))
     try:

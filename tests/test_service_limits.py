@@ -10,19 +10,12 @@ import pytest
 
 from sandbox_server.errors import ServiceUnavailable, ToolRefused
 from sandbox_server.service import CancelToken, SandboxService, ServiceConfig
-from tests.docker_support import SERVER_NAME, fixture_data, require_docker  # noqa: F401
+from tests.docker_support import SERVER_NAME, backend_for, fixture_data  # noqa: F401
 
 
 @pytest.fixture(params=["local", "docker"])
 def svc(request, fixture_data):
-    from sandbox_server.backends import DockerBackend, LocalBackend
-
-    name = f"{SERVER_NAME}-limits-{request.param}"
-    if request.param == "docker":
-        require_docker()
-        backend = DockerBackend(server_name=name, data_dir=fixture_data)
-    else:
-        backend = LocalBackend(fixture_data, server_name=name)
+    backend = backend_for(request.param, f"{SERVER_NAME}-limits-{request.param}", fixture_data)
     s = SandboxService(backend, ServiceConfig(min_idle=2, max_total=6, acquire_timeout_s=5.0,
                                               max_snapshot_bytes=3 << 20)).start()
     yield s
