@@ -29,7 +29,7 @@ SERVER_NAME = f"{TEST_LABEL_PREFIX}{os.getpid()}"
 CAP = 65536
 
 _cache: dict[str, object] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a fixture that holds it may build the images (require_docker)
 
 
 def docker_reason() -> str | None:
