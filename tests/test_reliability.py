@@ -104,6 +104,8 @@ class ServerProcess:
 async def _round(url: str, statuses: Counter, creates: int = 64, calls: int = 256) -> int:
     """One load round: ``creates`` concurrent creates, ``calls`` concurrent tool calls over the sessions
     obtained, then every session deleted. Returns how many sessions clients got."""
+    # A client per phase: a connection kept alive through a phase's waits (creates wait up to the acquire
+    # timeout) can pass the server's 5 s keep-alive timeout and be closed under a new request.
     limits = httpx.Limits(max_connections=creates + calls, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
         made = await asyncio.gather(*[c.post("/v1/sandboxes", json={"files": {"q.txt": f"q{i}"}})
@@ -117,6 +119,7 @@ async def _round(url: str, statuses: Counter, creates: int = 64, calls: int = 25
             else:
                 _check_error_body(r)
         assert ids, "no create succeeded"
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
         ran = await asyncio.gather(*[
             c.post(f"/v1/sandboxes/{ids[i % len(ids)]}/exec",
                    json={"tool": "grep", "args": {"pattern": "def ", "path": "Lib/textwrap.py", "max_count": 3}})
