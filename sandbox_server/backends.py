@@ -785,6 +785,12 @@ class DockerBackend(_AgentBackend):
         except Exception as exc:
             raise EngineUnavailable(f"the Docker engine refused to create a sandbox: {exc}") from None
         sid = "d-" + c.id[:12]
+        if getattr(self, "_closed", False):  # closed while the engine made it: nobody would remove it
+            try:
+                c.remove(force=True)
+            except Exception:  # noqa: BLE001 - close() sweeps this instance's label too
+                pass
+            raise EngineUnavailable("the docker backend was closed while a sandbox was being made")
         try:
             c.start()
             sock = self.client.api.attach_socket(c.id, params={"stdin": 1, "stdout": 1, "stream": 1})
@@ -869,8 +875,19 @@ class DockerBackend(_AgentBackend):
         return n
 
     def close(self) -> None:
-        """Remove every container of this instance and close the engine client."""
+        """Remove every container of this instance (those a create still in flight made included: they
+        carry this instance's label) and close the engine client."""
+        self._closed = True
         super().close()
+        try:
+            for c in self.client.containers.list(all=True, sparse=True,
+                                                 filters={"label": f"{OWNER_LABELS[3]}={self.instance}"}):
+                try:
+                    c.remove(force=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        except Exception:  # noqa: BLE001 - the engine went away: nothing more to remove here
+            pass
         try:
             self.client.close()
         except Exception:
