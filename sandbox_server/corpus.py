@@ -81,13 +81,12 @@ def build_corpus(dest: str, stdlib: str | None = None) -> dict:
     return manifest
 
 
-def ensure_corpus(dest: str | None = None) -> str:
-    """Materialise the corpus once at ``dest`` (default ``$FORKYARD_CORPUS`` or a per-user cache) and return it.
+def ensure_corpus(dest: str) -> str:
+    """Materialise the corpus once at ``dest`` and return it (callers take ``dest`` from
+    :func:`sandbox_server.settings.corpus_dir`; this file stays stdlib-only: the sandbox image runs it).
 
     Rebuilt when the manifest is absent or was built from another interpreter version.
     """
-    dest = dest or os.environ.get("FORKYARD_CORPUS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "forkyard", "corpus-py%d.%d.%d" % sys.version_info[:3])
     man = os.path.join(dest, MANIFEST)
     if os.path.isfile(man):
         try:

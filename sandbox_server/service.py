@@ -7,7 +7,6 @@ Every method blocks; the HTTP app runs them in worker threads.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import threading
 import time
@@ -24,51 +23,15 @@ from sandbox_server.errors import (
 from sandbox_server.metrics import Metrics
 from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
 from sandbox_server.pool import SandboxPool
+from sandbox_server.settings import MAX_WRITE_BYTES, ServiceConfig
 from sandbox_server.tools import (
     READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call, validate_session_env,
 )
 
 
-#: Most bytes of per-episode files one write may carry.
-MAX_WRITE_BYTES = 8 << 20
 #: Longest file name (one path component) and relative path of a written file, in UTF-8 bytes (Linux's
 #: NAME_MAX, and PATH_MAX less room for the /scratch prefix).
 MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4000
-
-
-@dataclass
-class ServiceConfig:
-    """Limits of a service. Times in seconds, sizes in bytes."""
-
-    min_idle: int = 2
-    max_total: int = 16
-    max_concurrent_starts: int = 2
-    acquire_timeout_s: float = 15.0
-    idle_ttl_s: float = 900.0
-    snapshot_ttl_s: float = 900.0
-    default_timeout_s: float = 10.0
-    max_timeout_s: float = 60.0
-    output_cap_bytes: int = 65536
-    reap_interval_s: float = 5.0
-    #: Most bytes all stored snapshots may hold together (their tars); past it ``snapshot`` refuses.
-    max_snapshot_bytes: int = 256 << 20
-    #: Seconds an env session (``/v1/envs``) may stay idle before the server closes it.
-    env_ttl_s: float = 600.0
-    #: Most env sessions a server holds at once (``/v1/envs``); past it creates and forks answer 503.
-    max_env_sessions: int = 256
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> "ServiceConfig":
-        """Defaults, then ``FORKYARD_<FIELD>`` environment variables, then ``overrides``."""
-        cfg = cls()
-        for name, value in vars(cls()).items():
-            env = os.environ.get(f"FORKYARD_{name.upper()}")
-            if env is not None:
-                setattr(cfg, name, type(value)(env))
-        for k, v in overrides.items():
-            if v is not None:
-                setattr(cfg, k, v)
-        return cfg
 
 
 class CancelToken:

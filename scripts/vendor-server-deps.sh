@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 dest = Path("docker/vendor/site-packages")
-want = ["fastapi", "uvicorn", "uvloop", "httptools", "docker", "prometheus-client", "pydantic", "httpx", "gymnasium", "numpy", "orjson"]
+want = ["fastapi", "uvicorn", "uvloop", "httptools", "docker", "prometheus-client", "pydantic", "httpx", "gymnasium", "numpy", "orjson", "pydantic-settings"]
 seen, todo = set(), list(want)
 while todo:
     name = re.split(r"[\s;<>=!~\[(]", todo.pop(), 1)[0].lower().replace("_", "-")

@@ -1,0 +1,142 @@
+"""Sandbox backends: one interface (:class:`~sandbox_server.backends.base.Backend`), a registry of
+implementations, and one config model per implementation.
+
+Built-in backends, one module each:
+
+* ``local`` (:mod:`.local`, :class:`LocalBackend`): the agent as a subprocess under bubblewrap (no Docker).
+* ``docker`` (:mod:`.docker`, :class:`DockerBackend`): a hardened container per sandbox.
+
+A backend is chosen by name in exactly one place, :func:`make_backend`, which every server, env and
+command uses. To add one, write a :class:`BackendConfig` subclass whose ``type`` names it and whose
+``build()`` returns the backend, and pass it to :func:`register_backend`::
+
+    class MyConfig(BackendConfig):
+        type: Literal["mine"] = "mine"
+        def build(self) -> Backend: ...
+
+    register_backend(MyConfig)          # now: make_backend("mine"), python -m sandbox_server --backend mine
+
+Shared defaults (``server_name``, the docker ``image``) come from
+:class:`sandbox_server.settings.ServerSettings` (``FORKYARD_SERVER_NAME``, ``FORKYARD_SANDBOX_IMAGE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_server.backends.base import (
+    AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, AgentBackend, Backend, Channel, agent_sha, check_write_limits,
+    machine_id, owner_alive, owner_record, process_start,
+)
+from sandbox_server.backends.docker import DockerBackend
+from sandbox_server.backends.local import INSTALL_HINT, LocalBackend, bwrap_problem, default_state_root
+from sandbox_server.settings import ServerSettings
+
+
+class BackendConfig(BaseModel):
+    """Options of one backend kind; ``build()`` makes the backend. Subclasses set ``type`` to their
+    registered name. Unknown fields are refused (``pydantic.ValidationError``)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    type: str
+    #: Label value tying sandboxes to their server (default ``FORKYARD_SERVER_NAME`` or ``default``).
+    server_name: str = Field(default_factory=lambda: ServerSettings().server_name)
+    #: Host folder shown read-only as ``/data`` (default: the backend's own corpus).
+    data_dir: str | None = None
+    #: Whether the backend's sandboxes may run without isolation (only a backend that can do so accepts True).
+    accepts_unsafe: ClassVar[bool] = False
+
+    def build(self) -> Backend:
+        """Make the backend. Raises the backend's start-up errors (``EngineUnavailable``, ``IsolationUnavailable``)."""
+        raise NotImplementedError
+
+
+class LocalBackendConfig(BackendConfig):
+    """:class:`LocalBackend` options (see its docstring): bubblewrap isolation, refused when missing unless
+    ``unsafe_no_isolation`` is True."""
+
+    type: Literal["local"] = "local"
+    state_dir: str | None = None
+    unsafe_no_isolation: bool = False
+    accepts_unsafe: ClassVar[bool] = True
+
+    def build(self) -> Backend:
+        return LocalBackend(self.data_dir, state_dir=self.state_dir, unsafe_no_isolation=self.unsafe_no_isolation,
+                            server_name=self.server_name)
+
+
+class DockerBackendConfig(BackendConfig):
+    """:class:`DockerBackend` options (see its docstring): the image, resource limits and the engine."""
+
+    type: Literal["docker"] = "docker"
+    image: str = Field(default_factory=lambda: ServerSettings().sandbox_image)
+    user: str = "1000:1000"
+    mem_limit: str = "256m"
+    pids_limit: int = Field(128, ge=1)
+    nano_cpus: int = Field(1_000_000_000, ge=1)
+    tmpfs_size: str = "16m"
+    engine_timeout_s: float = Field(30.0, gt=0)
+    base_url: str | None = None
+
+    def build(self) -> Backend:
+        kw = self.model_dump(exclude={"type", "image"})
+        return DockerBackend(self.image, **kw)
+
+
+#: Registered backends by name: their config models.
+BACKENDS: dict[str, type[BackendConfig]] = {}
+
+
+def register_backend(config_cls: type[BackendConfig]) -> type[BackendConfig]:
+    """Register a backend under the default of its config's ``type`` field; returns the class (usable as a
+    decorator). Raises ``ValueError`` if the name is taken by another class or the model has no ``type``
+    default."""
+    name = config_cls.model_fields["type"].default
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{config_cls.__name__}.type needs a default: the backend's name")
+    if BACKENDS.get(name, config_cls) is not config_cls:
+        raise ValueError(f"backend {name!r} is already registered by {BACKENDS[name].__name__}")
+    BACKENDS[name] = config_cls
+    return config_cls
+
+
+register_backend(LocalBackendConfig)
+register_backend(DockerBackendConfig)
+
+
+def backend_config(kind: str, **options: Any) -> BackendConfig:
+    """The config of backend ``kind`` with ``options`` (others from their defaults and ``FORKYARD_*``).
+
+    Raises:
+        ValueError: an unknown backend name, or options it does not take (``pydantic.ValidationError``
+            is a ``ValueError``), or ``unsafe_no_isolation`` for a backend that is always isolated.
+    """
+    cls = BACKENDS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown backend {kind!r}; choose one of {sorted(BACKENDS)}")
+    if options.get("unsafe_no_isolation") and not cls.accepts_unsafe:
+        raise ValueError(f"unsafe_no_isolation applies to the local backend only, not to {kind!r}")
+    if not cls.accepts_unsafe:
+        options.pop("unsafe_no_isolation", None)
+    return cls(**{k: (str(v) if k in ("data_dir", "state_dir") and v is not None else v) for k, v in options.items()})
+
+
+def make_backend(kind: str | None = None, **options: Any) -> Backend:
+    """Build a backend by registered name (default ``FORKYARD_BACKEND`` or ``local``); ``options`` are
+    fields of its config model (:data:`BACKENDS`). The one place a backend name becomes a backend.
+
+    Raises:
+        ValueError: unknown name or options. EngineUnavailable / IsolationUnavailable: it cannot start.
+    """
+    return backend_config(kind or ServerSettings().backend, **options).build()
+
+
+__all__ = [
+    "AGENT_GRACE_S", "AGENT_PATH", "BACKENDS", "INSTALL_HINT", "LABEL", "OWNER_LABELS", "AgentBackend", "Backend",
+    "BackendConfig", "Channel", "DockerBackend", "DockerBackendConfig", "LocalBackend", "LocalBackendConfig",
+    "agent_sha", "backend_config", "bwrap_problem", "check_write_limits", "default_state_root", "machine_id",
+    "make_backend", "owner_alive", "owner_record", "process_start", "register_backend",
+]

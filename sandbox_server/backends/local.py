@@ -1,0 +1,318 @@
+"""The local backend: sandboxes as agent subprocesses under bubblewrap (no Docker needed).
+
+Read-only bind of the data, private 16 MiB tmpfs ``/scratch`` and ``/tmp`` mounted ``noexec``, no network,
+own PID namespace, no capabilities. It refuses to start without a working ``bwrap``
+(:class:`~sandbox_server.errors.IsolationUnavailable`) unless built with ``unsafe_no_isolation=True``: then
+tools run as host processes with only the agent's path checks, the session-environment allow-list and
+(where the kernel has Landlock) a ban on executing anything outside the system directories. Weaker than
+a container either way: see ``docs/sandbox.md``. Local state lives in a folder per backend instance, and
+orphan clean-up removes only what a dead process left (:meth:`LocalBackend.cleanup_orphans`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
+from sandbox_server.errors import EngineUnavailable, IsolationUnavailable
+from sandbox_server.settings import cache_dir, corpus_dir
+from sandbox_server.backends.base import AGENT_PATH, AgentBackend, Channel, owner_alive, owner_record
+
+
+def default_state_root() -> Path:
+    """Where local sandboxes live: ``cache_dir() / "local"`` (``~/.cache/forkyard/local`` by default)."""
+    return cache_dir() / "local"
+
+
+def _safe_name(name: str) -> str:
+    out = re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))[:100]
+    return out if out.strip(".") else "_" + out
+
+
+_BWRAP: dict[tuple, str | None] = {}
+_BWRAP_LOCK = threading.Lock()
+
+
+def bwrap_problem(argv: list[str]) -> str | None:
+    """Run ``argv`` (a bubblewrap command ending in the agent's ``--probe``) once per distinct command; None
+    when it works, else why not (cached for the process)."""
+    key = tuple(argv)
+    with _BWRAP_LOCK:
+        if key not in _BWRAP:
+            try:
+                r = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                                   env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                if r.returncode == 0 and b'"pong": true' in r.stdout:
+                    _BWRAP[key] = None
+                else:
+                    detail = (r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")).strip()
+                    _BWRAP[key] = f"bwrap exited with {r.returncode}: {detail[-500:]}"
+            except (OSError, subprocess.SubprocessError) as exc:
+                _BWRAP[key] = f"bwrap could not run: {exc}"
+        return _BWRAP[key]
+
+
+def _bwrap_has_size(exe: str) -> bool:
+    try:
+        return "--size" in subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+INSTALL_HINT = ("install bubblewrap (`apt-get install bubblewrap`; `make run` and `make test` do it through "
+                "scripts/ensure-bwrap.sh), or accept unisolated sandboxes explicitly: "
+                "LocalBackend(unsafe_no_isolation=True) (server: --unsafe-no-isolation)")
+
+
+class LocalBackend(AgentBackend):
+    """Sandboxes as local agent subprocesses (the embedded default; no Docker needed), isolated by bubblewrap.
+
+    Args:
+        data_dir: host directory shown read-only as ``/data`` (default: the corpus, see
+            :func:`sandbox_server.settings.corpus_dir`).
+        state_dir: base folder of local sandbox state (default :func:`default_state_root`). This instance
+            keeps its sandboxes in ``<state_dir>/<server_name>/<pid>-<random>/`` (:attr:`state_dir` after
+            construction), with an ``owner.json`` naming this process; :meth:`close` removes the folder
+            (and the server-name folder when it is left empty).
+        unsafe_no_isolation: run the agents as plain host processes, without bubblewrap: tools then run as
+            the server's user, limited only by the agent's path checks, the session-environment allow-list
+            and Landlock where the kernel has it. Off by default; only this explicit flag allows it.
+        server_name: names the folder of this server's instances.
+        area_bytes: size of each writable area (/scratch, /tmp), in bytes (default 16 MiB).
+
+    Raises:
+        IsolationUnavailable: bubblewrap is missing or does not work here and ``unsafe_no_isolation`` is
+            false (the message says how to install it). Never falls back silently.
+    """
+
+    name = "local"
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, *, state_dir: str | os.PathLike | None = None,
+                 unsafe_no_isolation: bool = False, server_name: str = "default", area_bytes: int = AREA_BYTES):
+        super().__init__()
+        if not isinstance(unsafe_no_isolation, bool):
+            raise TypeError("unsafe_no_isolation must be True or False")
+        if data_dir is None:
+            from sandbox_server.corpus import ensure_corpus
+
+            data_dir = ensure_corpus(corpus_dir())
+        self.data_dir = os.path.realpath(data_dir)
+        self.unsafe_no_isolation = unsafe_no_isolation
+        self.area_bytes = int(area_bytes)
+        self.server_name = server_name
+        self._bwrap = shutil.which("bwrap")
+        self._bwrap_size = False
+        if not unsafe_no_isolation:
+            if not self._bwrap:
+                raise IsolationUnavailable(f"the local backend needs bubblewrap and `bwrap` is not installed: {INSTALL_HINT}")
+            self._bwrap_size = _bwrap_has_size(self._bwrap)
+            problem = bwrap_problem(self._argv(None, probe=True))
+            if problem:
+                raise IsolationUnavailable(f"the local backend needs bubblewrap and it does not work here ({problem}): "
+                                           f"{INSTALL_HINT}")
+        self.server_dir = Path(state_dir or default_state_root()) / _safe_name(server_name)
+        self.state_dir = self.server_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.state_dir.mkdir(parents=True)  # parents: another process may just have removed an empty server folder
+        tmp = self.state_dir / ".owner.json.tmp"
+        tmp.write_text(json.dumps({**owner_record(), "server_name": server_name, "created_at": time.time()}))
+        os.replace(tmp, self.state_dir / "owner.json")
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._closed = False
+
+    @property
+    def isolated(self) -> bool:  # type: ignore[override]
+        """True under bubblewrap; False only when built with ``unsafe_no_isolation=True``."""
+        return not self.unsafe_no_isolation
+
+    @property
+    def isolation(self) -> str:
+        """``"bubblewrap"`` or ``"none (unsafe)"``."""
+        return "none (unsafe)" if self.unsafe_no_isolation else "bubblewrap"
+
+    def describe(self) -> str:
+        """The backend and its isolation mode in words."""
+        if self.unsafe_no_isolation:
+            return ("local, UNSAFE: no isolation (unsafe_no_isolation=True): tools run as host processes of the "
+                    "server's user, confined only by path checks, the environment allow-list and Landlock")
+        return ("local, isolated by bubblewrap: read-only /data, private noexec tmpfs /scratch and /tmp, "
+                "no network, own PID and user namespaces, no capabilities")
+
+    def _agent_args(self) -> list[str]:
+        return ["--readable", "/data", "--readable", "/scratch", "--writable", "/scratch", "--writable", "/tmp",
+                "--area-bytes", str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
+                "--max-area-entries", str(MAX_AREA_ENTRIES)]
+
+    def _argv(self, sbdir: Path | None, probe: bool = False) -> list[str]:
+        agent_args = self._agent_args() + (["--probe"] if probe else [])
+        if self.unsafe_no_isolation:
+            assert sbdir is not None
+            roots = {"/data": self.data_dir, "/scratch": str(sbdir / "scratch"), "/tmp": str(sbdir / "tmp")}
+            return [sys.executable, "-u", "-I", str(AGENT_PATH), *agent_args,
+                    *itertools.chain.from_iterable(("--root", f"{k}={v}") for k, v in roots.items())]
+        py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
+        argv = [self._bwrap or "bwrap", "--ro-bind", "/usr", "/usr"]
+        for d in ("/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"):
+            if os.path.islink(d):
+                argv += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                argv += ["--ro-bind", d, d]
+        if not py.startswith("/usr/"):
+            prefix = os.path.realpath(sys.base_prefix)
+            argv += ["--ro-bind", prefix, prefix]
+        size = ["--size", str(self.area_bytes)] if self._bwrap_size else []
+        argv += ["--ro-bind", self.data_dir, "/data", *size, "--tmpfs", "/scratch", *size, "--tmpfs", "/tmp",
+                 "--ro-bind", str(AGENT_PATH), "/opt/forkyard/agent.py", "--proc", "/proc", "--dev", "/dev",
+                 "--unshare-all", "--die-with-parent", "--clearenv",
+                 "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
+                 py, "-u", "-I", "/opt/forkyard/agent.py", "--confine", *agent_args]
+        return argv
+
+    def create(self) -> str:
+        """Start an agent subprocess; returns its sandbox id once it answers (5 s at most).
+
+        Raises:
+            IsolationUnavailable: the sandbox could not be confined.
+            EngineUnavailable: the agent could not start or did not answer (or the backend is closed).
+        """
+        if self._closed:
+            raise EngineUnavailable("the local backend is closed")
+        sid = "l-" + uuid.uuid4().hex[:12]
+        sbdir = self.state_dir / sid
+        for d in (sbdir, sbdir / "scratch", sbdir / "tmp"):
+            d.mkdir(mode=0o755)
+            os.chmod(d, 0o755)
+        try:
+            proc = subprocess.Popen(self._argv(sbdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except OSError as exc:
+            shutil.rmtree(sbdir, ignore_errors=True)
+            raise EngineUnavailable(f"could not start a local sandbox agent: {exc}") from None
+        fd = proc.stdout.fileno()
+
+        def recv(timeout_s: float) -> bytes:
+            r, _, _ = select.select([fd], [], [], timeout_s)
+            if not r:
+                raise TimeoutError
+            return os.read(fd, 1 << 20)
+
+        def send(data: bytes) -> None:
+            proc.stdin.write(data)
+
+        with self._mu:
+            self._procs[sid] = proc
+            self._channels[sid] = Channel(send, recv)
+        try:
+            self._ping(sid, 5.0)
+            self._warm(sid)
+        except IsolationUnavailable:
+            self.destroy(sid)
+            raise
+        except Exception as exc:
+            self.destroy(sid)
+            raise EngineUnavailable(f"local sandbox agent did not answer: {exc}") from None
+        return sid
+
+    def pid(self, sid: str) -> int:
+        """Host pid of the sandbox's agent (or of bubblewrap around it)."""
+        return self._procs[sid].pid
+
+    def destroy(self, sid: str) -> None:
+        """Kill the agent and its process group and remove the sandbox directory (idempotent)."""
+        with self._mu:
+            proc = self._procs.pop(sid, None)
+            self._channels.pop(sid, None)
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if sid.startswith("l-") and "/" not in sid:
+            shutil.rmtree(self.state_dir / sid, ignore_errors=True)
+
+    def cleanup_orphans(self) -> int:
+        """Remove what dead processes left; never touch a live process's sandboxes. Returns the sandbox count.
+
+        Looks at every instance folder ``<state root>/<any server name>/<pid>-<random>`` but this one and
+        removes it when its ``owner.json`` names a process that is gone (pid not running, or reused by a
+        process with another start time). Folders of owners on another machine or PID namespace are kept.
+        Sandbox folders of the old flat layout (``<server_name>/l-*``) are removed when no process has its
+        working directory in them. Server-name folders left empty are removed too.
+        """
+        n = 0
+        root = self.server_dir.parent
+        for sdir in sorted(root.iterdir()) if root.is_dir() else []:
+            if sdir.is_symlink() or not sdir.is_dir():
+                continue
+            for inst in sorted(sdir.iterdir()):
+                if inst == self.state_dir or inst.is_symlink() or not inst.is_dir():
+                    continue
+                if inst.name.startswith("l-"):
+                    if sdir == self.server_dir and not _dir_in_use(inst):
+                        shutil.rmtree(inst, ignore_errors=True)
+                        n += 1
+                    continue
+                m = re.fullmatch(r"(\d+)-[0-9a-f]+", inst.name)
+                if not m:
+                    continue
+                try:
+                    owner = json.loads((inst / "owner.json").read_text())
+                    if not isinstance(owner, dict):
+                        raise ValueError
+                except (OSError, ValueError):
+                    owner = {"pid": int(m.group(1))}  # being created right now, or a crash before the record
+                if owner_alive(owner):
+                    continue
+                n += sum(1 for d in inst.iterdir() if d.name.startswith("l-"))
+                shutil.rmtree(inst, ignore_errors=True)
+            if sdir != self.server_dir:
+                try:
+                    sdir.rmdir()  # only when empty
+                except OSError:
+                    pass
+        return n
+
+    def close(self) -> None:
+        """Destroy every sandbox of this instance and remove its state folder (idempotent)."""
+        self._closed = True
+        super().close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        try:
+            self.server_dir.rmdir()  # only when no other instance of this server name is left
+        except OSError:
+            pass
+
+
+def _dir_in_use(path: Path) -> bool:
+    """Whether any process (that we may inspect) has its working directory at or under ``path``."""
+    target = os.path.realpath(path)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd == target or cwd.startswith(target + "/"):
+            return True
+    return False

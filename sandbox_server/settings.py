@@ -1,0 +1,116 @@
+"""Every setting of the sandbox service, declared once (pydantic-settings, environment prefix ``FORKYARD_``).
+
+Two groups:
+
+* :class:`ServiceConfig`: the service's limits (pool sizes, timeouts, TTLs, caps). A value comes from the
+  keyword given to the constructor, else the environment variable ``FORKYARD_<FIELD>`` (for example
+  ``FORKYARD_MAX_TOTAL=64``), else the default written here.
+* :class:`ServerSettings`: how a server runs (address, backend, names, body limit), read the same way.
+
+Per-backend options (image, resource limits, bind mounts) are fields of each backend's config model in
+:mod:`sandbox_server.backends`; their shared defaults (``server_name``, ``sandbox_image``) come from here.
+Folders the project caches into are computed by :func:`cache_dir` only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Most bytes of per-episode files one write may carry.
+MAX_WRITE_BYTES = 8 << 20
+
+
+class ServiceConfig(BaseSettings):
+    """Limits of a :class:`~sandbox_server.service.SandboxService`. Times in seconds, sizes in bytes.
+
+    ``ServiceConfig(max_total=8)`` takes ``max_total`` from the keyword and every other field from
+    ``FORKYARD_<FIELD>`` or its default. Raises ``pydantic.ValidationError`` on a value of the wrong type
+    or out of range.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FORKYARD_", extra="forbid", validate_assignment=True)
+
+    #: Sandboxes kept idle and ready.
+    min_idle: int = Field(2, ge=0)
+    #: Most sandboxes at once (idle + in use).
+    max_total: int = Field(16, ge=1)
+    #: Most sandboxes starting at once.
+    max_concurrent_starts: int = Field(2, ge=1)
+    #: Seconds a create / clone / fork waits for a free sandbox before a 503.
+    acquire_timeout_s: float = Field(15.0, gt=0)
+    #: Seconds a session may stay unused before the service deletes it.
+    idle_ttl_s: float = Field(900.0, gt=0)
+    #: Seconds a stored snapshot lives unless a request asks for another TTL.
+    snapshot_ttl_s: float = Field(900.0, gt=0)
+    #: Deadline of a tool call that names none, in seconds.
+    default_timeout_s: float = Field(10.0, gt=0)
+    #: Longest deadline a tool call may ask for, in seconds.
+    max_timeout_s: float = Field(60.0, gt=0)
+    #: Bytes of stdout (and of stderr) a tool call returns; the rest is cut and flagged.
+    output_cap_bytes: int = Field(65536, ge=1)
+    #: Seconds between sweeps of expired sessions and snapshots.
+    reap_interval_s: float = Field(5.0, gt=0)
+    #: Most bytes all stored snapshots may hold together (their tars); past it ``snapshot`` refuses.
+    max_snapshot_bytes: int = Field(256 << 20, ge=1)
+    #: Seconds an env session (``/v1/envs``) may stay idle before the server closes it.
+    env_ttl_s: float = Field(600.0, gt=0)
+    #: Most env sessions a server holds at once (``/v1/envs``); past it creates and forks answer 503.
+    max_env_sessions: int = Field(256, ge=1)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "ServiceConfig":
+        """The same as the constructor, except that keywords whose value is None are ignored (handy for
+        optional command-line flags)."""
+        return cls(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def default_max_body_bytes() -> int:
+    """The largest legitimate request body: a file upload of :data:`MAX_WRITE_BYTES` in base64 (4/3 of it)
+    plus 1 MiB for names and JSON."""
+    return 4 * -(-MAX_WRITE_BYTES // 3) + (1 << 20)
+
+
+class ServerSettings(BaseSettings):
+    """How a server runs: ``FORKYARD_HOST``, ``FORKYARD_PORT``, ``FORKYARD_BACKEND``, ``FORKYARD_SERVER_NAME``,
+    ``FORKYARD_SANDBOX_IMAGE``, ``FORKYARD_MAX_BODY_BYTES``, ``FORKYARD_CORPUS``, ``FORKYARD_LOG_LEVEL``.
+
+    Raises ``pydantic.ValidationError`` on a value of the wrong type.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FORKYARD_", extra="forbid", validate_assignment=True)
+
+    #: Address the server listens on (loopback unless told otherwise).
+    host: str = "127.0.0.1"
+    #: TCP port.
+    port: int = Field(8000, ge=0, le=65535)
+    #: Backend of every sandbox the server serves, env sessions included: a name registered in
+    #: :data:`sandbox_server.backends.BACKENDS` (``local``, ``docker``).
+    backend: str = "local"
+    #: Label value that ties sandboxes to this server: start-up clean-up looks only at sandboxes with it.
+    server_name: str = "default"
+    #: Image of the docker backend's sandboxes (``docker/sandbox.Dockerfile``).
+    sandbox_image: str = "forkyard-sandbox:latest"
+    #: Request-body limit of the routes that carry files, in bytes (other routes have smaller ones).
+    max_body_bytes: int = Field(default_factory=default_max_body_bytes, ge=1)
+    #: Host folder of the read-only corpus shown as ``/data`` by the local backend (default: a cache folder).
+    corpus: str | None = None
+    #: uvicorn's log level.
+    log_level: str = "info"
+
+
+def cache_dir() -> Path:
+    """The per-user folder forkyard caches into: ``$XDG_CACHE_HOME/forkyard`` (default ``~/.cache/forkyard``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forkyard"
+
+
+def corpus_dir(settings: ServerSettings | None = None) -> str:
+    """Where the host's corpus lives: ``FORKYARD_CORPUS``, else a cache folder per Python version (the
+    corpus is that interpreter's standard library)."""
+    configured = (settings or ServerSettings()).corpus
+    return configured or str(cache_dir() / ("corpus-py%d.%d.%d" % sys.version_info[:3]))
