@@ -8,6 +8,10 @@ Probing a bit twice is allowed but wastes a turn. ``reset(options={"target": c})
 (for exact evaluation over all candidates). Answering before turn T or probing on turn T is an
 illegal action (reward 0.0, turn consumed).
 
+Optional features (:mod:`envs.core`): :class:`~envs.core.Demonstrator` (:meth:`ClueProbeEnv.demo_action`),
+:class:`~envs.core.FiniteActions` (``action_vocabulary``) and :class:`~envs.core.EvaluationResets` (every
+target once).
+
 With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
 
 Episode metrics: the ``info`` of the step that ends an episode carries ``info["episode_metrics"] =
@@ -97,6 +101,17 @@ class ClueProbeEnv(TextEnv):
         given turn the others are illegal there (turn consumed, reward 0). Used by exact evaluation
         (:func:`trainer.text_eval.exact_success`)."""
         return self._probe_actions + self._answer_actions
+
+    @classmethod
+    def evaluation_resets(cls, kwargs: dict[str, Any], n_seeds: int) -> list[tuple[int, dict[str, int]]]:
+        """Every target exactly once: ``[(0, {"target": c}) for c in 0..2**bits - 1]`` (``n_seeds`` is
+        ignored: the candidates are few and enumerated exactly). The :class:`envs.core.EvaluationResets`
+        feature, read by trainers' evaluations.
+
+        Raises:
+            ValueError: on kwargs the constructor refuses.
+        """
+        return [(0, {"target": c}) for c in range(cls(**kwargs).n_candidates)]
 
     def _act(self, call: ToolCall) -> Outcome:
         name = call.name

@@ -28,6 +28,7 @@ evaluations average each name over the episodes that reported it and log it unde
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import random
@@ -38,8 +39,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
-import envs  # noqa: F401  (registers forkyard ids)
+import envs  # registers the forkyard ids
+from envs.core import EvaluationResets
 from trainer import advantages as adv
 from trainer.config import setting
 from trainer.estimators import Assigned, estimator_names, rollout_kind, step_advantages
@@ -166,13 +169,42 @@ def make_env(env_id: str, env_kwargs: dict[str, Any], server_url: str | None = N
     return gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
 
 
+#: The first held-out seed: evaluation seeds are ``HELD_OUT_SEED + i``, never used in training.
+HELD_OUT_SEED = 10**9
+
+
+def held_out_resets(n_seeds: int) -> list[tuple[int | None, dict | None]]:
+    """``n_seeds`` held-out resets ``(10**9 + i, None)`` (seeds never used in training)."""
+    return [(HELD_OUT_SEED + i, None) for i in range(n_seeds)]
+
+
+def env_class(env_id: str) -> type | None:
+    """The class a registered ``env_id`` builds locally (a forkyard id: its class in :data:`envs.ENV_SPECS`,
+    whatever ``server_url`` would make of it), or None when the entry point is no class."""
+    if env_id in envs.ENV_SPECS:
+        entry: Any = envs.ENV_SPECS[env_id][0]
+    else:
+        entry = gym.spec(env_id).entry_point
+    if isinstance(entry, str):
+        entry = load_env_creator(entry)
+    return entry if isinstance(entry, type) else None
+
+
+def env_parameters(env_id: str) -> set[str]:
+    """Names of the constructor parameters of ``env_id``'s class (:func:`env_class`; empty when unknown)."""
+    cls = env_class(env_id)
+    return set(inspect.signature(cls).parameters) if cls is not None else set()
+
+
 def evaluation_resets(env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 256) -> list[tuple[int | None, dict | None]]:
-    """Resets for evaluation: every target of ClueProbe exactly (``options={"target": c}``),
-    otherwise ``n_seeds`` held-out seeds (from 10**9 on, never used in training)."""
-    if env_id.startswith("forkyard/ClueProbe"):
-        bits = env_kwargs.get("bits", gym.spec(env_id).kwargs.get("bits", 3))
-        return [(0, {"target": c}) for c in range(2**bits)]
-    return [(10**9 + i, None) for i in range(n_seeds)]
+    """Resets for evaluation: the env's own when its class declares them (:class:`envs.core.EvaluationResets`,
+    given the registered kwargs merged with ``env_kwargs``; ClueProbe: every target exactly once),
+    otherwise ``n_seeds`` held-out seeds (:func:`held_out_resets`). Decided by the registered class, so a
+    run against a server (:class:`envs.remote.RemoteEnv`) evaluates on the same resets as a local one."""
+    cls = env_class(env_id)
+    if cls is not None and issubclass(cls, EvaluationResets):
+        return list(cls.evaluation_resets({**gym.spec(env_id).kwargs, **env_kwargs}, n_seeds))
+    return held_out_resets(n_seeds)
 
 
 def open_run_dir(run_dir: str | None, config: Any) -> tuple[Path | None, Any]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import setting
-from trainer.loop import LoopConfig
+from trainer.loop import LoopConfig, env_parameters
 
 
 
@@ -74,8 +74,14 @@ class TextTrainConfig(LoopConfig):
     checkpoint: str | None = setting(None, group="loop", help="SFT weights to start from (RUN_DIR/sft.pt of forkyard sft)")
 
     def env_kwargs(self) -> dict[str, Any]:
-        """The env's constructor kwargs: ClueProbe ``turns`` and ``bits``; other envs ``max_turns``."""
-        return {"turns": self.turns, "bits": self.bits} if "ClueProbe" in self.env_id else {"max_turns": self.turns}
+        """The env's constructor kwargs, by what its constructor takes: ``turns`` under the name ``turns``
+        when it has that parameter (ClueProbe), else ``max_turns`` (:class:`envs.core.TextEnv`'s name), and
+        ``bits`` when it has that parameter (ClueProbe)."""
+        params = env_parameters(self.env_id)
+        kwargs: dict[str, Any] = {"turns" if "turns" in params else "max_turns": self.turns}
+        if "bits" in params:
+            kwargs["bits"] = self.bits
+        return kwargs
 
     def lm_config(self, vocab_size: int = 262):
         """The :class:`trainer.lm.LMConfig` of a new model with ``vocab_size`` token ids."""

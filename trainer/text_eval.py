@@ -10,10 +10,11 @@ in docs/results/text_policy.md. For an env whose episodes form a small finite tr
     E[return] >= sum over resets c (weight 1 / |resets|) of
                  sum over action paths a_1..a_T of  prod_t P(a_t | history_t) * sum_t r_t(c, a_1..a_t)
 
-where each ``a_t`` ranges over the env's ``action_vocabulary`` (every action text legal in *some* state;
-ClueProbe: 3 probes and 8 answers) plus the state's ``legal_actions``. An action that is illegal at its
-turn is stepped like any other: the env answers with its error observation and consumes the turn, as in
-a rollout, so a policy that answers on a probe turn and still answers right at the end is credited.
+where each ``a_t`` ranges over the env's ``action_vocabulary`` (every action text legal in *some* state:
+the :class:`envs.core.FiniteActions` feature; ClueProbe: 3 probes and 8 answers) plus the state's
+``legal_actions``. An action that is illegal at its turn is stepped like any other: the env answers
+with its error observation and consumes the turn, as in a rollout, so a policy that answers on a probe
+turn and still answers right at the end is credited.
 ``P(a | history)`` is the probability that the sampling policy (tempered, special ids suppressed, top-p
 1, ``max_new_tokens``) writes exactly the canonical token ids of the text ``a`` and then ends the turn
 (its ``<|end|>``, or the token limit reached right at the action's last token).
@@ -33,15 +34,17 @@ from typing import Any
 
 import torch
 
+from envs.core import FiniteActions
+from trainer.loop import evaluation_resets, held_out_resets, make_env
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
-from trainer.loop import evaluation_resets, make_env
 from trainer.rollout import EpisodeMetrics
 from trainer.tokenizer import model_tokenizer
 
 
 def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
-    """Greedy accuracy over every ClueProbe target (exact), and sampled accuracy (the training temperature)
-    over ``samples`` held-out seeds (10**9 + i, never used in training); share of invalid actions; the
+    """Greedy accuracy over the env's evaluation resets (:func:`trainer.loop.evaluation_resets`: every
+    ClueProbe target, exactly), and sampled accuracy (the training temperature) over ``samples`` held-out
+    seeds (10**9 + i, never used in training); share of invalid actions; the
     means of what the env reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
     ``distinct_probes``, distinct probe calls per episode).
 
@@ -62,7 +65,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     n_held_out = samples or cfg.eval_samples
     for name, policy, resets in (
         ("greedy", greedy, evaluation_resets(cfg.env_id, cfg.env_kwargs(), n_held_out)),
-        ("sampled", sampled, [(10**9 + i, None) for i in range(n_held_out)]),
+        ("sampled", sampled, held_out_resets(n_held_out)),
     ):
         total = invalid = actions = 0.0
         env_metrics = EpisodeMetrics()
@@ -149,8 +152,8 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
         model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
         cfg: a :class:`trainer.text_config.TextTrainConfig` (env id and kwargs, temperature,
             max_new_tokens; top-p must be 1).
-        resets: ``[(seed, options), ...]``, weighted equally (default: every ClueProbe target, from
-            :func:`trainer.loop.evaluation_resets`).
+        resets: ``[(seed, options), ...]``, weighted equally (default: the env's evaluation resets,
+            :func:`trainer.loop.evaluation_resets`; ClueProbe: every target).
         min_path_prob: paths less likely than this are not expanded (their mass is not covered).
         max_paths: stop with ValueError once more complete paths than this were visited.
 
@@ -175,7 +178,7 @@ def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: 
     template = policy.template
     tok = policy.tok
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    vocabulary = list(getattr(env, "action_vocabulary", None) or [])
+    vocabulary = list(env.action_vocabulary) if isinstance(env, FiniteActions) else []
     total = {"success": 0.0, "coverage": 0.0, "paths": 0}
 
     def expand(node, ids: list[int], info: dict[str, Any], prob: float, weight: float) -> float:

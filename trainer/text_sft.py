@@ -1,12 +1,12 @@
 """Supervised warm start of the text policy (``forkyard sft``) on format-only demonstrations.
 
-Episodes played by the env's ``demo_action`` (ClueProbe: uniformly random legal actions, i.e. the action
-format without the strategy; with ``demo_skill > 0`` a deliberately weak scripted policy that answers
-from the probed bits that often and still probes at random; an env without ``demo_action``: random
-actions of its ``legal_actions`` menu) are rendered with the chat template and the model is trained by
-cross-entropy on the action tokens only (loss mask 1 on the action bytes and the ``<|end|>`` that
-closes them). The result writes valid tool calls and still has the strategy to learn
-(:mod:`trainer.text_train` does the RL).
+Episodes played by the env's ``demo_action`` (the :class:`envs.core.Demonstrator` feature; ClueProbe:
+uniformly random legal actions, i.e. the action format without the strategy; with ``demo_skill > 0`` a
+deliberately weak scripted policy that answers from the probed bits that often and still probes at
+random; an env without ``demo_action``: random actions of its ``legal_actions`` menu) are rendered with
+the chat template and the model is trained by cross-entropy on the action tokens only (loss mask 1 on
+the action bytes and the ``<|end|>`` that closes them). The result writes valid tool calls and still has
+the strategy to learn (:mod:`trainer.text_train` does the RL).
 
 A new model's tokenizer is trained here too (:func:`make_tokenizer`: BPE on demonstration texts, or bytes).
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from envs.core import Demonstrator
 from trainer.lm import ByteTokenizer, build_model, save_checkpoint
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -30,23 +31,23 @@ from trainer.update import resolve_device
 
 
 def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
-    """``n_episodes`` episodes played by ``env.demo_action`` (an env without one: a uniformly random
-    action of ``info["legal_actions"]``), as texts: ``[(first observation, [(action, observation or None
-    at the end), ...]), ...]``.
+    """``n_episodes`` episodes played by ``env.demo_action(rng, skill=cfg.demo_skill)`` (an env that is no
+    :class:`envs.core.Demonstrator`: a uniformly random action of ``info["legal_actions"]``), as texts:
+    ``[(first observation, [(action, observation or None at the end), ...]), ...]``.
 
     Raises:
         ValueError: when the env has neither ``demo_action`` nor a ``legal_actions`` menu.
     """
     env = make_env(cfg.env_id, cfg.env_kwargs())
-    demo = getattr(env, "demo_action", None)
+    demonstrator = isinstance(env, Demonstrator)
     rng = random.Random(seed)
     episodes = []
     for i in range(n_episodes):
         first, info = env.reset(seed=seed * 1_000_003 + i)
         turns = []
         while True:
-            if demo is not None:
-                action = demo(rng, skill=cfg.demo_skill) if cfg.demo_skill else demo(rng)
+            if demonstrator:
+                action = env.demo_action(rng, skill=cfg.demo_skill)
             elif info.get("legal_actions"):
                 action = rng.choice(info["legal_actions"])
             else:
