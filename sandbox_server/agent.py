@@ -1,5 +1,10 @@
 """The in-sandbox agent: the main process of every sandbox. Standard library only (Python >= 3.9).
 
+Why one file: it is copied alone into every sandbox image (``/opt/forkyard/agent.py``) and bind-mounted
+alone into every local sandbox, then run as ``python3 -I``: no package, no sibling module, nothing from
+the host's site-packages is there to import. Its sections (protocol, confinement, exec, pack / unpack,
+writes) follow the operations below.
+
 It reads one JSON request per line on stdin and writes one JSON answer per line on stdout; every
 request carries an ``id`` that the answer echoes. The server talks to a Docker container through its
 attached stdio (so the container keeps ``network_mode=none``) and to a local sandbox through pipes.

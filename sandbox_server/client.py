@@ -9,6 +9,9 @@ arguments into a :class:`_Request`, and maps the answer (or the error) back; :cl
 method is a one-line call into the table and takes its docstring from its entry, so both clients have the
 same methods, signatures, return types and documentation.
 
+Why one file: the table and the two senders built from it are one unit; a reader checks a method against
+its table row on the same page, and a test checks both clients against the table and the OpenAPI schema.
+
 Both have the same method names and models as :class:`sandbox_server.service.SandboxService`, and raise
 the same errors: :class:`ToolRefused` (422), :class:`SandboxNotFound` (404), :class:`ServiceUnavailable`
 (503, ``retry_after_s`` from ``Retry-After``; also when the server does not answer at all),
@@ -260,6 +263,18 @@ class _ClientBase:
     def _unavailable(exc: httpx.TransportError) -> ServiceUnavailable:
         return ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0)
 
+    @property
+    def name(self) -> str:
+        """The server's base URL (what the sandboxes run on, as ``envs.sandbox.SandboxProvider`` names it)."""
+        return str(self.http.base_url)
+
+    @staticmethod
+    def _local_corpus() -> str:
+        from sandbox_server.corpus import ensure_corpus
+        from sandbox_server.settings import corpus_dir
+
+        return ensure_corpus(corpus_dir())
+
 
 class SandboxClient(_ClientBase):
     """Synchronous client. ``base_url`` like ``http://127.0.0.1:8000``; ``timeout_s``: HTTP timeout in seconds
@@ -278,6 +293,12 @@ class SandboxClient(_ClientBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def data_dir(self) -> str:
+        """This host's corpus (``settings.corpus_dir()``), built on first use. A server cannot hand its
+        ``/data`` over HTTP: an env that generates questions from it checks the manifest against the
+        sandbox's own and refuses a mismatch."""
+        return self._local_corpus()
 
     def _call(self, name: str, **args: Any) -> Any:
         req = self._build(name, args)
@@ -367,6 +388,12 @@ class AsyncSandboxClient(_ClientBase):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+    async def data_dir(self) -> str:
+        """This host's corpus (``settings.corpus_dir()``), built on first use (see :meth:`SandboxClient.data_dir`)."""
+        import anyio
+
+        return await anyio.to_thread.run_sync(self._local_corpus)
 
     async def _call(self, name: str, **args: Any) -> Any:
         req = self._build(name, args)

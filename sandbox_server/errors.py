@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from envs.sandbox import SandboxFailure
 from sandbox_server.tools import ToolRefused
 
 
-class SandboxError(RuntimeError):
-    """Base class of sandbox failures (not of refused tool calls, see :class:`ToolRefused`)."""
+class SandboxError(SandboxFailure):
+    """Base class of sandbox failures (not of refused tool calls, see :class:`ToolRefused`). Envs see it as
+    the :class:`envs.sandbox.SandboxFailure` of their provider protocol."""
 
 
 class SandboxNotFound(SandboxError, KeyError):

@@ -30,6 +30,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
+from envs.sandbox import SandboxRefusal
+
 from sandbox_server.agent import (AREA_BYTES, MAX_AREA_ENTRIES, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_WRITE_FILES,
                                   PAGE_BYTES, SESSION_ENV_NAMES, env_problems)
 
@@ -50,8 +52,9 @@ __all__ = ["AREA_BYTES", "MAX_AREA_ENTRIES", "MAX_ARG_CHARS", "MAX_ENV_VALUE_CHA
            "tool_specs", "validate_call", "validate_session_env"]
 
 
-class ToolRefused(ValueError):
-    """A tool call was refused before execution; ``str(exc)`` names the problem (HTTP 422)."""
+class ToolRefused(SandboxRefusal):
+    """A tool call was refused before execution; ``str(exc)`` names the problem (HTTP 422). A ``ValueError``;
+    envs see it as the :class:`envs.sandbox.SandboxRefusal` of their provider protocol."""
 
 
 class ToolResult(BaseModel):

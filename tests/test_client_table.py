@@ -95,7 +95,7 @@ def _public(cls) -> dict[str, object]:
 
 def test_sync_and_async_clients_have_the_same_methods_and_signatures():
     sync, asyn = _public(SandboxClient), _public(AsyncSandboxClient)
-    assert set(sync) - {"close"} == set(asyn) - {"aclose"} == set(ENDPOINTS)
+    assert set(sync) - {"close", "data_dir"} == set(asyn) - {"aclose", "data_dir"} == set(ENDPOINTS)
     for name in ENDPOINTS:
         s, a = sync[name], asyn[name]
         assert not inspect.iscoroutinefunction(s) and inspect.iscoroutinefunction(a), name

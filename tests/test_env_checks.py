@@ -11,7 +11,8 @@ from envs.checks import (
 )
 from envs.clueprobe import ClueProbeEnv
 from envs.core import _digest
-from envs.fileqa import FileQAEnv, shared_provider
+from envs.fileqa import FileQAEnv
+from sandbox_server.embedded import shared_provider
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"turns": 2, "bits": 1}, {"turns": 4, "bits": 5}, {"turns": 9, "bits": 16}])

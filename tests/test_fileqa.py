@@ -5,7 +5,8 @@ import httpx
 import pytest
 
 import envs
-from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer, shared_provider
+from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer
+from sandbox_server.embedded import shared_provider
 from sandbox_server.env_api import create_env_app
 from tests.docker_support import UvicornThread, require_docker
 
@@ -200,8 +201,9 @@ def test_fileqa_over_http_with_remote_client():
 
 def test_corpus_facts_are_real():
     from sandbox_server.corpus import ensure_corpus
+    from sandbox_server.settings import corpus_dir
 
-    facts = corpus_facts(ensure_corpus())
+    facts = corpus_facts(ensure_corpus(corpus_dir()))
     assert ("dataclass", "Lib/dataclasses.py") in facts["defines"]
     assert any(p == "Lib/json/decoder.py" for p, _ in facts["lines"])
 

@@ -10,7 +10,7 @@ import pytest
 import envs  # noqa: F401 - registers the ids
 from envs import check_fork_contract
 from envs.core import EnvInfraError
-from envs.fileqa import shared_provider
+from sandbox_server.embedded import shared_provider
 from tests.docker_support import ROOT, require_docker
 
 BACKENDS = pytest.mark.parametrize("backend", ["local", "docker"])

@@ -56,6 +56,9 @@ class Backend(Protocol):
     def describe(self) -> str:
         """One line naming the backend and its isolation mode (for logs, ``/healthz`` and errors)."""
 
+    def host_data_dir(self) -> str:
+        """A host folder with the same files as the sandboxes' read-only ``/data``. Raises EngineUnavailable."""
+
     def create(self) -> str:
         """Start a sandbox and wait until its agent answers. Returns its id. Raises EngineUnavailable."""
 

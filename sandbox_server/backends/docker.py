@@ -8,16 +8,21 @@ process is gone (:meth:`DockerBackend.cleanup_orphans`).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import select
+import shutil
 import socket
+import tarfile
+import tempfile
 import time
 import uuid
 from typing import Any
 
 from sandbox_server.agent import MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
+from sandbox_server.settings import cache_dir
 from sandbox_server.backends.base import AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record
 
 
@@ -84,6 +89,48 @@ class DockerBackend(AgentBackend):
         """The backend and its isolation mode in words."""
         return (f"docker ({self.image}): read-only root, no network, no capabilities, user {self.user}, "
                 f"noexec tmpfs /scratch and /tmp of {self.tmpfs_size}")
+
+    def host_data_dir(self) -> str:
+        """The bind-mounted ``data_dir``, else a copy of the image's ``/data`` in a host cache folder, made
+        once per image id (the image builds its corpus from its own Python's standard library, which may
+        differ from the host's). The copy comes from a created, never started container, removed at once.
+
+        Raises:
+            EngineUnavailable: the engine or the image is unavailable.
+        """
+        if self.data_dir:
+            return self.data_dir
+        try:
+            image_id = self.client.images.get(self.image).id
+        except Exception as exc:  # noqa: BLE001 - docker's errors are many; all mean "no corpus from the image"
+            raise EngineUnavailable(f"cannot read the corpus of image {self.image!r}: {exc}") from None
+        cache = cache_dir()
+        dest = cache / f"corpus-image-{image_id.split(':')[-1][:16]}"
+        if (dest / "MANIFEST.json").is_file():
+            return str(dest)
+        try:
+            container = self.client.containers.create(self.image, command=["true"], network_mode="none",
+                                                      labels=self.labels())
+            try:
+                stream, _ = container.get_archive("/data")
+                data = b"".join(stream)
+            finally:
+                container.remove(force=True)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineUnavailable(f"cannot copy the corpus out of image {self.image!r}: {exc}") from None
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cache)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            # Plain files and folders under data/ only (Python < 3.11.4 has no extraction filters).
+            safe = [m for m in tar.getmembers()
+                    if (m.isfile() or m.isdir()) and m.name.split("/")[0] == "data" and ".." not in m.name.split("/")]
+            tar.extractall(tmp, members=safe)
+        try:
+            os.replace(os.path.join(tmp, "data"), dest)
+        except OSError:  # another process won the race: its copy is the same
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        return str(dest)
 
     def labels(self) -> dict[str, str]:
         """Labels of this instance's containers: ``forkyard.sandbox=<server_name>`` and the owner labels."""

@@ -140,6 +140,10 @@ class LocalBackend(AgentBackend):
         """``"bubblewrap"`` or ``"none (unsafe)"``."""
         return "none (unsafe)" if self.unsafe_no_isolation else "bubblewrap"
 
+    def host_data_dir(self) -> str:
+        """The folder shown read-only as ``/data`` (the sandboxes read it in place)."""
+        return self.data_dir
+
     def describe(self) -> str:
         """The backend and its isolation mode in words."""
         if self.unsafe_no_isolation:

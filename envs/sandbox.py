@@ -1,0 +1,91 @@
+"""What a sandbox-backed env needs from a sandbox service: the :class:`SandboxProvider` protocol and the two
+errors a provider may raise. Envs receive a provider; they never know which service or backend is behind it.
+
+A provider is passed to the env (``sandbox_provider=``; a server passes its own service, so every env
+session it serves runs on the server's backend), or named by a backend string and looked up through
+:func:`provider_for`. forkyard's implementations live in ``sandbox_server``: ``SandboxService`` (in-process)
+and ``SandboxClient`` (a server over HTTP). Any object with these methods works, in the manner of
+Gymnasium's duck-typed spaces: an env author who brings another sandbox (a VM, a remote runtime) writes
+an adapter, not a subclass.
+
+Errors: a provider raises :class:`SandboxRefusal` (or a subclass) when it refuses a tool call and nothing
+ran (the env turns it into an invalid-action observation), and :class:`SandboxFailure` (or a subclass)
+when the sandbox or its service failed (the env ends the episode as ``infra_error``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox or its service failed (engine down, pool exhausted, agent died); not the action's fault."""
+
+
+class SandboxRefusal(ValueError):
+    """The provider refused a tool call (a tool off the whitelist, a bad argument or path); nothing ran."""
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """The sandbox service an env takes sandboxes from. Sandbox ids are opaque strings; times in seconds.
+
+    Results are duck-typed: ``create`` and ``fork`` return objects with an ``id``; ``exec`` returns an object
+    with ``status`` (``"ok"``, ``"error"``, ``"timeout"``), ``stdout``, ``stderr`` (str), ``exit_code``
+    (int or None), ``truncated`` (bool), ``message`` (str) and ``sandbox_replaced`` (bool: the sandbox
+    failed and was replaced, so the episode's state is gone); ``tools`` returns objects with ``name`` and
+    ``params`` (ordered parameter names). ``sandbox_server.tools.ToolResult`` and ``ToolSpec`` are such objects.
+    """
+
+    #: What the sandboxes run on, for humans and snapshot checks: ``"local"``, ``"docker"``, or a server URL.
+    name: str
+
+    def create(self, *, files: dict[str, bytes] | None = None, archive: bytes | None = None) -> Any:
+        """A new sandbox, optionally with per-episode ``files`` under /scratch (path -> bytes) or rebuilt
+        from an ``archive`` made by ``export``. Raises SandboxFailure (or SandboxRefusal for bad files)."""
+
+    def exec(self, sandbox_id: str, tool: str, args: dict[str, Any], timeout_s: float | None = None) -> Any:
+        """Run one whitelisted tool call with a deadline of ``timeout_s`` seconds."""
+
+    def fork(self, sandbox_id: str, n: int) -> Sequence[Any]:
+        """``n`` independent copies of a sandbox (all or none)."""
+
+    def delete(self, sandbox_id: str) -> None:
+        """Release a sandbox."""
+
+    def tools(self) -> Sequence[Any]:
+        """The tool whitelist (objects with ``name`` and ``params``)."""
+
+    def data_dir(self) -> str:
+        """A host folder holding the same files as the sandboxes' read-only ``/data`` (for generating
+        questions from them). Raises SandboxFailure when it cannot be had."""
+
+
+@runtime_checkable
+class ExportingProvider(SandboxProvider, Protocol):
+    """A provider that can export a sandbox's writable areas (so env snapshots carry the sandbox)."""
+
+    def export(self, sandbox_id: str) -> bytes:
+        """A tar of the sandbox's writable areas, for ``create(archive=...)``."""
+
+
+#: Entry point (``"module:function"``, as Gymnasium's registry names env classes) of the function that
+#: turns a backend name or a server URL into a provider shared by the envs of this process.
+PROVIDER_FACTORY = "sandbox_server.embedded:shared_provider"
+
+
+def provider_for(backend: str | None) -> SandboxProvider:
+    """The provider of ``backend`` (a registered backend name such as ``"local"``, a server URL, or None for
+    the factory's default), made by :data:`PROVIDER_FACTORY` and shared by every env of this process.
+
+    Raises:
+        SandboxFailure: the backend cannot start. ValueError: an unknown backend name.
+        ImportError: the factory's module is not installed (``pip install forkyard[server]``).
+    """
+    module, _, attr = PROVIDER_FACTORY.partition(":")
+    return getattr(importlib.import_module(module), attr)(backend)
+
+
+__all__ = ["ExportingProvider", "PROVIDER_FACTORY", "SandboxFailure", "SandboxProvider", "SandboxRefusal",
+           "provider_for"]

@@ -1,0 +1,108 @@
+"""The import graph keeps the layers apart (issue 13): envs know no service, the service knows envs only by
+their public API, the in-sandbox files are stdlib-only, and no package imports another in a cycle.
+
+Every ``import`` statement counts, including those inside functions (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("envs", "sandbox_server", "trainer")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute module names imported anywhere in ``path`` (relative imports resolved against its package)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return found
+
+
+def module_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def graph() -> dict[str, set[str]]:
+    """``{module file (relative): imported modules}`` for every module of the three packages."""
+    return {str(p.relative_to(ROOT)): imports_of(p) for pkg in PACKAGES for p in module_files(pkg)}
+
+
+def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
+    # The rules below are only as good as the walker: it must see imports inside functions.
+    found = imports_of(ROOT / "envs" / "sandbox.py")
+    assert "importlib" in found
+    assert any(m.startswith("envs.") for m in imports_of(ROOT / "envs" / "fileqa.py"))
+
+
+def test_envs_import_neither_the_service_nor_the_trainer():
+    bad = {f: sorted(m for m in mods if m.split(".")[0] in ("sandbox_server", "trainer"))
+           for f, mods in graph().items() if f.startswith("envs/")}
+    assert {f: m for f, m in bad.items() if m} == {}
+
+
+#: What the service may use of envs: the package (the registry) and its public protocol modules.
+ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox"}
+
+
+def test_the_service_uses_envs_only_through_their_public_api_and_never_the_trainer():
+    bad = {}
+    for f, mods in graph().items():
+        if not f.startswith("sandbox_server/"):
+            continue
+        wrong = sorted(m for m in mods if m.split(".")[0] == "trainer"
+                       or (m.split(".")[0] == "envs" and m not in ENVS_PUBLIC
+                           and m.rsplit(".", 1)[0] not in ENVS_PUBLIC - {"envs"}))
+        if wrong:
+            bad[f] = wrong
+    assert bad == {}
+
+
+def test_the_trainer_reaches_the_service_only_to_start_it():
+    users = {f: sorted(m for m in mods if m.startswith("sandbox_server"))
+             for f, mods in graph().items() if f.startswith("trainer/")}
+    assert {f: m for f, m in users.items() if m} == {"trainer/cli.py": ["sandbox_server.__main__",
+                                                                          "sandbox_server.__main__.main"]}
+
+
+@pytest.mark.parametrize("name", ["agent.py", "corpus.py"])
+def test_files_copied_into_the_sandbox_image_use_the_standard_library_only(name):
+    mods = imports_of(ROOT / "sandbox_server" / name)
+    outside = sorted(m for m in mods if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"
+                     and not m.startswith("__future__."))
+    assert outside == []
+
+
+def test_no_import_cycle_between_packages():
+    edges = {pkg: set() for pkg in PACKAGES}
+    for f, mods in graph().items():
+        src = f.split("/")[0]
+        edges[src].update(m.split(".")[0] for m in mods if m.split(".")[0] in PACKAGES and m.split(".")[0] != src)
+    assert edges == {"envs": set(), "sandbox_server": {"envs"}, "trainer": {"envs", "sandbox_server"}}
+
+
+def test_long_modules_state_why():
+    """No module over 400 lines without a reason at its top (a docstring line starting ``Why one file:``)."""
+    long = []
+    for pkg in PACKAGES:
+        for p in module_files(pkg):
+            text = p.read_text()
+            if text.count("\n") > 400 and "Why one file:" not in (ast.get_docstring(ast.parse(text)) or ""):
+                long.append(f"{p.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert long == []
