@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox_server.backends import DockerBackend, LocalBackend  # noqa: E402
+from sandbox_server.backends import BACKENDS, make_backend  # noqa: E402
 from sandbox_server.client import SandboxClient  # noqa: E402
 from sandbox_server.service import SandboxService, ServiceConfig  # noqa: E402
 
@@ -74,7 +74,7 @@ def start_server(port: int, backend: str) -> subprocess.Popen:
 
 def bench_backend(kind: str, n: int, forks: int) -> dict:
     print(f"\n== backend: {kind} ==")
-    backend = DockerBackend(server_name="bench") if kind == "docker" else LocalBackend(server_name="bench")
+    backend = make_backend(kind, server_name="bench")
     svc = SandboxService(backend, ServiceConfig(min_idle=8, max_total=40, max_concurrent_starts=2)).start()
     res: dict = {}
     try:
@@ -164,7 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=60, help="tool calls per measurement")
     ap.add_argument("--forks", type=int, default=20, help="fork(4) calls per measurement")
-    ap.add_argument("--backend", choices=["docker", "local", "both"], default="both")
+    ap.add_argument("--backend", choices=[*sorted(BACKENDS), "both"], default="both")
     ns = ap.parse_args()
     print(f"bench_sandbox: {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
     for kind in (["local", "docker"] if ns.backend == "both" else [ns.backend]):
