@@ -1,18 +1,22 @@
-"""Shared fixtures of the sandbox tests: the fixture data tree, images, and session-wide services.
+"""Helpers of the sandbox tests: the fixture data tree, Docker / bubblewrap requirements, session-wide
+services, servers on loopback, and the label check. Tests import what they need from here; the pytest
+fixtures built on these helpers (``fixture_data``, ``service``, ``local_service``, ``docker_service``) are
+in tests/conftest.py, where pytest finds them without an import.
 
-Import the fixtures a module needs (``from tests.docker_support import ...``). Session-wide objects are
-cached here at module level, so several test modules share one service per backend and one server.
+Session-wide objects are cached here at module level, so every test module shares one service per
+backend (:func:`shared_service`) until :func:`close_all` closes them at the end of the session.
 
 Docker: in CI (``CI=true``) a missing engine or image is a failure, never a skip; elsewhere the Docker
 tests skip with the reason. The same holds for bubblewrap, which the isolated local backend needs
 (``local``); ``local-nobwrap`` is the explicit opt-in ``LocalBackend(unsafe_no_isolation=True)``. Every
-container the tests create carries the label ``forkyard.sandbox=pytest-...``; at the end of the session
-no such container may remain.
+container the tests create carries the label ``forkyard.sandbox=<SERVER_NAME>`` or
+``<SERVER_NAME>-<suffix>``; at the end of the session none may remain (tests/conftest.py checks it).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +110,13 @@ def leftover_containers(prefix: str = TEST_LABEL_PREFIX) -> list[str]:
         c.close()
 
 
+def session_containers() -> list[str]:
+    """Containers of this test session (label ``SERVER_NAME`` or ``SERVER_NAME-...``), as
+    :func:`leftover_containers` names them. Other sessions' containers (a concurrent pytest run) do not count."""
+    return [c for c in leftover_containers(SERVER_NAME)
+            if c.endswith(f"({SERVER_NAME})") or f"({SERVER_NAME}-" in c]
+
+
 def make_fixture_tree(root: Path) -> Path:
     """Build the test data tree at ``root/data`` (plus a sibling ``root/data2``) and return ``root/data``.
 
@@ -144,14 +156,6 @@ def make_fixture_tree(root: Path) -> Path:
     return data
 
 
-@pytest.fixture(scope="session")
-def fixture_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test data tree (shared by both backends: Docker bind-mounts it read-only over /data)."""
-    if "fixture_data" not in _cache:
-        _cache["fixture_data"] = make_fixture_tree(tmp_path_factory.mktemp("sandbox-fixture"))
-    return _cache["fixture_data"]  # type: ignore[return-value]
-
-
 def backend_for(kind: str, name: str, data: Path):
     """A backend over the fixture ``data``: ``"docker"`` (labelled ``name``; needs an engine: fails in CI,
     skips elsewhere), ``"local"`` (bubblewrap, required) or ``"local-nobwrap"`` (the explicit unsafe opt-in)."""
@@ -163,7 +167,11 @@ def backend_for(kind: str, name: str, data: Path):
     return LocalBackend(data, server_name=name, unsafe_no_isolation=kind == "local-nobwrap")
 
 
-def _service(kind: str, data: Path, request: pytest.FixtureRequest):
+def shared_service(kind: str, data: Path):
+    """The session-wide started SandboxService of backend ``kind`` (``"local"``, ``"local-nobwrap"``,
+    ``"docker"``; :func:`backend_for`) over ``data``: built on first use, shared by every test module until
+    :func:`close_all`. The caller checks the backend's requirement first (:func:`require_docker`,
+    :func:`require_bwrap`)."""
     from sandbox_server.service import SandboxService, ServiceConfig
 
     key = f"service-{kind}"
@@ -172,39 +180,15 @@ def _service(kind: str, data: Path, request: pytest.FixtureRequest):
             cfg = ServiceConfig(min_idle=4, max_total=40, max_concurrent_starts=2, default_timeout_s=5.0,
                                 max_timeout_s=10.0, output_cap_bytes=CAP, acquire_timeout_s=30.0)
             backend = backend_for(kind, SERVER_NAME if kind == "docker" else f"{SERVER_NAME}-{kind}", data)
-            svc = SandboxService(backend, cfg).start()
-            _cache[key] = svc
-            request.session.config.add_cleanup(close_all)
+            _cache[key] = SandboxService(backend, cfg).start()
     return _cache[key]
 
 
 def close_all() -> None:
-    """Close every cached service (their containers are removed); later fixtures rebuild them."""
+    """Close every cached service (their containers are removed); a later :func:`shared_service` rebuilds it."""
     with _lock:
         for key in [k for k in _cache if k.startswith("service-")]:
             _cache.pop(key).close()  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="session", params=["local", "local-nobwrap", "docker"])
-def service(request: pytest.FixtureRequest, fixture_data: Path):
-    """A started SandboxService per backend over the fixture data (session-wide, shared across modules)."""
-    if request.param == "docker":
-        require_docker()
-    elif request.param == "local":
-        require_bwrap()
-    return _service(request.param, fixture_data, request)
-
-
-@pytest.fixture(scope="session")
-def local_service(request: pytest.FixtureRequest, fixture_data: Path):
-    require_bwrap()
-    return _service("local", fixture_data, request)
-
-
-@pytest.fixture(scope="session")
-def docker_service(request: pytest.FixtureRequest, fixture_data: Path):
-    require_docker()
-    return _service("docker", fixture_data, request)
 
 
 def unisolated(service) -> bool:
@@ -266,3 +250,84 @@ class UvicornThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+class ServerProcess:
+    """``python -m sandbox_server --backend B`` as a subprocess (as the README starts it), on a free port,
+    with no ``FORKYARD_BACKEND`` in its environment: the flag alone decides."""
+
+    def __init__(self, name: str, backend: str = "docker", **env: str):
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {k: v for k, v in os.environ.items() if k != "FORKYARD_BACKEND"}
+        full_env.update({"FORKYARD_SERVER_NAME": name, "PYTHONPATH": str(ROOT), **env})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox_server", "--backend", backend, "--port", str(self.port),
+             "--log-level", "warning"], env=full_env, cwd=ROOT)
+
+    def pool(self) -> dict:
+        return httpx.get(f"{self.url}/v1/pool", timeout=10).json()
+
+    def wait_idle(self, idle: int, timeout_s: float = 90.0) -> dict:
+        """Wait until the pool holds exactly ``idle`` idle sandboxes and nothing busy or starting."""
+        deadline = time.monotonic() + timeout_s
+        st: dict = {}
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the server exited"
+            try:
+                st = self.pool()
+                if st["idle"] == idle and st["busy"] == 0 and st["starting"] == 0 and st["sessions"] == 0 \
+                        and len(leftover_containers(self.name)) == idle:
+                    return st
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"the server did not settle: {st}, containers {leftover_containers(self.name)}")
+
+    def resources(self) -> dict:
+        """Open file descriptors and threads of the server process."""
+        fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+        return {"fds": fds, "threads": threads}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def fake_bin(tmp_path: Path, bwrap_script: str | None) -> str:
+    """A PATH holding the usual tools but with ``bwrap`` missing or replaced by ``bwrap_script``."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for tool in ("sh", "cat", "python3"):
+        exe = shutil.which(tool)
+        if exe:
+            os.symlink(exe, d / tool)
+    if bwrap_script is not None:
+        (d / "bwrap").write_text(bwrap_script)
+        (d / "bwrap").chmod(0o755)
+    return str(d)
+
+
+#: Tool calls whose observations show a FileQA ``log_errors`` sandbox's state (:func:`answers`).
+TOOL_CALLS = ["grep('ERROR', '/scratch/app.log')", "wc('/scratch/app.log')", "stat('/scratch/app.log')",
+              "ls('/scratch', long=True)", "cat('/scratch/missing.txt')"]
+
+
+def answers(env):
+    """The observation text of each call of :data:`TOOL_CALLS` on ``env`` (a FileQA env), each taken on a
+    fork, so the env itself stays at its turn."""
+    out = []
+    for action in TOOL_CALLS:
+        child = env.fork(1)[0]
+        try:
+            out.append(child.step(action)[0])
+        finally:
+            child.close()
+    return out

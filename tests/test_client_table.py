@@ -15,7 +15,7 @@ from sandbox_server.backends import LocalBackend
 from sandbox_server.client import ENDPOINTS, NOT_IN_CLIENT, AsyncSandboxClient, SandboxClient
 from sandbox_server.errors import SandboxNotFound, ToolRefused
 from sandbox_server.service import SandboxService, ServiceConfig
-from tests.docker_support import SERVER_NAME, UvicornThread, fixture_data, require_bwrap  # noqa: F401
+from tests.docker_support import SERVER_NAME, UvicornThread, require_bwrap
 
 METHODS = {"get", "post", "put", "patch", "delete"}
 ERROR_CODES = {404, 413, 422, 503}

@@ -11,7 +11,7 @@ import envs  # noqa: F401 - registers the ids
 from envs import check_fork_contract
 from envs.core import EnvInfraError
 from sandbox_server.embedded import shared_provider
-from tests.docker_support import ROOT, require_docker
+from tests.docker_support import ROOT, answers, require_docker
 
 BACKENDS = pytest.mark.parametrize("backend", ["local", "docker"])
 
@@ -20,22 +20,6 @@ def make(backend, **kw):
     if backend == "docker":
         require_docker()
     return gym.make("forkyard/FileQA-v0", backend=backend, kinds=["log_errors"], **kw).unwrapped
-
-
-TOOL_CALLS = ["grep('ERROR', '/scratch/app.log')", "wc('/scratch/app.log')", "stat('/scratch/app.log')",
-              "ls('/scratch', long=True)", "cat('/scratch/missing.txt')"]
-
-
-def answers(env):
-    """Each tool's observation text, taken on forks so the env itself stays at its turn."""
-    out = []
-    for action in TOOL_CALLS:
-        child = env.fork(1)[0]
-        try:
-            out.append(child.step(action)[0])
-        finally:
-            child.close()
-    return out
 
 
 @BACKENDS
@@ -74,7 +58,7 @@ def test_restore_in_a_fresh_process(backend, tmp_path):
     code = f"""
 import json, sys, gymnasium as gym, envs
 sys.path.insert(0, {str(ROOT)!r})
-from tests.test_fileqa_restore import answers
+from tests.docker_support import answers
 env = gym.make("forkyard/FileQA-v0", backend={backend!r}, kinds=["log_errors"]).unwrapped
 env.restore(open({str(tmp_path / 'snap.json')!r}, "rb").read())
 print(json.dumps(answers(env)))

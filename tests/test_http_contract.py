@@ -26,8 +26,8 @@ from sandbox_server.backends import DockerBackend, LocalBackend
 from sandbox_server.env_api import GYM_MAKE_KEYWORDS, create_env_app
 from sandbox_server.models import ErrorBody
 from sandbox_server.service import SandboxService, ServiceConfig
-from tests.docker_support import (  # noqa: F401
-    ROOT, SERVER_NAME, UvicornThread, fixture_data, free_port, leftover_containers, require_bwrap, require_docker,
+from tests.docker_support import (
+    ROOT, SERVER_NAME, UvicornThread, free_port, leftover_containers, require_bwrap, require_docker,
 )
 
 CLUE = "forkyard/ClueProbe-v0"

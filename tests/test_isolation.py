@@ -25,9 +25,8 @@ from sandbox_server.agent import PathRewriter, utf8_cut
 from sandbox_server.backends import LocalBackend
 from sandbox_server.errors import IsolationUnavailable, ToolRefused
 from sandbox_server.tools import SESSION_ENV_NAMES
-from tests.docker_support import (  # noqa: F401
-    CAP, IN_CI, SERVER_NAME, docker_service, fixture_data, host_sh, require_bwrap, service, unisolated,
-    delete_quietly,
+from tests.docker_support import (
+    CAP, IN_CI, SERVER_NAME, delete_quietly, fake_bin, host_sh, require_bwrap, unisolated,
 )
 
 MARK = "[... output cut at"
@@ -57,24 +56,10 @@ def test_ci_tests_the_isolated_local_backend(fixture_data):
         b.close()
 
 
-def _fake_bin(tmp_path: Path, bwrap_script: str | None) -> str:
-    """A PATH holding the usual tools but with ``bwrap`` missing or replaced by ``bwrap_script``."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for tool in ("sh", "cat", "python3"):
-        exe = shutil.which(tool)
-        if exe:
-            os.symlink(exe, d / tool)
-    if bwrap_script is not None:
-        (d / "bwrap").write_text(bwrap_script)
-        (d / "bwrap").chmod(0o755)
-    return str(d)
-
-
 @pytest.mark.parametrize("bwrap_script", [None, "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"],
                          ids=["missing", "broken"])
 def test_no_silent_fallback_without_bubblewrap(fixture_data, tmp_path, monkeypatch, bwrap_script):
-    monkeypatch.setenv("PATH", _fake_bin(tmp_path, bwrap_script))
+    monkeypatch.setenv("PATH", fake_bin(tmp_path, bwrap_script))
     with pytest.raises(IsolationUnavailable) as exc:
         LocalBackend(fixture_data, server_name=f"{SERVER_NAME}-nobwrap")
     msg = str(exc.value)

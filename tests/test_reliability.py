@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,8 +18,8 @@ from collections import Counter
 import httpx
 import pytest
 
-from tests.docker_support import (  # noqa: F401
-    ROOT, SERVER_NAME, UvicornThread, backend_for, fixture_data, free_port, leftover_containers, require_docker,
+from tests.docker_support import (
+    SERVER_NAME, ServerProcess, UvicornThread, backend_for, leftover_containers, require_docker,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.reliability]
@@ -50,55 +48,6 @@ def _check_error_body(r: httpx.Response) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # load
-
-
-class ServerProcess:
-    """``python -m sandbox_server --backend B`` as a subprocess (as the README starts it), on a free port,
-    with no ``FORKYARD_BACKEND`` in its environment: the flag alone decides."""
-
-    def __init__(self, name: str, backend: str = "docker", **env: str):
-        self.name, self.port = name, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {k: v for k, v in os.environ.items() if k != "FORKYARD_BACKEND"}
-        full_env.update({"FORKYARD_SERVER_NAME": name, "PYTHONPATH": str(ROOT), **env})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_server", "--backend", backend, "--port", str(self.port),
-             "--log-level", "warning"], env=full_env, cwd=ROOT)
-
-    def pool(self) -> dict:
-        return httpx.get(f"{self.url}/v1/pool", timeout=10).json()
-
-    def wait_idle(self, idle: int, timeout_s: float = 90.0) -> dict:
-        """Wait until the pool holds exactly ``idle`` idle sandboxes and nothing busy or starting."""
-        deadline = time.monotonic() + timeout_s
-        st: dict = {}
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "the server exited"
-            try:
-                st = self.pool()
-                if st["idle"] == idle and st["busy"] == 0 and st["starting"] == 0 and st["sessions"] == 0 \
-                        and len(leftover_containers(self.name)) == idle:
-                    return st
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"the server did not settle: {st}, containers {leftover_containers(self.name)}")
-
-    def resources(self) -> dict:
-        """Open file descriptors and threads of the server process."""
-        fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-        return {"fds": fds, "threads": threads}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 async def _round(url: str, statuses: Counter, creates: int = 64, calls: int = 256) -> int:

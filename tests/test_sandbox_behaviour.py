@@ -19,7 +19,7 @@ import pytest
 
 from envs.text_space import TextSpace
 from sandbox_server.errors import SandboxNotFound, ToolRefused
-from tests.docker_support import CAP, docker_service, fixture_data, local_service, service  # noqa: F401
+from tests.docker_support import CAP
 
 MARK = "[... output cut at"
 

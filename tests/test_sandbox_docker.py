@@ -13,9 +13,7 @@ import httpx
 import pytest
 
 from sandbox_server.client import SandboxClient
-from tests.docker_support import (  # noqa: F401
-    ROOT, SERVER_NAME, docker_service, fixture_data, free_port, leftover_containers, require_docker,
-)
+from tests.docker_support import ROOT, SERVER_NAME, free_port, leftover_containers, require_docker
 
 
 def test_containers_are_hardened(docker_service):

@@ -12,9 +12,7 @@ from sandbox_server.backends import DockerBackend, LocalBackend
 from sandbox_server.client import AsyncSandboxClient, SandboxClient
 from sandbox_server.errors import LimitExceeded, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.service import MAX_WRITE_BYTES, SandboxService, ServiceConfig
-from tests.docker_support import (  # noqa: F401
-    SERVER_NAME, UvicornThread, _cache, docker_service, fixture_data, local_service, require_bwrap, require_docker,
-)
+from tests.docker_support import SERVER_NAME, UvicornThread, require_bwrap, require_docker
 
 
 @pytest.fixture(scope="module", params=["local", "docker"])

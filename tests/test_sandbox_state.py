@@ -31,9 +31,8 @@ from sandbox_server import agent as agent_mod
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Agent
 from sandbox_server.backends import LocalBackend, machine_id, owner_record
 from sandbox_server.errors import LimitExceeded, ServiceUnavailable, SnapshotUnsupported
-from tests.docker_support import (  # noqa: F401
-    ROOT, SERVER_NAME, fixture_data, host_sh, require_bwrap, require_docker, service, unisolated,
-    delete_quietly,
+from tests.docker_support import (
+    ROOT, SERVER_NAME, delete_quietly, host_sh, require_bwrap, require_docker, unisolated,
 )
 
 

@@ -33,7 +33,7 @@ from sandbox_server.app import create_app  # noqa: E402
 from sandbox_server.backends import LocalBackend  # noqa: E402
 from sandbox_server.env_api import create_env_app  # noqa: E402
 from sandbox_server.service import SandboxService, ServiceConfig  # noqa: E402
-from tests.docker_support import SERVER_NAME, UvicornThread, fixture_data, require_bwrap  # noqa: E402,F401
+from tests.docker_support import SERVER_NAME, UvicornThread, require_bwrap  # noqa: E402
 
 SCALE = float(os.environ.get("FORKYARD_FUZZ_EXAMPLES", "1"))
 EXAMPLES = {GenerationMode.POSITIVE: max(1, int(40 * SCALE)), GenerationMode.NEGATIVE: max(1, int(15 * SCALE))}

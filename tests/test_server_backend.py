@@ -7,8 +7,9 @@ import os
 
 import httpx
 
-from tests.docker_support import SERVER_NAME, leftover_containers, require_docker
-from tests.test_reliability import ServerProcess
+from tests.docker_support import (
+    ROOT, SERVER_NAME, ServerProcess, fake_bin, free_port, leftover_containers, require_docker,
+)
 
 
 def _children(pid: int) -> list[str]:
@@ -67,11 +68,8 @@ def test_local_server_refuses_to_start_without_isolation_unless_told_it_is_unsaf
     import sys
     import time
 
-    from tests.docker_support import ROOT, free_port
-    from tests.test_isolation import _fake_bin
-
     env = {k: v for k, v in os.environ.items() if k != "FORKYARD_BACKEND"}
-    env.update(PATH=_fake_bin(tmp_path, None), PYTHONPATH=str(ROOT), FORKYARD_SERVER_NAME=f"{SERVER_NAME}-nobwrap")
+    env.update(PATH=fake_bin(tmp_path, None), PYTHONPATH=str(ROOT), FORKYARD_SERVER_NAME=f"{SERVER_NAME}-nobwrap")
     port = free_port()
     cmd = [sys.executable, "-m", "sandbox_server", "--port", str(port), "--log-level", "warning"]
     r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -10,7 +10,7 @@ import pytest
 
 from sandbox_server.errors import ServiceUnavailable, ToolRefused
 from sandbox_server.service import CancelToken, SandboxService, ServiceConfig
-from tests.docker_support import SERVER_NAME, backend_for, fixture_data  # noqa: F401
+from tests.docker_support import SERVER_NAME, backend_for
 
 
 @pytest.fixture(params=["local", "docker"])
