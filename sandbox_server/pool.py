@@ -21,15 +21,15 @@ from sandbox_server.backends import Backend
 from sandbox_server.errors import EngineUnavailable, PoolExhausted, ServiceUnavailable
 from sandbox_server.metrics import Metrics
 
-
-
 #: Seconds the pool waits after a sandbox was taken or given back before it starts or destroys
 #: containers in the background (while idle ones remain): docker fork(4) restores measured 19 ms p50
 #: with a refill racing them on 2 cores.
 REFILL_DELAY_S = 0.05
 
+
 class SandboxPool:
-    """Warm pool. Times in seconds.
+    """Warm pool. Times in seconds. The sizes have no defaults here: they are fields of
+    :class:`~sandbox_server.settings.ServiceConfig` (declared there once), which the service passes on.
 
     Args:
         backend: where sandboxes run.
@@ -37,10 +37,14 @@ class SandboxPool:
         max_total: most sandboxes alive at once (idle + busy + starting).
         max_concurrent_starts: most starts in flight at once.
         acquire_timeout_s: longest :meth:`acquire` waits before raising.
+
+    Raises:
+        ValueError: sizes out of range (``0 <= min_idle <= max_total``, ``max_total >= 1``,
+            ``max_concurrent_starts >= 1``).
     """
 
-    def __init__(self, backend: Backend, *, min_idle: int = 2, max_total: int = 16, max_concurrent_starts: int = 2,
-                 acquire_timeout_s: float = 15.0, metrics: Metrics | None = None):
+    def __init__(self, backend: Backend, *, min_idle: int, max_total: int, max_concurrent_starts: int,
+                 acquire_timeout_s: float, metrics: Metrics | None = None):
         if min_idle < 0 or max_total < 1 or max_concurrent_starts < 1 or min_idle > max_total:
             raise ValueError("need 0 <= min_idle <= max_total, max_total >= 1, max_concurrent_starts >= 1")
         self.backend = backend

@@ -2,12 +2,19 @@
 
 :class:`SandboxService` is what the HTTP app serves and what an env uses in-process (the embedded
 default): its methods have the same names and models as :class:`sandbox_server.client.SandboxClient`.
-Every method blocks; the HTTP app runs them in worker threads.
+Every method blocks; the HTTP app runs them in worker threads. Its parts live in their own modules: the
+warm pool (:mod:`sandbox_server.pool`), stored snapshots (:mod:`sandbox_server.snapshots`), abandoned
+work (:mod:`sandbox_server.cancel`), checks of client input (:mod:`sandbox_server.session_input`), limits
+(:mod:`sandbox_server.settings`).
+
+Why one file: what is left is :class:`SandboxService` itself, whose methods all work on one session table
+under one lock discipline (the service's ``_mu`` for the table, each session's ``lock`` for its sandbox) and
+share one recovery path (``_with_replace``: a hung or dead sandbox is replaced from its restore point).
+Splitting sessions from tool calls or from clone / fork would spread that protocol over several modules.
 """
 
 from __future__ import annotations
 
-import posixpath
 import threading
 import time
 import uuid
@@ -15,66 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_server.backends import Backend, check_write_limits
+from sandbox_server.backends import Backend
+from sandbox_server.cancel import CancelToken, claim
 from sandbox_server.errors import (
-    AgentFailed, AgentTimeout, LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported,
-    ToolRefused,
+    AgentFailed, AgentTimeout, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported, ToolRefused,
 )
 from sandbox_server.metrics import Metrics
 from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
 from sandbox_server.pool import SandboxPool
+from sandbox_server.session_input import MAX_NAME_BYTES, MAX_PATH_BYTES, check_cwd, check_env, check_files
 from sandbox_server.settings import MAX_WRITE_BYTES, ServiceConfig
-from sandbox_server.tools import (
-    READABLE_ROOTS, TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call, validate_session_env,
-)
-
-
-#: Longest file name (one path component) and relative path of a written file, in UTF-8 bytes (Linux's
-#: NAME_MAX, and PATH_MAX less room for the /scratch prefix).
-MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4000
-
-
-class CancelToken:
-    """Shared by a request handler and the worker thread doing its work, so that work the handler
-    gave up on (it answered the client with an error) never keeps what it took.
-
-    The worker calls :meth:`claim` just before it hands out new sessions; the handler calls
-    :meth:`set` when it gives up. Exactly one of them wins: ``claim`` returns False once the token
-    is set (the worker then releases what it took), and ``set`` returns False once the work was
-    claimed (the handler should then wait for the result, which is ready, instead of failing).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._state: str | None = None  # None, "set" or "claimed"
-
-    def set(self) -> bool:
-        """Abandon the work. Returns False if the worker already claimed its result."""
-        with self._lock:
-            if self._state == "claimed":
-                return False
-            self._state = "set"
-            return True
-
-    def is_set(self) -> bool:
-        """Whether the work was abandoned."""
-        return self._state == "set"
-
-    def claim(self) -> bool:
-        """Called by the worker before handing out its result. Returns False if it was abandoned."""
-        with self._lock:
-            if self._state == "set":
-                return False
-            self._state = "claimed"
-            return True
-
-
-def _claim(cancel: Any) -> bool:
-    """True when the work may be handed out: no token, a token not set, or a :class:`CancelToken` claimed."""
-    if cancel is None:
-        return True
-    claim = getattr(cancel, "claim", None)
-    return claim() if claim is not None else not cancel.is_set()
+from sandbox_server.snapshots import SnapshotStore
+from sandbox_server.tools import TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call
 
 
 @dataclass
@@ -87,48 +46,6 @@ class _Session:
     restore_point: bytes | None = None  # tar the sandbox is rebuilt from if its agent hangs
     lock: threading.RLock = field(default_factory=threading.RLock)
     deleted: bool = False
-
-
-@dataclass
-class _Snapshot:
-    id: str
-    source: str
-    data: bytes
-    state: SessionState
-    created_at: float
-    expires_at: float
-
-
-def _check_cwd(cwd: str) -> str:
-    if not isinstance(cwd, str) or "\x00" in cwd or not cwd.startswith("/") or ".." in cwd.split("/"):
-        raise ToolRefused(f"cwd must be an absolute path under {', '.join(READABLE_ROOTS)} without '..', got {cwd!r}")
-    norm = posixpath.normpath(cwd)
-    if not any(norm == r or norm.startswith(r + "/") for r in READABLE_ROOTS):
-        raise ToolRefused(f"cwd {cwd!r} is outside {', '.join(READABLE_ROOTS)}")
-    return norm
-
-
-def _check_env(env: dict[str, str] | None) -> dict[str, str]:
-    """Session environment variables, checked against the allow-list. Raises ToolRefused naming the refused ones."""
-    return validate_session_env(dict(env or {}))
-
-
-def _check_files(files: dict[str, bytes]) -> None:
-    """Refuse bad per-episode file paths, more than :data:`MAX_WRITE_BYTES` in all, and writes that cannot
-    fit /scratch or pass the file-count limit (:func:`~sandbox_server.backends.check_write_limits`), before
-    any sandbox is taken or touched. Raises ToolRefused / LimitExceeded."""
-    total = 0
-    for rel, data in files.items():
-        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel or ".." in rel.split("/"):
-            raise ToolRefused(f"file path {rel!r} must be relative to /scratch, without '..' or NUL")
-        if len(rel.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES or \
-                any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in rel.split("/")):
-            raise ToolRefused(f"file path {rel[:60]!r}... is too long: at most {MAX_NAME_BYTES} bytes a name and "
-                              f"{MAX_PATH_BYTES} bytes a path")
-        total += len(data)
-    if total > MAX_WRITE_BYTES:
-        raise LimitExceeded(f"{total} bytes of files; the limit of one write is {MAX_WRITE_BYTES} bytes")
-    check_write_limits(files)
 
 
 class SandboxService:
@@ -151,7 +68,7 @@ class SandboxService:
                                 max_concurrent_starts=c.max_concurrent_starts, acquire_timeout_s=c.acquire_timeout_s,
                                 metrics=self.metrics)
         self._sessions: dict[str, _Session] = {}
-        self._snapshots: dict[str, _Snapshot] = {}
+        self.snapshots = SnapshotStore(c.max_snapshot_bytes)
         self._mu = threading.Lock()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -172,7 +89,7 @@ class SandboxService:
         with self._mu:
             sessions = list(self._sessions.values())
             self._sessions.clear()
-            self._snapshots.clear()
+        self.snapshots.clear()
         for s in sessions:
             self.pool.release(s.sid)
         self.pool.close()
@@ -200,20 +117,18 @@ class SandboxService:
         now = time.time() if now is None else now
         with self._mu:
             dead = [s for s in self._sessions.values() if now - s.last_used_at > self.config.idle_ttl_s]
-            old = [k for k, v in self._snapshots.items() if v.expires_at <= now]
-            for k in old:
-                del self._snapshots[k]
+        old = self.snapshots.expire(now)
         for s in dead:
             try:
                 self.delete(s.id)
             except SandboxNotFound:
                 pass
         self._gauges()
-        return len(dead), len(old)
+        return len(dead), old
 
     def _gauges(self) -> None:
         self.metrics.sessions.set(len(self._sessions))
-        self.metrics.snapshots.set(len(self._snapshots))
+        self.metrics.snapshots.set(len(self.snapshots))
 
     # -- sessions -------------------------------------------------------------------------------------
     def _session(self, sandbox_id: str) -> _Session:
@@ -230,7 +145,7 @@ class SandboxService:
                   cancel: CancelToken | None = None) -> list[_Session]:
         """Make backend sandboxes ``sids`` sessions, all at once, unless the request was abandoned
         (then every one is released and :class:`ServiceUnavailable` raised)."""
-        if not _claim(cancel):
+        if not claim(cancel):
             for sid in sids:
                 self.pool.release(sid)
             raise ServiceUnavailable("the request was abandoned before its sandbox was handed out", retry_after_s=1.0)
@@ -261,9 +176,9 @@ class SandboxService:
             LimitExceeded: the files do not fit the sandbox's /scratch (nothing is left behind).
             ServiceUnavailable: engine down or pool exhausted (retry later).
         """
-        state = SessionState(cwd=_check_cwd(cwd or "/data"), env=_check_env(env), metadata=dict(metadata or {}))
+        state = SessionState(cwd=check_cwd(cwd or "/data"), env=check_env(env), metadata=dict(metadata or {}))
         if files:
-            _check_files(files)
+            check_files(files)
         sid = self.pool.acquire()
         try:
             if archive:
@@ -313,8 +228,8 @@ class SandboxService:
         pydantic.ValidationError (metadata nested too deep or over ``MAX_METADATA_BYTES``; HTTP 422).
         """
         s = self._session(sandbox_id)
-        new_cwd = _check_cwd(cwd) if cwd is not None else None
-        new_env = _check_env(env) if env is not None else None
+        new_cwd = check_cwd(cwd) if cwd is not None else None
+        new_env = check_env(env) if env is not None else None
         new_meta = SessionState(metadata=dict(metadata)).metadata if metadata is not None else None
         with s.lock:
             if new_cwd is not None:
@@ -335,7 +250,7 @@ class SandboxService:
                 more than /scratch holds (no file of the write is left behind).
             SandboxNotFound; SandboxError if the sandbox failed.
         """
-        _check_files(files)
+        check_files(files)
         s = self._session(sandbox_id)
         with s.lock:
             self._with_replace(s, lambda: self.backend.write_files(s.sid, files))
@@ -346,6 +261,16 @@ class SandboxService:
     def tools(self) -> list[ToolSpec]:
         """The whitelist with ordered parameter names and JSON schemas."""
         return tool_specs(self.registry)
+
+    @property
+    def name(self) -> str:
+        """The backend's name (``"local"``, ``"docker"``): what the sandboxes run on."""
+        return self.backend.name
+
+    def data_dir(self) -> str:
+        """A host folder with the same files as the sandboxes' read-only ``/data`` (the backend's
+        :meth:`~sandbox_server.backends.base.Backend.host_data_dir`). Raises EngineUnavailable."""
+        return self.backend.host_data_dir()
 
     def exec(self, sandbox_id: str, tool: str, args: dict[str, Any] | None = None,
              timeout_s: float | None = None) -> ToolResult:
@@ -444,43 +369,23 @@ class SandboxService:
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             s.restore_point = data
             state = s.state.model_copy(deep=True)
-        now = time.time()
-        snap = _Snapshot(id="snap-" + uuid.uuid4().hex[:16], source=s.id, data=data, state=state, created_at=now,
-                         expires_at=now + (ttl_s or self.config.snapshot_ttl_s))
-        if not _claim(cancel):
+        if not claim(cancel):
             raise ServiceUnavailable("the request was abandoned before its snapshot was stored", retry_after_s=1.0)
-        with self._mu:
-            held = sum(len(v.data) for v in self._snapshots.values() if v.expires_at > now)
-            if held + len(data) > self.config.max_snapshot_bytes:
-                raise LimitExceeded(
-                    f"stored snapshots hold {held} bytes and this one has {len(data)}: the bound is "
-                    f"{self.config.max_snapshot_bytes} bytes (FORKYARD_MAX_SNAPSHOT_BYTES); delete snapshots "
-                    f"(DELETE /v1/snapshots/{{id}}) or wait for their TTL")
-            self._snapshots[snap.id] = snap
+        snap = self.snapshots.put(s.id, data, state, ttl_s or self.config.snapshot_ttl_s)
         self._gauges()
-        return self._snap_info(snap)
-
-    def _snap_info(self, snap: _Snapshot) -> SnapshotInfo:
-        return SnapshotInfo(id=snap.id, source_sandbox=snap.source, size_bytes=len(snap.data),
-                            state=snap.state.model_copy(deep=True), created_at=snap.created_at, expires_at=snap.expires_at)
+        return snap.info()
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
         """A stored snapshot's info. Raises SandboxNotFound."""
-        snap = self._snapshots.get(snapshot_id)
-        if snap is None or snap.expires_at <= time.time():
-            raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
-        return self._snap_info(snap)
+        return self.snapshots.get(snapshot_id).info()
 
     def snapshot_bytes(self, snapshot_id: str) -> bytes:
         """The tar of a stored snapshot's writable areas. Raises SandboxNotFound."""
-        self.get_snapshot(snapshot_id)
-        return self._snapshots[snapshot_id].data
+        return self.snapshots.get(snapshot_id).data
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Forget a snapshot. Raises SandboxNotFound."""
-        with self._mu:
-            if self._snapshots.pop(snapshot_id, None) is None:
-                raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
+        self.snapshots.delete(snapshot_id)
         self._gauges()
 
     def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None) -> list[SandboxInfo]:
@@ -504,12 +409,11 @@ class SandboxService:
         """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other
         (all or none). ``cancel``: see :meth:`create`.
 
-        Raises SandboxNotFound, ToolRefused (n out of 1..64), ServiceUnavailable.
+        Raises SandboxNotFound, ToolRefused (n out of 1..:data:`~sandbox_server.models.MAX_CLONES`, or more
+        than the pool's ``max_total``), ServiceUnavailable.
         """
         t0 = time.perf_counter()
-        snap = self._snapshots.get(snapshot_id)
-        if snap is None or snap.expires_at <= time.time():
-            raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
+        snap = self.snapshots.get(snapshot_id)
         out = self._clone_data(snap.data, snap.state, n, cancel)
         self.metrics.fork_s.labels("clone").observe(time.perf_counter() - t0)
         return out
@@ -530,4 +434,7 @@ class SandboxService:
     def pool_status(self) -> PoolStatus:
         """Pool counts and limits plus session and snapshot counts."""
         st = self.pool.status()
-        return PoolStatus(backend=self.backend.name, sessions=len(self._sessions), snapshots=len(self._snapshots), **st)
+        return PoolStatus(backend=self.backend.name, sessions=len(self._sessions), snapshots=len(self.snapshots), **st)
+
+
+__all__ = ["MAX_NAME_BYTES", "MAX_PATH_BYTES", "MAX_WRITE_BYTES", "CancelToken", "SandboxService", "ServiceConfig"]

@@ -1,0 +1,94 @@
+"""Stored snapshots of a :class:`~sandbox_server.service.SandboxService`: plain data (the tar of a sandbox's
+writable areas and its session state) kept for a TTL, with a bound on the bytes all of them hold together."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from sandbox_server.errors import LimitExceeded, SandboxNotFound
+from sandbox_server.models import SessionState, SnapshotInfo
+
+
+@dataclass
+class StoredSnapshot:
+    """One stored snapshot. Times are seconds since the epoch."""
+
+    id: str
+    source: str
+    data: bytes
+    state: SessionState
+    created_at: float
+    expires_at: float
+
+    def info(self) -> SnapshotInfo:
+        """Its :class:`SnapshotInfo` (the state copied)."""
+        return SnapshotInfo(id=self.id, source_sandbox=self.source, size_bytes=len(self.data),
+                            state=self.state.model_copy(deep=True), created_at=self.created_at,
+                            expires_at=self.expires_at)
+
+
+class SnapshotStore:
+    """Snapshots by id, each kept until its expiry, all together at most ``max_bytes`` of tars. Thread-safe.
+
+    Args:
+        max_bytes: the most bytes the live snapshots' tars may hold together.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._snapshots: dict[str, StoredSnapshot] = {}
+        self._mu = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def put(self, source: str, data: bytes, state: SessionState, ttl_s: float) -> StoredSnapshot:
+        """Store a snapshot of sandbox ``source`` for ``ttl_s`` seconds.
+
+        Raises:
+            LimitExceeded: it would take the live snapshots past ``max_bytes`` (nothing is stored).
+        """
+        now = time.time()
+        snap = StoredSnapshot(id="snap-" + uuid.uuid4().hex[:16], source=source, data=data, state=state,
+                              created_at=now, expires_at=now + ttl_s)
+        with self._mu:
+            held = sum(len(v.data) for v in self._snapshots.values() if v.expires_at > now)
+            if held + len(data) > self.max_bytes:
+                raise LimitExceeded(
+                    f"stored snapshots hold {held} bytes and this one has {len(data)}: the bound is "
+                    f"{self.max_bytes} bytes (FORKYARD_MAX_SNAPSHOT_BYTES); delete snapshots "
+                    f"(DELETE /v1/snapshots/{{id}}) or wait for their TTL")
+            self._snapshots[snap.id] = snap
+        return snap
+
+    def get(self, snapshot_id: str) -> StoredSnapshot:
+        """The live snapshot ``snapshot_id``. Raises SandboxNotFound (unknown, deleted or expired)."""
+        snap = self._snapshots.get(snapshot_id)
+        if snap is None or snap.expires_at <= time.time():
+            raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
+        return snap
+
+    def delete(self, snapshot_id: str) -> None:
+        """Forget a snapshot. Raises SandboxNotFound."""
+        with self._mu:
+            if self._snapshots.pop(snapshot_id, None) is None:
+                raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
+
+    def expire(self, now: float) -> int:
+        """Forget the snapshots expired at ``now`` (seconds since the epoch); returns how many."""
+        with self._mu:
+            old = [k for k, v in self._snapshots.items() if v.expires_at <= now]
+            for k in old:
+                del self._snapshots[k]
+        return len(old)
+
+    def clear(self) -> None:
+        """Forget every snapshot."""
+        with self._mu:
+            self._snapshots.clear()
+
+
+__all__ = ["SnapshotStore", "StoredSnapshot"]
