@@ -1,50 +1,95 @@
-"""``python -m sandbox_server``: run the sandbox service (see ``--help``).
+"""``python -m sandbox_server``: run a forkyard server (see ``--help``). The one implementation of the
+server command: ``forkyard serve ARGS`` is :func:`main` with the same ``ARGS``, ``make serve`` and the
+server image (``docker compose up``) run this module.
 
 The ``--backend`` given here is the backend of every sandbox the server serves, env sessions (FileQA)
 included. The local backend needs bubblewrap (``make`` installs it; ``apt-get install bubblewrap``);
 without it the server refuses to start unless ``--unsafe-no-isolation`` says otherwise.
+``--no-sandboxes`` serves env sessions alone (``/v1/envs``, ``/healthz``): no sandbox pool, and
+sandbox-backed envs (FileQA) are refused with a 422 that says why.
+
+Every option not given on the command line comes from its ``FORKYARD_*`` environment variable
+(:class:`~sandbox_server.settings.ServerSettings`, :class:`~sandbox_server.settings.ServiceConfig`), else
+its default.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+PROG = "python -m sandbox_server"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and serve until interrupted. Returns the exit status (2: bad options, or the
-    local backend has no working isolation)."""
-    ap = argparse.ArgumentParser(prog="python -m sandbox_server", description="forkyard sandbox service")
-    ap.add_argument("--host", default=os.environ.get("FORKYARD_HOST", "127.0.0.1"))
-    ap.add_argument("--port", type=int, default=int(os.environ.get("FORKYARD_PORT", "8000")))
-    ap.add_argument("--backend", choices=["local", "docker"], default=os.environ.get("FORKYARD_BACKEND", "local"),
-                    help="where every sandbox of this server runs, env sessions included (default: local)")
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The server command's options (every one reaches the running server)."""
+    from sandbox_server.backends import BACKENDS
+
+    ap = argparse.ArgumentParser(prog=prog, description="Run the forkyard server: a sandbox pool (/v1/sandboxes, "
+                                 "/v1/snapshots, /v1/tools, /v1/pool) and env sessions (/v1/envs) over HTTP.")
+    ap.add_argument("--host", default=None, help="address to listen on (default: FORKYARD_HOST or 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=None, help="TCP port (default: FORKYARD_PORT or 8000)")
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                    help="where every sandbox of this server runs, env sessions included "
+                         "(default: FORKYARD_BACKEND or local)")
     ap.add_argument("--unsafe-no-isolation", action="store_true",
                     help="local backend only: when bubblewrap is missing, run sandboxes as plain processes of "
                          "your user (only path checks stand between a tool call and your files; never for "
                          "untrusted policies)")
-    ap.add_argument("--min-idle", type=int, default=None)
-    ap.add_argument("--max-total", type=int, default=None)
-    ap.add_argument("--log-level", default="info")
-    ns = ap.parse_args(argv)
-    from sandbox_server.app import serve
-    from sandbox_server.backends import LocalBackend
-    from sandbox_server.errors import IsolationUnavailable
-    from sandbox_server.service import ServiceConfig
+    ap.add_argument("--no-sandboxes", action="store_true",
+                    help="serve env sessions alone (/v1/envs): no sandbox pool, no sandbox routes; sandbox-backed "
+                         "envs (FileQA) are refused with a 422")
+    ap.add_argument("--min-idle", type=int, default=None,
+                    help="sandboxes kept idle and ready (default: FORKYARD_MIN_IDLE or 2)")
+    ap.add_argument("--max-total", type=int, default=None,
+                    help="most sandboxes at once, idle and in use (default: FORKYARD_MAX_TOTAL or 16)")
+    ap.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                    help="uvicorn's log level (default: FORKYARD_LOG_LEVEL or info)")
+    return ap
 
-    backend: object = ns.backend
-    if ns.backend == "local":
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and serve until interrupted (SIGINT / SIGTERM close every
+    sandbox and env session first). Returns the exit status: 0 after a clean stop; 2 for bad options
+    (argparse exits with 2 itself) or a local backend without working isolation."""
+    ap = build_parser(prog)
+    ns = ap.parse_args(argv)
+
+    import pydantic
+    import uvicorn
+
+    from sandbox_server.app import create_app
+    from sandbox_server.backends import make_backend
+    from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
+    from sandbox_server.settings import ServerSettings, ServiceConfig
+
+    flags = {"host": ns.host, "port": ns.port, "backend": ns.backend, "log_level": ns.log_level}
+    try:
+        settings = ServerSettings(**{k: v for k, v in flags.items() if v is not None})
+        config = ServiceConfig.from_env(min_idle=ns.min_idle, max_total=ns.max_total)
+    except pydantic.ValidationError as exc:
+        ap.error(f"bad setting: {exc}")
+    if ns.no_sandboxes:
+        pool_flags = [f for f, v in (("--backend", ns.backend), ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
+                                     ("--min-idle", ns.min_idle), ("--max-total", ns.max_total)) if v is not None]
+        if pool_flags:
+            ap.error(f"{', '.join(pool_flags)}: options of the sandbox pool, but --no-sandboxes serves none")
+        app = create_app(config=config, sandboxes=False)
+    else:
         try:  # built here, before the server listens: no isolation means no server
-            backend = LocalBackend(unsafe_no_isolation=ns.unsafe_no_isolation,
-                                   server_name=os.environ.get("FORKYARD_SERVER_NAME", "default"))
+            backend = make_backend(settings.backend, unsafe_no_isolation=ns.unsafe_no_isolation)
         except IsolationUnavailable as exc:
-            print(f"python -m sandbox_server: {exc}", file=sys.stderr)
+            print(f"{prog}: {exc}", file=sys.stderr)
             return 2
-    elif ns.unsafe_no_isolation:
-        ap.error("--unsafe-no-isolation applies to the local backend only")
-    serve(ns.host, ns.port, backend=backend,
-          config=ServiceConfig.from_env(min_idle=ns.min_idle, max_total=ns.max_total), log_level=ns.log_level)
+        except ServiceUnavailable as exc:  # the engine is down: serve degraded (503s), retry at start-up
+            print(f"{prog}: warning: the {settings.backend} backend is unavailable ({exc}); it is tried once more "
+                  "as the server starts, and while it is down the server answers 503", file=sys.stderr)
+            backend = settings.backend
+        except ValueError as exc:  # unknown options, or --unsafe-no-isolation for an always isolated backend
+            ap.error(str(exc).replace("unsafe_no_isolation", "--unsafe-no-isolation"))
+        app = create_app(backend, config, max_body_bytes=settings.max_body_bytes)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
     return 0
 
 

@@ -126,11 +126,23 @@ def _validation_detail(errors: list[dict[str, Any]]) -> str:
 
 OnError = Callable[[Request, BaseException, int], None]
 
+# Request-body limits, in bytes. The limit of the routes that carry files (sandbox creation, file writes) is
+# ``ServerSettings.max_body_bytes`` (``FORKYARD_MAX_BODY_BYTES``; default
+# :func:`sandbox_server.settings.default_max_body_bytes`); every other route has a smaller one of these.
+
 #: The smallest per-route body limit: bodies up to this many bytes are never refused for their size.
 MIN_ROUTE_LIMIT = 1024
+#: Sandbox routes that carry no files (exec, state, snapshot, clone, fork): room for metadata at its bound
+#: (:data:`~sandbox_server.models.MAX_METADATA_BYTES`, escaped as JSON) and tool arguments.
+SMALL_BODY_BYTES = 512 << 10
+#: Env routes other than step (kwargs, options, fork counts); a step's limit follows the env's action length.
+ENV_BODY_BYTES = 64 << 10
+
+#: ``path -> (limit, hint) | None``: a route's own body limit and words for the 413 saying why.
+RouteLimit = Callable[[str], tuple[int, str] | None]
 
 
-def install(app: FastAPI, *, max_body_bytes: int, route_limit: Callable[[str], tuple[int, str] | None] | None = None,
+def install(app: FastAPI, *, max_body_bytes: int, route_limit: RouteLimit | None = None,
             on_error: OnError | None = None) -> None:
     """Give ``app`` the contract: the error handlers, the body limit and the last-resort handler.
 
@@ -211,8 +223,7 @@ class BodyLimit:
             :data:`MIN_ROUTE_LIMIT` (declared bodies up to that size pass without looking it up).
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int,
-                 route_limit: Callable[[str], tuple[int, str] | None] | None = None):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, route_limit: RouteLimit | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.route_limit = route_limit
@@ -293,5 +304,5 @@ class CatchAll:
                 raise exc from None
 
 
-__all__ = ["DOMAIN_ERRORS", "MIN_ROUTE_LIMIT", "STATUS_WORDS", "BodyLimit", "CatchAll", "classify", "domain_response", "error_response",
-           "error_responses", "install", "retry_after"]
+__all__ = ["DOMAIN_ERRORS", "ENV_BODY_BYTES", "MIN_ROUTE_LIMIT", "SMALL_BODY_BYTES", "STATUS_WORDS", "BodyLimit", "CatchAll",
+           "RouteLimit", "classify", "domain_response", "error_response", "error_responses", "install", "retry_after"]

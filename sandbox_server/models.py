@@ -1,4 +1,5 @@
-"""Pydantic models of every request and response of the sandbox service (HTTP and in-process).
+"""Pydantic models of every request and response of the HTTP API (sandbox routes, env routes) and of the
+in-process sandbox service. Each model is declared here once, so the OpenAPI schema names each once.
 
 Request models derive from :class:`RequestModel`: strict types (a JSON ``true`` is not an integer and
 ``2.0`` is not one either; an integer is accepted for a float), unknown fields refused, numbers finite
@@ -18,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sandbox_server.tools import ToolResult, ToolSpec
 
+#: Most sandboxes (or env sessions) one clone / fork request may make.
 MAX_CLONES = 64
+#: Longest tool name an exec request may carry (longer ones cannot be a whitelisted tool).
+MAX_TOOL_NAME_CHARS = 64
 
 
 def _check_str(text: str) -> None:
@@ -129,7 +133,7 @@ class SandboxList(BaseModel):
 class ExecRequest(RequestModel):
     """``POST /v1/sandboxes/{id}/exec``: ``{"tool": "cat", "args": {"path": "x"}, "timeout_s": 5}``."""
 
-    tool: str = Field(max_length=64)
+    tool: str = Field(max_length=MAX_TOOL_NAME_CHARS)
     args: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float | None = Field(default=None, description="per-call deadline in seconds (clamped to the maximum)")
 
@@ -226,6 +230,82 @@ class ErrorBody(BaseModel):
                                "invalid, conflict, too_large, unavailable, sandbox_error, infra_error, internal")
 
 
+# ------------------------------------------------------------------------------------------ env sessions
+class EnvSpecInfo(BaseModel):
+    """One registered env (``GET /v1/envs``)."""
+
+    env_id: str = Field(description="id to pass to POST /v1/envs or gymnasium.make")
+    kwargs: dict[str, Any] = Field(description="default constructor kwargs")
+
+
+class CreateEnvRequest(RequestModel):
+    """``POST /v1/envs``."""
+
+    env_id: str = Field(description="a registered forkyard env id, e.g. forkyard/ClueProbe-v0", max_length=200)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="constructor kwargs (JSON values)")
+    seed: int | None = Field(default=None, ge=0, description="reset seed (a non-negative integer)")
+    options: dict[str, Any] | None = Field(default=None, description="reset options")
+
+
+class ResetRequest(RequestModel):
+    """``POST /v1/envs/{session_id}/reset``."""
+
+    seed: int | None = Field(default=None, ge=0, description="reset seed (a non-negative integer)")
+    options: dict[str, Any] | None = Field(default=None, description="reset options")
+
+
+class StepRequest(RequestModel):
+    """``POST /v1/envs/{session_id}/step``."""
+
+    action: str = Field(description="one action in forkyard's format, e.g. probe(2)")
+
+
+class ResetResponse(BaseModel):
+    """A session's first observation (create, reset)."""
+
+    session_id: str
+    observation: str
+    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions (finite action sets)")
+    observation_max_length: int = Field(description="max code points of an observation")
+    action_max_length: int = Field(description="max code points of an action")
+
+
+class StepResponse(BaseModel):
+    """One step's outcome."""
+
+    session_id: str
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions, termination_reason at the end")
+
+
+class ForkResponse(BaseModel):
+    """The sessions an env fork made."""
+
+    session_id: str = Field(description="the parent session")
+    session_ids: list[str] = Field(description="the new sessions, each at the parent's state")
+
+
+class SessionInfo(BaseModel):
+    """An env session's state."""
+
+    session_id: str
+    env_id: str
+    turn: int
+    done: bool
+
+
+class EnvHealth(BaseModel):
+    """``/healthz`` of a server of env sessions alone."""
+
+    status: Literal["ok"]
+    env_sessions: int = Field(description="env sessions held now")
+
+
 __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest", "WriteFilesRequest",
            "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest", "CloneResponse",
-           "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec"]
+           "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo", "CreateEnvRequest",
+           "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse", "SessionInfo", "EnvHealth",
+           "MAX_CLONES", "MAX_TOOL_NAME_CHARS", "MAX_JSON_DEPTH", "MAX_METADATA_BYTES"]

@@ -145,15 +145,25 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
         _compare_args(p)
     p.set_defaults(handler=_compare)
 
-    # One declaration of the server's options: `forkyard serve ARGS` is `python -m sandbox_server ARGS`.
-    p = sub.add_parser("serve", add_help=False, help="run the sandbox service (python -m sandbox_server; --help there)")
+    # Listed for `forkyard --help` only: main() hands `serve ARGS` to the server command's own main (one
+    # implementation and one declaration of its options: `forkyard serve ARGS` is `python -m sandbox_server ARGS`).
+    p = sub.add_parser("serve", add_help=False, help="run the forkyard server (python -m sandbox_server; "
+                                                     "`forkyard serve --help` lists its options)")
     p.add_argument("server_args", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=lambda a: __import__("sandbox_server.__main__", fromlist=["main"]).main(a.server_args))
+    p.set_defaults(handler=lambda a: serve(a.server_args))
 
     from trainer.text_cli import register as register_text
 
     register_text(sub, command)
     return parser
+
+
+def serve(server_args: list[str]) -> int:
+    """``forkyard serve ARGS``: the server command itself, :func:`sandbox_server.__main__.main` with the same
+    ``ARGS`` (its options, help and exit statuses). Returns the exit status."""
+    from sandbox_server.__main__ import main as serve_main
+
+    return serve_main(server_args, prog="forkyard serve")
 
 
 def _policy_of(argv: list[str]) -> str:
@@ -169,10 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``forkyard`` console script. Returns the process exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["serve"]:  # every option (--help included) belongs to the server's own parser
-        from sandbox_server.__main__ import main as serve_main
-
-        return serve_main(argv[1:])
+    if argv[:1] == ["serve"]:  # every option (--help included) belongs to the server command's own parser
+        return serve(argv[1:])
     command = argv[0] if argv and not argv[0].startswith("-") else None
     policy = _policy_of(argv[1:]) if command == "train" else "tabular"
     parser = build_parser(command or "", policy)
