@@ -42,9 +42,10 @@ images: $(STAMP)
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh --server
 
+# The server command (python -m sandbox_server) with its options in ARGS, e.g. make serve ARGS="--backend docker".
 serve: $(STAMP)
 	./scripts/ensure-bwrap.sh
-	$(BIN)/python -m sandbox_server
+	$(BIN)/python -m sandbox_server $(ARGS)
 
 compose-up: $(STAMP)
 	./scripts/ensure-docker.sh

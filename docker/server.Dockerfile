@@ -9,12 +9,13 @@ LABEL org.opencontainers.image.title="forkyard-server" forkyard.src_sha="${SRC_S
 COPY docker/vendor/ /opt/forkyard/vendor/
 RUN if [ -d /opt/forkyard/vendor/site-packages ]; then echo "using vendored packages"; \
     else python3 -m pip install --no-cache-dir 'fastapi>=0.110' 'uvicorn>=0.29' 'docker>=7.0' \
-         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'httpx>=0.27,<1' 'gymnasium>=1.0,<2' numpy orjson; fi
+         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'pydantic-settings>=2.3' 'httpx>=0.27,<1' 'gymnasium>=1.0,<2' \
+         numpy orjson; fi
 COPY sandbox_server /opt/forkyard/src/sandbox_server
 # The env sessions (/v1/envs) host forkyard's envs in the server process.
 COPY envs /opt/forkyard/src/envs
-ENV PYTHONPATH=/opt/forkyard/vendor/site-packages:/opt/forkyard/src PYTHONDONTWRITEBYTECODE=1 \
-    FORKYARD_BACKEND=docker FORKYARD_HOST=0.0.0.0 FORKYARD_PORT=8000
+ENV PYTHONPATH=/opt/forkyard/vendor/site-packages:/opt/forkyard/src PYTHONDONTWRITEBYTECODE=1
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=3s --retries=20 CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
-CMD ["python3", "-m", "sandbox_server"]
+# The server command (python -m sandbox_server, as everywhere); other settings from FORKYARD_* (compose.yaml).
+CMD ["python3", "-m", "sandbox_server", "--host", "0.0.0.0", "--port", "8000", "--backend", "docker"]

@@ -90,8 +90,9 @@ TABLE: dict[str, Entry] = {
     ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
                                                   check=lambda out: "100 runs in" in out),
     # README, env sessions over HTTP: against every server below
-    ".venv/bin/python -m uvicorn --factory sandbox_server.env_api:create_env_app --port 8000": Entry(
-        SERVER, "follow-ups; no sandbox pool: FileQA refused with a 422 naming the missing sandbox service"),
+    ".venv/bin/python -m sandbox_server --no-sandboxes": Entry(
+        SERVER, "follow-ups; env sessions only: /v1/pool is a 404, FileQA refused with a 422 naming the missing "
+                "sandbox service"),
     "curl -s localhost:8000/v1/envs": Entry(
         FOLLOW_UP, "lists ClueProbe",
         check=lambda out: "forkyard/ClueProbe-v0" in [e["env_id"] for e in json.loads(out)]),
