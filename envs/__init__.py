@@ -13,15 +13,13 @@ from envs.checks import check_fork_contract
 from envs.core import (
     INFRA_FAILURE_REASONS,
     TERMINATION_REASONS,
-    Demonstrator,
     EnvInfraError,
     EpisodeFinishedError,
-    EvaluationResets,
-    FiniteActions,
     IllegalActionError,
     Snapshot,
     TextEnv,
 )
+from envs.features import Demonstrator, EvaluationResets, FiniteActions
 from envs.remote import RemoteEnv, env_factory
 from envs.text_space import TextSpace, fit_text
 

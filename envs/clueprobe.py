@@ -8,9 +8,9 @@ Probing a bit twice is allowed but wastes a turn. ``reset(options={"target": c})
 (for exact evaluation over all candidates). Answering before turn T or probing on turn T is an
 illegal action (reward 0.0, turn consumed).
 
-Optional features (:mod:`envs.core`): :class:`~envs.core.Demonstrator` (:meth:`ClueProbeEnv.demo_action`),
-:class:`~envs.core.FiniteActions` (``action_vocabulary``) and :class:`~envs.core.EvaluationResets` (every
-target once).
+Optional features (:mod:`envs.features`): :class:`~envs.features.Demonstrator`
+(:meth:`ClueProbeEnv.demo_action`), :class:`~envs.features.FiniteActions` (``action_vocabulary``) and
+:class:`~envs.features.EvaluationResets` (every target once).
 
 With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
 
@@ -105,7 +105,7 @@ class ClueProbeEnv(TextEnv):
     @classmethod
     def evaluation_resets(cls, kwargs: dict[str, Any], n_seeds: int) -> list[tuple[int, dict[str, int]]]:
         """Every target exactly once: ``[(0, {"target": c}) for c in 0..2**bits - 1]`` (``n_seeds`` is
-        ignored: the candidates are few and enumerated exactly). The :class:`envs.core.EvaluationResets`
+        ignored: the candidates are few and enumerated exactly). The :class:`envs.features.EvaluationResets`
         feature, read by trainers' evaluations.
 
         Raises:

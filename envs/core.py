@@ -29,9 +29,8 @@ last action was refused); an answer *terminates* it.
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -107,57 +106,6 @@ def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
     return np.random.Generator(bitgen)
 
 
-# --------------------------------------------------------------------- optional features of an env
-# What an env may offer beyond the TextEnv API. Trainers test for them with ``isinstance(env, Protocol)``
-# (or ``issubclass(cls, Protocol)``) and fall back to a documented default when an env lacks them; an env
-# offers a feature by defining the member, no base class needed.
-
-
-@runtime_checkable
-class Demonstrator(Protocol):
-    """An env that can play demonstration actions: ``demo_action(rng, skill)`` returns an action text for the
-    current state, drawn with ``rng`` from the visible state only (never hidden task state, beyond what
-    ``skill`` deliberately lets through as the env documents).
-
-    ``skill`` in [0, 1] is how much strategy the demonstrations carry: 0 is the action format without
-    strategy (e.g. uniformly random legal actions), 1 the env's best scripted play. Supervised warm starts
-    (:func:`trainer.text_sft.demo_episodes`) train on these actions; without this feature they play
-    uniformly random actions of ``info["legal_actions"]``.
-    """
-
-    def demo_action(self, rng: random.Random, skill: float = 0.0) -> str: ...
-
-
-@runtime_checkable
-class FiniteActions(Protocol):
-    """An env whose action set is finite and known in advance: ``action_vocabulary`` lists every action
-    text that is legal in *some* state (at a given turn the others are refused like any illegal action).
-
-    Exact evaluation (:func:`trainer.text_eval.exact_success`) enumerates these texts, with the state's
-    ``info["legal_actions"]``, at every node of its tree; without this feature it enumerates the legal
-    actions alone.
-    """
-
-    @property
-    def action_vocabulary(self) -> list[str]: ...
-
-
-@runtime_checkable
-class EvaluationResets(Protocol):
-    """An env that declares how to evaluate a policy on it: the ``(seed, options)`` pairs to reset with,
-    each evaluation episode weighted equally (ClueProbe: every target exactly once).
-
-    A classmethod of the constructor kwargs (the registered defaults merged with the caller's), so a
-    trainer gets the same resets whether the env runs here or on a server (:class:`envs.remote.RemoteEnv`),
-    without building an env. ``n_seeds`` is how many resets the trainer would use otherwise; an env with
-    a finite set of tasks may ignore it. Without this feature trainers evaluate on ``n_seeds`` held-out
-    seeds (:func:`trainer.loop.evaluation_resets`).
-    """
-
-    @classmethod
-    def evaluation_resets(cls, kwargs: dict[str, Any], n_seeds: int) -> list[tuple[int | None, dict[str, Any] | None]]: ...
-
-
 class TextEnv(gym.Env):
     """Base class: a multi-turn text environment with ``reset``, ``step``, ``fork``, ``snapshot``, ``restore``.
 
@@ -170,8 +118,7 @@ class TextEnv(gym.Env):
     allowed), :meth:`_legal_actions`, :meth:`_prompt`, and :meth:`_task_state` /
     :meth:`_load_task_state` for snapshots. A subclass that owns external resources (a sandbox)
     overrides :meth:`_fork_into` and :meth:`close`, and sets :attr:`blocking` / :attr:`uses_sandbox`.
-    Optional features a subclass may add: :class:`Demonstrator`, :class:`FiniteActions`,
-    :class:`EvaluationResets`.
+    Optional features a subclass may add are the protocols of :mod:`envs.features`.
 
     Args:
         max_turns: turn budget of an episode, >= 1.

@@ -42,7 +42,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 import envs  # registers the forkyard ids
-from envs.core import EvaluationResets
+from envs.features import EvaluationResets
 from trainer import advantages as adv
 from trainer.config import setting
 from trainer.estimators import Assigned, estimator_names, rollout_kind, step_advantages
@@ -197,10 +197,11 @@ def env_parameters(env_id: str) -> set[str]:
 
 
 def evaluation_resets(env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 256) -> list[tuple[int | None, dict | None]]:
-    """Resets for evaluation: the env's own when its class declares them (:class:`envs.core.EvaluationResets`,
-    given the registered kwargs merged with ``env_kwargs``; ClueProbe: every target exactly once),
-    otherwise ``n_seeds`` held-out seeds (:func:`held_out_resets`). Decided by the registered class, so a
-    run against a server (:class:`envs.remote.RemoteEnv`) evaluates on the same resets as a local one."""
+    """Resets for evaluation: the env's own when its class declares them
+    (:class:`envs.features.EvaluationResets`, given the registered kwargs merged with ``env_kwargs``;
+    ClueProbe: every target exactly once), otherwise ``n_seeds`` held-out seeds (:func:`held_out_resets`).
+    Decided by the registered class, so a run against a server (:class:`envs.remote.RemoteEnv`) evaluates
+    on the same resets as a local one."""
     cls = env_class(env_id)
     if cls is not None and issubclass(cls, EvaluationResets):
         return list(cls.evaluation_resets({**gym.spec(env_id).kwargs, **env_kwargs}, n_seeds))

@@ -11,7 +11,7 @@ in docs/results/text_policy.md. For an env whose episodes form a small finite tr
                  sum over action paths a_1..a_T of  prod_t P(a_t | history_t) * sum_t r_t(c, a_1..a_t)
 
 where each ``a_t`` ranges over the env's ``action_vocabulary`` (every action text legal in *some* state:
-the :class:`envs.core.FiniteActions` feature; ClueProbe: 3 probes and 8 answers) plus the state's
+the :class:`envs.features.FiniteActions` feature; ClueProbe: 3 probes and 8 answers) plus the state's
 ``legal_actions``. An action that is illegal at its turn is stepped like any other: the env answers
 with its error observation and consumes the turn, as in a rollout, so a policy that answers on a probe
 turn and still answers right at the end is credited.
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from envs.core import FiniteActions
+from envs.features import FiniteActions
 from trainer.loop import evaluation_resets, held_out_resets, make_env
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
 from trainer.rollout import EpisodeMetrics

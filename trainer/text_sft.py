@@ -1,6 +1,6 @@
 """Supervised warm start of the text policy (``forkyard sft``) on format-only demonstrations.
 
-Episodes played by the env's ``demo_action`` (the :class:`envs.core.Demonstrator` feature; ClueProbe:
+Episodes played by the env's ``demo_action`` (the :class:`envs.features.Demonstrator` feature; ClueProbe:
 uniformly random legal actions, i.e. the action format without the strategy; with ``demo_skill > 0`` a
 deliberately weak scripted policy that answers from the probed bits that often and still probes at
 random; an env without ``demo_action``: random actions of its ``legal_actions`` menu) are rendered with
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from envs.core import Demonstrator
+from envs.features import Demonstrator
 from trainer.lm import ByteTokenizer, build_model, save_checkpoint
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -32,7 +32,7 @@ from trainer.update import resolve_device
 
 def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
     """``n_episodes`` episodes played by ``env.demo_action(rng, skill=cfg.demo_skill)`` (an env that is no
-    :class:`envs.core.Demonstrator`: a uniformly random action of ``info["legal_actions"]``), as texts:
+    :class:`envs.features.Demonstrator`: a uniformly random action of ``info["legal_actions"]``), as texts:
     ``[(first observation, [(action, observation or None at the end), ...]), ...]``.
 
     Raises:

@@ -1,0 +1,58 @@
+"""The optional features an env may offer beyond the :class:`~envs.core.TextEnv` API, as protocols.
+
+Trainers test for a feature with ``isinstance(env, Feature)`` (or ``issubclass(cls, Feature)`` for a
+feature of the class) and fall back to the default the protocol states when an env lacks it. An env offers
+a feature by defining the member; no base class is needed. ClueProbe offers all three.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Demonstrator(Protocol):
+    """An env that can play demonstration actions: ``demo_action(rng, skill)`` returns an action text for the
+    current state, drawn with ``rng`` from the visible state only (never hidden task state, beyond what
+    ``skill`` deliberately lets through as the env documents).
+
+    ``skill`` in [0, 1] is how much strategy the demonstrations carry: 0 is the action format without
+    strategy (e.g. uniformly random legal actions), 1 the env's best scripted play. Supervised warm starts
+    (:func:`trainer.text_sft.demo_episodes`) train on these actions; without this feature they play
+    uniformly random actions of ``info["legal_actions"]``.
+    """
+
+    def demo_action(self, rng: random.Random, skill: float = 0.0) -> str: ...
+
+
+@runtime_checkable
+class FiniteActions(Protocol):
+    """An env whose action set is finite and known in advance: ``action_vocabulary`` lists every action
+    text that is legal in *some* state (at a given turn the others are refused like any illegal action).
+
+    Exact evaluation (:func:`trainer.text_eval.exact_success`) enumerates these texts, with the state's
+    ``info["legal_actions"]``, at every node of its tree; without this feature it enumerates the legal
+    actions alone.
+    """
+
+    @property
+    def action_vocabulary(self) -> list[str]: ...
+
+
+@runtime_checkable
+class EvaluationResets(Protocol):
+    """An env that declares how to evaluate a policy on it: the ``(seed, options)`` pairs to reset with,
+    each evaluation episode weighted equally (ClueProbe: every target exactly once).
+
+    A classmethod of the constructor kwargs (the registered defaults merged with the caller's), so a
+    trainer gets the same resets from the registered class whether the env runs here or on a server
+    (:class:`envs.remote.RemoteEnv`), without an env instance at hand. ``n_seeds`` is how many resets the
+    trainer would use otherwise; an env with a finite set of tasks may ignore it. Subclasses inherit the
+    feature. Without it trainers evaluate on ``n_seeds`` held-out seeds
+    (:func:`trainer.loop.evaluation_resets`).
+    """
+
+    @classmethod
+    def evaluation_resets(cls, kwargs: dict[str, Any],
+                          n_seeds: int) -> list[tuple[int | None, dict[str, Any] | None]]: ...
