@@ -7,7 +7,8 @@ tests import normally.
 Leak check (:func:`pytest_sessionfinish`): at the end of every session, whatever the order the test
 files ran in, the cached services are closed and, when a Docker engine answers, no container labelled by
 this session (``forkyard.sandbox=<SERVER_NAME>...``) may remain; if one does, the run fails (exit status
-1) with the containers named.
+1) with the containers named. ``FORKYARD_SERVER_NAME`` is set to ``SERVER_NAME`` for the session, so
+in-process providers label their sandboxes the same way.
 """
 
 import os
@@ -32,6 +33,11 @@ from tests.docker_support import (  # noqa: E402 - after the path set-up above
     session_containers,
     shared_service,
 )
+
+# Every sandbox this session starts in-process (FileQA by backend name, embedded providers) carries this
+# session's label, so the leak check sees it. Documented commands run without FORKYARD_* variables
+# (tests/test_docs_commands.py), as a user's shell would.
+os.environ["FORKYARD_SERVER_NAME"] = SERVER_NAME
 
 
 @pytest.fixture(scope="session")

@@ -182,10 +182,16 @@ def ci_commands() -> set[str]:
 # runners
 
 
+def user_env() -> dict[str, str]:
+    """The environment of a documented command: this process's, less every ``FORKYARD_*`` setting (the test
+    session sets some; a user who copies the command has none unless the docs say so)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FORKYARD_")}
+
+
 def run_shell(cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """``bash -c cmd`` in the repository root, in its own process group (killed whole on timeout)."""
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=user_env())
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -196,7 +202,8 @@ def run_shell(cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
 
 
 def run_python(block: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([VENV_PYTHON, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run([VENV_PYTHON, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          env=user_env())
 
 
 def assert_ran(cmd: str, r: subprocess.CompletedProcess) -> None:
@@ -332,7 +339,7 @@ def exercise_server(cmd: str, entry: Entry) -> None:
             assert_ran(cmd, run_shell(cmd, timeout_s=900))
         else:
             proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, env=user_env())
         deadline = time.monotonic() + 900  # `make images` may build the images first
         while True:
             if proc is not None and proc.poll() is not None:

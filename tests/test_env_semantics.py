@@ -338,4 +338,5 @@ def test_s28_training_runs_through_fork_failures_and_writes_the_count(tmp_path):
     assert m["episodes"] == 12 and m["infra_failures"] == 3 and m["branches_lost"] == 3
     assert 1 <= m["forks_failed"] <= 3 and m["forks"] >= m["forks_failed"] + 2 * 2
     assert m["trained_steps"] == m["env_calls"] > 0
-    assert result.evaluation["episodes"] == 4
+    # a ClueProbe subclass inherits ClueProbe's EvaluationResets: every one of the 2**3 targets, once
+    assert result.evaluation["episodes"] == 8
