@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from trainer.compare import ci95, markdown_table, optimum, summarize
+from trainer.compare import markdown_table, optimum, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_optimum():
     assert [optimum(t) for t in (2, 3, 4, 5)] == [0.25, 0.5, 1.0, 1.0]
-
-
-def test_ci95_by_hand():
-    mean, half = ci95([0.5, 0.75, 1.0])
-    # sd = 0.25, t(0.975, 2) = 4.302653
-    assert mean == pytest.approx(0.75)
-    assert half == pytest.approx(4.302653 * 0.25 / math.sqrt(3), rel=1e-5)
-    assert math.isnan(ci95([0.5])[1])
 
 
 def test_summarize_and_table():
@@ -35,8 +27,18 @@ def test_summarize_and_table():
     summary = summarize(rows)
     assert [(s["variant"], s["acc_mean"], s["acc_min"], s["acc_max"]) for s in summary] == [
         ("traj", 0.625, 0.5, 0.75), ("tree", 0.875, 0.75, 1.0)]
+    # two seeds: standard error 0.125, t(0.975, 1) = 12.7062 (trainer.stats.mean_ci)
+    assert summary[0]["acc_ci95"] == pytest.approx(12.706205 * 0.125, rel=1e-6)
     table = markdown_table(summary)
-    assert "| 5 | 1.00 | tree | 0.875 ±" in table and "80.0%" in table
+    assert "| 5 | 1.00 | tree | 0.875 ± 1.588 |" in table and "80.0%" in table
+
+
+def test_one_seed_has_no_interval():
+    rows = [{"turns": 2, "variant": "traj", "seed": 0, "accuracy": 0.25, "distinct_probes": 1.0,
+             "env_calls_per_iter": 32, "iterations": 10, "degeneration": 0.1}]
+    summary = summarize(rows)
+    assert math.isnan(summary[0]["acc_ci95"])
+    assert "| 0.250 ± n/a |" in markdown_table(summary)
 
 
 def test_small_sweep_through_the_cli(tmp_path):

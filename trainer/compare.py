@@ -2,7 +2,8 @@
 
 ``forkyard compare`` sweeps T (turns) x variant x seed, one process per run on every core, and writes
 to ``OUT`` (default ``runs/compare-<time>``): ``results.csv`` (one row per run), ``table.md`` (the
-markdown table it prints), ``accuracy_vs_T.png`` and one ``metrics/<run>.jsonl`` per run.
+markdown table it prints), ``accuracy_vs_T.png`` (drawn by :func:`trainer.plot.plot_sweep`) and one
+``metrics/<run>.jsonl`` per run. The statistics come from :mod:`trainer.stats`.
 
 Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the seed article, plus
 ``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn);
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import setting
+from trainer.plot import plot_sweep
+from trainer.stats import mean_ci
 from trainer.train import TrainConfig
 
 VARIANTS: dict[str, dict] = {
@@ -119,26 +122,15 @@ def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
     }
 
 
-def ci95(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of a two-sided 95% Student-t confidence interval (half-width nan if n < 2)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    from scipy.stats import t
-
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-
-
 def summarize(rows: list[dict]) -> list[dict]:
-    """Aggregate per-run rows into one row per (T, variant) with mean, min, max and 95% CI."""
+    """Aggregate per-run rows into one row per (T, variant) with mean, min, max and the half-width of the
+    95% Student-t interval of the mean accuracy over seeds (:func:`trainer.stats.mean_ci`; NaN for one seed)."""
     out = []
     keys = sorted({(r["turns"], r["variant"]) for r in rows}, key=lambda k: (k[0], list(VARIANTS).index(k[1])))
     for turns, variant in keys:
         rs = [r for r in rows if r["turns"] == turns and r["variant"] == variant]
         accs = [r["accuracy"] for r in rs]
-        mean, half = ci95(accs)
+        mean, half = mean_ci(accs)
         out.append({
             "turns": turns,
             "variant": variant,
@@ -169,33 +161,6 @@ def markdown_table(summary: list[dict], bits: int = 3) -> str:
             f"{s['iterations']:.0f} | {100 * s['degeneration']:.1f}% |"
         )
     return "\n".join(lines)
-
-
-def plot(summary: list[dict], path: Path, bits: int = 3, title: str = "") -> None:
-    """Accuracy against T per variant with 95% CI error bars, and the optimum; saved as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    variants = [v for v in VARIANTS if any(s["variant"] == v for s in summary)]
-    for k, v in enumerate(variants):
-        ss = [s for s in summary if s["variant"] == v]
-        xs = [s["turns"] + (k - len(variants) / 2) * 0.05 for s in ss]
-        err = [0 if math.isnan(s["acc_ci95"]) else s["acc_ci95"] for s in ss]
-        ax.errorbar(xs, [s["acc_mean"] for s in ss], yerr=err, marker="o", capsize=3, label=v)
-    ts = sorted({s["turns"] for s in summary})
-    ax.plot(ts, [optimum(t, bits) for t in ts], "k--", label="optimum")
-    ax.axhline(1 / 2**bits, color="grey", lw=0.8, ls=":", label="chance")
-    ax.set_xlabel("turns T")
-    ax.set_ylabel("greedy accuracy (exact over all targets)")
-    ax.set_xticks(ts)
-    ax.set_title(title or "ClueProbe: advantage granularity vs episode length")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run_sweep(sweep: SweepConfig) -> tuple[list[dict], list[dict], Path]:
@@ -231,5 +196,6 @@ def run_sweep(sweep: SweepConfig) -> tuple[list[dict], list[dict], Path]:
         w.writeheader()
         w.writerows(rows)
     (out / "table.md").write_text(markdown_table(summary, sweep.bits) + "\n")
-    plot(summary, out / "accuracy_vs_T.png", sweep.bits)
+    plot_sweep(summary, out / "accuracy_vs_T.png", variants=tuple(VARIANTS),
+               optimum=lambda t: optimum(t, sweep.bits), chance=1 / 2**sweep.bits)
     return rows, summary, out
