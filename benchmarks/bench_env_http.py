@@ -1,6 +1,6 @@
 """Env steps per second in-process and over HTTP (1 and 32 concurrent sessions), and env fork(4) over HTTP.
 
-Starts ``uvicorn --factory sandbox_server.app:create_app`` (sandbox pool + env sessions) in a subprocess on loopback (so the
+Starts ``python -m sandbox_server`` (sandbox pool + env sessions) in a subprocess on loopback (so the
 client does not share the server's interpreter), measures, and prints figures with the HTTP overhead
 as a ratio to in-process in the same run. Run:
 
@@ -156,10 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "sandbox_server.app:create_app", "--port", str(port),
-             "--log-level", "warning", "--no-access-log"],
+            [sys.executable, "-m", "sandbox_server", "--port", str(port), "--backend", args.backend, "--min-idle", "8",
+             "--log-level", "warning"],
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-            env={"FORKYARD_MIN_IDLE": "8", **os.environ, "FORKYARD_BACKEND": args.backend},
         )
     try:
         for _ in range(200):

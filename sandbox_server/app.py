@@ -46,15 +46,7 @@ from sandbox_server.routes import envs as env_routes
 from sandbox_server.routes import health, snapshots, tools
 from sandbox_server.routes import sandboxes as sandbox_routes
 from sandbox_server.service import SandboxService
-from sandbox_server.settings import ServerSettings, ServiceConfig, default_max_body_bytes
-from sandbox_server.work import SERVER_GRACE_S, run_blocking
-
-#: Default request-body limit of the routes that carry files (``ServerSettings.max_body_bytes`` when
-#: ``FORKYARD_MAX_BODY_BYTES`` is unset): a file upload of MAX_WRITE_BYTES in base64 plus room for JSON.
-MAX_BODY_BYTES = default_max_body_bytes()
-
-#: The old name of :func:`sandbox_server.work.run_blocking`.
-_blocking = run_blocking
+from sandbox_server.settings import ServerSettings, ServiceConfig
 
 _DESCRIPTION = ("A pool of snapshot-cloneable sandboxes with a read-only tool whitelist and per-turn timeouts, and "
                 "env sessions (/v1/envs) for every registered forkyard env. Every error answer is an ErrorBody "
@@ -191,4 +183,4 @@ def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, 
     return create_app(config=config, sandboxes=False, sandbox_provider=sandbox_provider, max_body_bytes=max_body_bytes)
 
 
-__all__ = ["MAX_BODY_BYTES", "SERVER_GRACE_S", "SMALL_BODY_BYTES", "create_app", "create_env_app"]
+__all__ = ["create_app", "create_env_app"]

@@ -196,7 +196,7 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in [
              words=(_SB, ("limit", "n more sandboxes than the pool may hold"), ("refused", "an invalid n"))),
 ]}
 
-_ENV_API = ("the gymnasium-style env API (sandbox_server/env_api.py); its client is envs.remote.RemoteEnv, "
+_ENV_API = ("the gymnasium-style env API (sandbox_server/routes/envs.py); its client is envs.remote.RemoteEnv, "
             "an env, not a sandbox client")
 
 #: Server routes under /v1 that these clients intentionally do not call, and why. (``/healthz`` is in the

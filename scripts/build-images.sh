@@ -26,7 +26,7 @@ if [ "$have" != "$SHA" ]; then
 fi
 if [ "${1:-}" = "--server" ]; then
     ./scripts/vendor-server-deps.sh
-    SSHA="$(cat sandbox_server/*.py envs/*.py docker/server.Dockerfile scripts/vendor-server-deps.sh | sha256sum | cut -c1-16)"
+    SSHA="$(find sandbox_server envs -name "*.py" -print0 | sort -z | xargs -0 cat docker/server.Dockerfile scripts/vendor-server-deps.sh | sha256sum | cut -c1-16)"
     have="$(docker image inspect -f '{{ index .Config.Labels "forkyard.src_sha" }}' "$SERVER_IMAGE" 2>/dev/null || true)"
     if [ "$have" != "$SSHA" ]; then
         echo "build-images: building $SERVER_IMAGE" >&2

@@ -7,7 +7,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envs
 from envs import EnvInfraError, EpisodeFinishedError, RemoteEnv
-from sandbox_server.env_api import create_env_app
+from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
 
 

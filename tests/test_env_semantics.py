@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import envs
 from envs import EnvInfraError, RemoteEnv, TextSpace
 from envs.clueprobe import ClueProbeEnv
-from sandbox_server.env_api import create_env_app
+from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
 from trainer.rollout import tree_rollout
 from trainer.tabular import TabularPolicy

@@ -7,7 +7,7 @@ import pytest
 import envs
 from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer
 from sandbox_server.embedded import shared_provider
-from sandbox_server.env_api import create_env_app
+from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread, require_docker
 
 BACKEND = {"name": "local"}

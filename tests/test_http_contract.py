@@ -23,7 +23,8 @@ import envs
 from envs.core import Outcome, TextEnv
 from sandbox_server.app import create_app
 from sandbox_server.backends import DockerBackend, LocalBackend
-from sandbox_server.env_api import GYM_MAKE_KEYWORDS, create_env_app
+from sandbox_server.app import create_env_app
+from sandbox_server.env_sessions import GYM_MAKE_KEYWORDS
 from sandbox_server.models import ErrorBody
 from sandbox_server.service import SandboxService, ServiceConfig
 from tests.docker_support import (
@@ -366,7 +367,7 @@ def _stream_chunked(port: int, path: str, total: int) -> tuple[int, int, bytes]:
 def test_s16_huge_bodies_are_refused_before_they_are_read(tmp_path):
     """A server process (so its memory is its own): a 64 MB action to /step, declared then streamed."""
     port = free_port()
-    code = ("import uvicorn; from sandbox_server.env_api import create_env_app; "
+    code = ("import uvicorn; from sandbox_server.app import create_env_app; "
             f"uvicorn.run(create_env_app(), host='127.0.0.1', port={port}, log_level='warning')")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -430,8 +431,9 @@ def test_s16_sandbox_routes_limit_bodies_by_max_body_bytes(fixture_data):
 
 
 def test_s16_the_default_limit_fits_the_largest_upload(http):
-    from sandbox_server.app import MAX_BODY_BYTES
-    from sandbox_server.service import MAX_WRITE_BYTES
+    from sandbox_server.settings import MAX_WRITE_BYTES, ServerSettings
+
+    MAX_BODY_BYTES = ServerSettings().max_body_bytes
 
     payload = json.dumps({"files": {"big.bin": __import__("base64").b64encode(b"\xff" * MAX_WRITE_BYTES).decode()},
                           "encoding": "base64"}).encode()
@@ -626,7 +628,7 @@ def test_s25_a_create_whose_client_hung_up_releases_its_sandbox(fixture_data, ki
 def test_s25_work_past_the_deadline_releases_what_it_took(fixture_data):
     """The route's give-up, direct: the deadline passes while create waits for a sandbox; the sandbox
     it gets later is released, not registered."""
-    from sandbox_server.app import _blocking
+    from sandbox_server.work import run_blocking as _blocking
 
     svc = local_service(fixture_data, min_idle=0, max_total=1, acquire_timeout_s=3.0).start()
     try:
@@ -791,7 +793,8 @@ def test_clients_that_hang_up_leave_nothing_behind_on_any_route():
 def test_routes_without_files_refuse_big_bodies_before_reading_them():
     """Only creation and file writes carry files: a 10 MB body to fork, clone, exec, snapshot or a state
     update is a 413 from its declared length (it was read and parsed, up to 12 MB each)."""
-    from sandbox_server.app import SMALL_BODY_BYTES, create_app
+    from sandbox_server.app import create_app
+    from sandbox_server.http_contract import SMALL_BODY_BYTES
     from sandbox_server.backends import LocalBackend
     from sandbox_server.service import SandboxService, ServiceConfig
 

@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 
 from sandbox_server.app import create_app  # noqa: E402
 from sandbox_server.backends import LocalBackend  # noqa: E402
-from sandbox_server.env_api import create_env_app  # noqa: E402
+from sandbox_server.app import create_env_app  # noqa: E402
 from sandbox_server.service import SandboxService, ServiceConfig  # noqa: E402
 from tests.docker_support import SERVER_NAME, UvicornThread, require_bwrap  # noqa: E402
 
