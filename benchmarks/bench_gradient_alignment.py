@@ -6,7 +6,8 @@ At a fixed policy (an SFT checkpoint), the exact gradient of the expected succes
 token batch and PPO loss at its first epoch, where the ratio is 1), without updating the model, and each
 iteration's ascent direction ``-grad(loss)`` is compared with the reference:
 
-* ``cos``: mean cosine of one iteration's gradient with the exact gradient (± s.e. over iterations);
+* ``cos``: mean cosine of one iteration's gradient with the exact gradient (± s.e. over iterations,
+  :func:`trainer.stats.standard_error`);
   a plain SGD step improves the objective to first order in proportion to it;
 * ``cos(mean)``: cosine of the mean of all sampled gradients (high when the estimator is unbiased
   up to scale; low when it is biased);
@@ -23,7 +24,6 @@ Run (about 5 minutes on 2 cores with a checkpoint; without one, a skill-1 SFT mo
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import time
@@ -33,6 +33,7 @@ import torch
 from trainer.lm import load_checkpoint
 from trainer.loop import make_env
 from trainer.losses import PPOConfig, ppo_loss
+from trainer.stats import standard_error
 from trainer.text_config import TextTrainConfig
 from trainer.text_eval import exact_policy_gradient
 from trainer.text_policy import TextPolicy, token_logprobs
@@ -117,10 +118,10 @@ def main() -> None:
         rows[name] = {
             "calls": statistics.mean(calls),
             "cos": statistics.mean(cos),
-            "cos_se": statistics.stdev(cos) / math.sqrt(len(cos)),
+            "cos_se": standard_error(cos),
             "cos_mean": _cos(torch.stack(grads).mean(0), ref),
             "adam": statistics.mean(adam),
-            "adam_se": statistics.stdev(adam) / math.sqrt(len(adam)),
+            "adam_se": standard_error(adam),
             "positive": sum(c > 0 for c in cos) / len(cos),
             "wall": time.perf_counter() - t1,
         }
