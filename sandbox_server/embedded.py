@@ -58,6 +58,18 @@ def shared_provider(backend: str | None = None) -> Any:
             from sandbox_server.settings import ServiceConfig
 
             provider = SandboxService(make_backend(backend), ServiceConfig()).start(wait=False)
-            atexit.register(provider.close)
         _providers[backend] = provider
         return provider
+
+
+def close_shared_providers() -> None:
+    """Close every provider :func:`shared_provider` made in this process (their sandboxes are destroyed);
+    a later call makes new ones. Runs at interpreter exit; call it earlier to free the sandboxes sooner."""
+    with _lock:
+        providers = list(_providers.values())
+        _providers.clear()
+    for provider in providers:
+        provider.close()
+
+
+atexit.register(close_shared_providers)

@@ -185,10 +185,14 @@ def shared_service(kind: str, data: Path):
 
 
 def close_all() -> None:
-    """Close every cached service (their containers are removed); a later :func:`shared_service` rebuilds it."""
+    """Close every cached service and every in-process provider envs made by backend name (their
+    containers are removed); a later :func:`shared_service` or ``shared_provider`` rebuilds them."""
+    from sandbox_server.embedded import close_shared_providers
+
     with _lock:
         for key in [k for k in _cache if k.startswith("service-")]:
             _cache.pop(key).close()  # type: ignore[attr-defined]
+    close_shared_providers()
 
 
 def unisolated(service) -> bool:
