@@ -37,6 +37,14 @@ Operations (``op``):
     fails keeps none of its files (files it was replacing are removed too).
 ``ps``
     Command lines of the processes visible to the agent (tests use it to prove nothing was left).
+``recycle``
+    Reset the sandbox for another session, then check it (the pool hands a sandbox out again only when
+    the answer's ``clean`` is true): SIGKILL every other process (``--isolated``: every process of the
+    namespace but the agent and its ancestors, i.e. the container's or bubblewrap's init; otherwise only
+    the agent's descendants), empty the writable areas and put back their modes and times as they were
+    at start, and with ``--isolated`` remove whatever appeared in any other place the agent may write
+    (``/dev/shm``, ``/dev/mqueue``, bubblewrap's root) and every System V IPC object. Answer: ``clean``,
+    ``killed`` (processes), ``problems`` (one line per thing that could not be reset), ``duration_s``.
 
 Errors are answered as ``{"error": message, "error_kind": kind}`` with ``kind`` one of ``limit`` (a
 documented limit would be passed: nothing was written), ``refused`` (a bad request: nothing was done),
@@ -409,6 +417,13 @@ class Agent:
         self.max_area_entries = max_area_entries
         self.confinement: dict = {}
         self.fatal: str | None = None
+        #: What :meth:`op_recycle` resets to (set by :meth:`record_baseline`): the areas' stat at start,
+        #: other writable places {dir: (stat, entries)}, the kill scope (``namespace``, ``descendants`` or
+        #: None: recycling refused, ``scope_problem`` says why).
+        self.areas0: dict[str, os.stat_result] | None = None
+        self.places0: dict[str, tuple[os.stat_result, dict]] = {}
+        self.scope: str | None = None
+        self.scope_problem = "the agent recorded no baseline to reset to"
         pairs = []
         for s, h in self.roots.items():
             for hv in {h, os.path.realpath(h)}:
@@ -803,6 +818,144 @@ class Agent:
                     pass
         return {"procs": procs}
 
+    # recycle ---------------------------------------------------------------------------------------
+    def record_baseline(self, isolated: bool) -> None:
+        """Note what a fresh sandbox looks like, for :meth:`op_recycle` to put back and check: each writable
+        area's mode, owner and times and, when ``isolated`` (the agent is the main process of its own PID,
+        mount and IPC namespaces: a container or bubblewrap), every other place this agent may write and
+        its entries. ``isolated`` is trusted only if every process the agent sees at this point is itself or
+        one of its ancestors (a fresh sandbox's init); otherwise recycling is refused (``scope`` None)."""
+        self.areas0 = {}
+        for w in self.writable:
+            try:
+                self.areas0[w] = os.lstat(self.host(w))
+            except OSError:
+                pass
+        self.places0 = {}
+        if not isolated:
+            self.scope = "descendants"
+            return
+        table = _proc_table()
+        if set(table) - _lineage(os.getpid(), table):
+            self.scope = None
+            self.scope_problem = ("the agent was started as its sandbox's main process but sees processes that are "
+                                  "not its own ancestors: it cannot tell which processes belong to the sandbox")
+            return
+        self.scope = "namespace"
+        for d in _writable_places(skip=[*self.readable, *self.writable, "/proc", "/sys", "/usr", "/dev/pts"]):
+            try:
+                self.places0[d] = (os.lstat(d), _entries(d))
+            except OSError:
+                pass
+
+    def op_recycle(self, req: dict) -> dict:
+        """Reset the sandbox for another session and check it: kill every process but the agent (and its
+        ancestors: the container's or bubblewrap's init) or, unisolated, every descendant of the agent; empty
+        the writable areas and put their modes and times back; remove what appeared in any other writable
+        place and every System V IPC object (isolated only); then look again. Answers ``clean`` (bool),
+        ``killed`` (processes), ``problems`` (what could not be reset, one line each) and ``duration_s``."""
+        t0 = time.monotonic()
+        if self.areas0 is None:  # an agent made without main() (tests): this moment is its baseline
+            self.record_baseline(False)
+        scope = self.scope
+        if scope is None:
+            return {"clean": False, "killed": 0, "problems": [self.scope_problem], "duration_s": time.monotonic() - t0}
+        limit_s = float(req.get("kill_timeout_s", 2.0))
+        killed, problems = self._kill_strays(scope, limit_s)
+        for w, st in self.areas0.items():
+            h = self.host(w)
+            _clear(h)
+            _reset_dir(h, st)
+        for d, (st, entries) in self.places0.items():
+            for name in set(_entries(d)) - set(entries):
+                _remove(os.path.join(d, name))
+            _reset_dir(d, st, times=False)
+        if scope == "namespace":
+            _remove_sysv_ipc()
+        problems += self._check_reset(scope)
+        return {"clean": not problems, "killed": killed, "problems": problems, "duration_s": time.monotonic() - t0}
+
+    def _strays(self, scope: str) -> list[int]:
+        """Pids of processes a reset must kill: every process of the namespace but the agent's lineage, or
+        (``descendants``) the agent's descendants only."""
+        table = _proc_table()
+        me = os.getpid()
+        if scope == "namespace":
+            keep = _lineage(me, table)
+            return sorted(p for p in table if p not in keep)
+        kids: dict[int, list[int]] = {}
+        for p, (ppid, _) in table.items():
+            kids.setdefault(ppid, []).append(p)
+        out, stack = [], [me]
+        while stack:
+            for c in kids.get(stack.pop(), []):
+                out.append(c)
+                stack.append(c)
+        return sorted(out)
+
+    def _kill_strays(self, scope: str, limit_s: float) -> tuple[int, list[str]]:
+        """SIGKILL the strays until none is left (reaping those that are the agent's children), for at most
+        ``limit_s`` seconds. Returns (pids killed, one line per process left or not killable)."""
+        deadline = time.monotonic() + limit_s
+        killed: set[int] = set()
+        denied: dict[int, str] = {}
+        while True:
+            _reap()
+            strays = self._strays(scope)
+            if not strays:
+                return len(killed), []
+            for pid in strays:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+                except PermissionError as exc:
+                    denied[pid] = exc.strerror or "permission denied"
+            if set(strays) <= set(denied) or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        _reap()
+        return len(killed), [f"process {_describe(p)} is still running"
+                             + (f" (kill: {denied[p]})" if p in denied else f" {limit_s:g} s after SIGKILL")
+                             for p in self._strays(scope)]
+
+    def _check_reset(self, scope: str) -> list[str]:
+        """What a fresh sandbox would not show: a process, an entry in a writable area or another writable
+        place, a changed mode, owner or time, a System V IPC object. One line each (empty: clean)."""
+        problems = [f"process {_describe(p)} appeared during the reset" for p in self._strays(scope)]
+        for w, st in self.areas0.items():
+            h = self.host(w)
+            try:
+                left = sorted(os.listdir(h))
+                now = os.lstat(h)
+            except OSError as exc:
+                problems.append(f"{w} cannot be checked: {exc.strerror or exc}")
+                continue
+            if left:
+                problems.append(f"{w} still holds {len(left)} entr{'ies' if len(left) > 1 else 'y'}: "
+                                + ", ".join(f"{w}/{n}" for n in left[:5]))
+            problems += _dir_differs(w, st, now, times=True)
+        for d, (st, entries) in self.places0.items():
+            try:
+                cur = _entries(d)
+                now = os.lstat(d)
+            except OSError as exc:
+                problems.append(f"{d} cannot be checked: {exc.strerror or exc}")
+                continue
+            extra = sorted(set(cur) - set(entries))
+            if extra:
+                problems.append(f"{d} holds entries a fresh sandbox does not have: "
+                                + ", ".join(os.path.join(d, n) for n in extra[:5]))
+            changed = sorted(n for n in entries if cur.get(n) != entries[n])
+            if changed:
+                problems.append(f"{d}: entries were removed or replaced: "
+                                + ", ".join(os.path.join(d, n) for n in changed[:5]))
+            problems += _dir_differs(d, st, now, times=False)
+        if scope == "namespace":
+            problems += [f"a System V IPC object is left: {x}" for x in _sysv_ipc()]
+        return problems
+
     def handle(self, req: dict) -> dict:
         """Answer one request (never raises): errors become ``{"error", "error_kind"}``; host paths in
         ``error`` and ``message`` are written as sandbox paths."""
@@ -811,7 +964,7 @@ class Agent:
         op = req.get("op")
         fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         if op == "ping":
-            return {"pong": True, "pid": os.getpid(), "confinement": self.confinement,
+            return {"pong": True, "pid": os.getpid(), "confinement": self.confinement, "recycle_scope": self.scope,
                     "limits": {"area_bytes": self.area_bytes, "page_bytes": PAGE_BYTES,
                                "max_write_files": self.max_write_files, "max_area_entries": self.max_area_entries}}
         if fn is None:
@@ -881,6 +1034,182 @@ def _clear(path: str) -> None:
                 os.unlink(p)
             except OSError:
                 pass
+
+
+# -- recycling: processes, places, IPC ------------------------------------------------------------------
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """Every process in ``/proc``: {pid: (parent pid, state letter)}."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            rest = data[data.rindex(b")") + 2:].split()
+            out[int(name)] = (int(rest[1]), rest[0].decode("ascii", "replace"))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _lineage(pid: int, table: dict[int, tuple[int, str]]) -> set[int]:
+    """``pid`` and its ancestors visible in ``table``."""
+    out = set()
+    while pid in table and pid not in out:
+        out.add(pid)
+        pid = table[pid][0]
+    return out
+
+
+def _describe(pid: int) -> str:
+    """``pid (command line, uid N)`` of a process, as far as it can be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\x00", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    uid = "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = line.split()[1]
+                elif line.startswith("State:") and not cmd:
+                    cmd = "state " + line.split(None, 1)[1].strip()
+    except OSError:
+        pass
+    return f"{pid} ({cmd[:80] or '?'}, uid {uid})"
+
+
+def _entries(d: str) -> dict[str, tuple[int, int]]:
+    """{name: (inode, mode)} of the entries of directory ``d`` (links not followed)."""
+    out = {}
+    with os.scandir(d) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+                out[e.name] = (st.st_ino, st.st_mode)
+            except OSError:
+                out[e.name] = (0, 0)
+    return out
+
+
+def _writable_places(skip: list[str], depth: int = 3) -> list[str]:
+    """Directories this process may write in, outside ``skip``: those found within ``depth`` levels of ``/``
+    plus every writable mount point (``/proc/self/mountinfo``). Links are not followed."""
+    skip_set = {os.path.normpath(s) for s in skip}
+    found: list[str] = []
+    seen: set[str] = set()
+
+    def visit(d: str, level: int) -> None:
+        if d in seen or d in skip_set:
+            return
+        seen.add(d)
+        if os.access(d, os.W_OK):
+            found.append(d)
+        if level >= depth:
+            return
+        try:
+            with os.scandir(d) as it:
+                subs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return
+        for s in subs:
+            visit(s, level + 1)
+
+    visit("/", 0)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in f]
+    except OSError:
+        points = []
+    for p in points:
+        if not any(_within(p, s) for s in skip_set) and os.path.isdir(p) and not os.path.islink(p):
+            visit(os.path.normpath(p), depth)
+    return found
+
+
+def _remove(path: str) -> None:
+    """Remove ``path`` (a file, link or directory tree, whatever its modes); errors are left to the check."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        _clear(path)
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _reset_dir(path: str, st: os.stat_result, times: bool = True) -> None:
+    """Put a directory's permission bits (and, ``times``, its access and modification times) back as ``st``
+    recorded them; errors are left to the check."""
+    try:
+        if stat.S_IMODE(os.lstat(path).st_mode) != stat.S_IMODE(st.st_mode):
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+        if times:
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except OSError:
+        pass
+
+
+def _dir_differs(name: str, st: os.stat_result, now: os.stat_result, times: bool) -> list[str]:
+    """Lines saying how directory ``name`` differs from its recorded state ``st`` (mode, owner, mtime)."""
+    out = []
+    if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+        out.append(f"{name} was replaced")
+    if stat.S_IMODE(now.st_mode) != stat.S_IMODE(st.st_mode):
+        out.append(f"{name} has mode {stat.S_IMODE(now.st_mode):04o}, not {stat.S_IMODE(st.st_mode):04o}")
+    if (now.st_uid, now.st_gid) != (st.st_uid, st.st_gid):
+        out.append(f"{name} is owned by {now.st_uid}:{now.st_gid}, not {st.st_uid}:{st.st_gid}")
+    if times and now.st_mtime_ns != st.st_mtime_ns:
+        out.append(f"{name} has another modification time than when the sandbox started")
+    return out
+
+
+_SYSV = (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl"))
+
+
+def _sysv_ipc() -> list[str]:
+    """System V IPC objects of this IPC namespace, ``kind id (key K, uid U)`` each (``/proc/sysvipc``)."""
+    out = []
+    for kind, _ in _SYSV:
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                head, *rows = f.read().splitlines()
+        except (OSError, ValueError):
+            continue
+        cols = head.split()
+        for row in rows:
+            v = dict(zip(cols, row.split()))
+            ident = v.get("shmid") or v.get("semid") or v.get("msqid")
+            if ident is not None:
+                out.append(f"{kind} {ident} (key {v.get('key')}, uid {v.get('uid')})")
+    return out
+
+
+def _remove_sysv_ipc() -> None:
+    """Remove every System V IPC object of this IPC namespace that this process may remove (IPC_RMID)."""
+    objs = _sysv_ipc()
+    if not objs:
+        return
+    try:
+        _, libc = _libc()
+    except OSError:
+        return
+    fns = dict(_SYSV)
+    for obj in objs:
+        kind, ident = obj.split()[:2]
+        fn = getattr(libc, fns[kind])
+        try:
+            fn(int(ident), 0, 0) if kind == "sem" else fn(int(ident), 0, None)  # IPC_RMID = 0
+        except (ValueError, OSError):
+            pass
 
 
 def _killpg(pgid: int) -> None:
@@ -1075,6 +1404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-area-entries", type=int, default=MAX_AREA_ENTRIES)
     ap.add_argument("--confine", action="store_true", help="remount the writable areas noexec, drop capabilities")
     ap.add_argument("--probe", action="store_true", help="set up, print the ping answer as JSON, exit")
+    ap.add_argument("--isolated", action="store_true",
+                    help="the agent is the main process of its own PID, mount and IPC namespaces (a container, "
+                         "bubblewrap): recycle may kill every other process it sees and reset every writable place")
     ns = ap.parse_args(argv)
     roots = dict(r.split("=", 1) for r in ns.root)
     agent = Agent(roots, ns.readable or ["/data", "/scratch"], ns.writable or ["/scratch", "/tmp"],
@@ -1083,6 +1415,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.probe:
         print(json.dumps(agent.handle({"op": "ping"})))
         return 1 if agent.fatal else 0
+    agent.record_baseline(ns.isolated)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     _become_subreaper()
     stdin = sys.stdin.buffer

@@ -66,7 +66,8 @@ class SandboxService:
         c = self.config
         self.pool = SandboxPool(backend, min_idle=c.min_idle, max_total=c.max_total,
                                 max_concurrent_starts=c.max_concurrent_starts, acquire_timeout_s=c.acquire_timeout_s,
-                                metrics=self.metrics)
+                                recycle=c.recycle, max_sandbox_uses=c.max_sandbox_uses,
+                                surplus_idle_ttl_s=c.surplus_idle_ttl_s, metrics=self.metrics)
         self._sessions: dict[str, _Session] = {}
         self.snapshots = SnapshotStore(c.max_snapshot_bytes)
         self._mu = threading.Lock()
@@ -91,7 +92,7 @@ class SandboxService:
             self._sessions.clear()
         self.snapshots.clear()
         for s in sessions:
-            self.pool.release(s.sid)
+            self.pool.release(s.sid, reusable=False)  # shutting down: nothing to recycle for
         self.pool.close()
         self._fanout.shutdown(wait=True)
         try:
@@ -187,8 +188,9 @@ class SandboxService:
                 self.backend.write_files(sid, files)
             restore_point = self.backend.snapshot(sid) if (files or archive) else None
         except Exception as exc:
-            self.pool.release(sid)
-            if isinstance(exc, (AgentTimeout, AgentFailed)):
+            failed = isinstance(exc, (AgentTimeout, AgentFailed))
+            self.pool.release(sid, reusable=not failed)  # a sandbox that hung or failed is never recycled
+            if failed:
                 raise SandboxError(f"the new sandbox failed while its files were written: {exc}") from None
             raise
         return self._info(self._register([sid], [state], restore_point, cancel)[0])
@@ -211,7 +213,9 @@ class SandboxService:
         return [self._info(s) for s in list(self._sessions.values())]
 
     def delete(self, sandbox_id: str) -> None:
-        """End a session: its sandbox is destroyed and the pool refills. Raises SandboxNotFound."""
+        """End a session: its sandbox goes back to the pool, which resets, verifies and reuses it (or destroys
+        it and refills; ``ServiceConfig.recycle``). The session's cwd, environment, metadata and restore point
+        go with the session: a later session on the same sandbox starts from its own. Raises SandboxNotFound."""
         with self._mu:
             s = self._sessions.pop(sandbox_id, None)
         if s is None:
@@ -334,7 +338,7 @@ class SandboxService:
         old = s.sid
         self.metrics.replaced.inc()
         s.sid = self.pool.acquire()
-        self.pool.release(old)
+        self.pool.release(old, reusable=False)  # it hung or died: destroyed, never recycled
         if s.restore_point:
             self.backend.restore(s.sid, s.restore_point)
 
@@ -400,8 +404,9 @@ class SandboxService:
                 list(self._fanout.map(lambda sid: self.backend.restore(sid, data), sids)) if n > 1 else \
                     self.backend.restore(sids[0], data)
         except Exception as exc:
+            failed = isinstance(exc, (AgentTimeout, AgentFailed))
             for sid in sids:
-                self.pool.release(sid)
+                self.pool.release(sid, reusable=not failed)
             raise SandboxError(f"could not restore the clones: {exc}") from None
         return [self._info(s) for s in self._register(sids, [state.model_copy(deep=True) for _ in sids], data, cancel)]
 
@@ -434,6 +439,7 @@ class SandboxService:
     def pool_status(self) -> PoolStatus:
         """Pool counts and limits plus session and snapshot counts."""
         st = self.pool.status()
+        st.pop("recycling", None)  # not a PoolStatus field: the forkyard_pool_recycling gauge shows it
         return PoolStatus(backend=self.backend.name, sessions=len(self._sessions), snapshots=len(self.snapshots), **st)
 
 

@@ -62,6 +62,15 @@ class ServiceConfig(BaseSettings):
     env_ttl_s: float = Field(600.0, gt=0)
     #: Most env sessions a server holds at once (``/v1/envs``); past it creates and forks answer 503.
     max_env_sessions: int = Field(256, ge=1)
+    #: Reuse released sandboxes after a verified reset (every process but the agent killed, /scratch and
+    #: /tmp emptied and checked, a ping answered); False destroys each released sandbox and starts another.
+    recycle: bool = True
+    #: Sessions one sandbox serves before it is destroyed instead of recycled: a bound on whatever a reset
+    #: does not check (the agent's own memory, kernel counters), costing one start per that many sessions.
+    max_sandbox_uses: int = Field(200, ge=1)
+    #: Seconds an idle sandbox above ``min_idle`` (one a burst of sessions gave back) is kept for the next
+    #: burst before it is destroyed.
+    surplus_idle_ttl_s: float = Field(10.0, ge=0)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServiceConfig":

@@ -13,6 +13,7 @@ import io
 import hashlib
 import itertools
 import json
+import logging
 import os
 import socket
 import struct
@@ -36,6 +37,10 @@ LABEL = "forkyard.sandbox"
 OWNER_LABELS = ("forkyard.owner.machine", "forkyard.owner.pid", "forkyard.owner.start", "forkyard.owner.instance")
 #: Seconds the server waits for an agent beyond the call's own timeout before declaring it hung.
 AGENT_GRACE_S = 3.0
+#: Seconds a reset may spend killing leftover processes, and seconds the server waits for its answer.
+RECYCLE_KILL_S, RECYCLE_TIMEOUT_S = 2.0, 10.0
+
+_log = logging.getLogger("forkyard.sandbox")
 
 def agent_sha() -> str:
     """SHA-256 (hex, first 16) of agent.py + corpus.py: the sandbox image is rebuilt when it changes."""
@@ -75,6 +80,9 @@ class Backend(Protocol):
     def write_files(self, sid: str, files: dict[str, bytes]) -> None:
         """Write ``{relative path: bytes}`` under the sandbox's /scratch (the server's per-episode files).
         Raises LimitExceeded past a limit (nothing of the write is kept)."""
+
+    def recycle(self, sid: str) -> bool:
+        """Reset and verify the sandbox for another session: True if it may be reused, False: destroy it."""
 
     def destroy(self, sid: str) -> None:
         """Stop and remove the sandbox (idempotent)."""
@@ -197,6 +205,8 @@ class AgentBackend:
     def __init__(self) -> None:
         self._channels: dict[str, Channel] = {}
         self._mu = threading.Lock()
+        #: Why the last refused :meth:`recycle` was refused (``"<sid>: <reason>"``), None until one is.
+        self.last_recycle_problem: str | None = None
 
     def _channel(self, sid: str) -> Channel:
         ch = self._channels.get(sid)
@@ -291,6 +301,29 @@ class AgentBackend:
     def ps(self, sid: str) -> list[str]:
         """Command lines of the processes the sandbox's agent can see."""
         return self._call(sid, {"op": "ps"})["procs"]
+
+    def reset(self, sid: str, timeout_s: float = RECYCLE_TIMEOUT_S) -> dict[str, Any]:
+        """The agent's ``recycle`` op (see ``agent.py``): kill every other process, empty the writable areas,
+        clean other writable places and IPC objects, check. Returns its report: ``clean`` (bool), ``killed``,
+        ``problems`` (one line per thing left), ``duration_s``. Raises AgentTimeout, AgentFailed, SandboxNotFound."""
+        ans = self._call(sid, {"op": "recycle", "kill_timeout_s": RECYCLE_KILL_S}, timeout_s)
+        ans.pop("id", None)
+        return ans
+
+    def recycle(self, sid: str) -> bool:
+        """Verified reset for reuse: True when :meth:`reset` answered ``clean`` and then a ping within 2 s;
+        False (destroy it) otherwise, and always once its channel timed out. Never raises; the reason of a
+        refusal is logged and kept in :attr:`last_recycle_problem`."""
+        try:
+            rep = self.reset(sid)
+            if rep.get("clean") is not True:
+                raise AgentFailed("; ".join(map(str, rep.get("problems") or ["the reset was not clean"])))
+            self._ping(sid, 2.0)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure means: do not reuse
+            self.last_recycle_problem = f"{sid}: {exc}"
+            _log.warning("sandbox %s failed its reset and will be destroyed: %s", sid, exc)
+            return False
 
     def alive(self, sid: str) -> bool:
         """Whether ``sid`` exists and its agent answers a ping within 2 s."""

@@ -163,7 +163,7 @@ class DockerBackend(AgentBackend):
             # detach=False makes docker-py set StdinOnce: when this server's attach stream closes (it exited or
             # was killed), the agent reads EOF and the container exits, so orphans are told by their status.
             c = self.client.containers.create(
-                self.image, command=["python3", "-u", "-I", "/opt/forkyard/agent.py", "--area-bytes",
+                self.image, command=["python3", "-u", "-I", "/opt/forkyard/agent.py", "--isolated", "--area-bytes",
                                      str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
                                      "--max-area-entries", str(MAX_AREA_ENTRIES)],
                 stdin_open=True, tty=False, detach=False, **self.run_kwargs())

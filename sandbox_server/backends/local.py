@@ -179,7 +179,7 @@ class LocalBackend(AgentBackend):
                  "--ro-bind", str(AGENT_PATH), "/opt/forkyard/agent.py", "--proc", "/proc", "--dev", "/dev",
                  "--unshare-all", "--die-with-parent", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
-                 py, "-u", "-I", "/opt/forkyard/agent.py", "--confine", *agent_args]
+                 py, "-u", "-I", "/opt/forkyard/agent.py", "--confine", "--isolated", *agent_args]
         return argv
 
     def create(self) -> str:
