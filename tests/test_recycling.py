@@ -365,3 +365,22 @@ def test_a_burst_gives_back_its_sandboxes_for_a_while_then_the_pool_shrinks_to_m
     _settled(svc, idle=1, limit_s=10)  # the surplus went after surplus_idle_ttl_s
     _gone(svc, *(sids - set(svc.pool._idle)))
     assert len(svc.backend.ids()) == 1
+
+
+@pytest.mark.parametrize("kind", ["local", "local-nobwrap"])
+def test_a_local_sandbox_outlives_the_thread_that_started_it(make, kind):
+    """bubblewrap's --die-with-parent follows the starting *thread*: a sandbox started by a request or worker
+    thread that has since exited must still serve (recycled sandboxes serve many sessions)."""
+    import threading
+
+    svc = make(kind, max_total=2)
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("id", svc.create().id))
+    t.start()
+    t.join()
+    time.sleep(0.3)
+    sid = _sid(svc, got["id"])
+    assert svc.backend.alive(sid)
+    svc.delete(got["id"])
+    _settled(svc, idle=1)
+    assert _metric(svc, "forkyard_sandboxes_recycled_total") == 1 and sid in svc.backend.ids()

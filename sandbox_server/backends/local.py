@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
@@ -129,6 +130,10 @@ class LocalBackend(AgentBackend):
         os.replace(tmp, self.state_dir / "owner.json")
         self._procs: dict[str, subprocess.Popen] = {}
         self._closed = False
+        # bubblewrap's --die-with-parent kills a sandbox when the *thread* that started it exits (the parent-
+        # death signal follows the thread): every agent is started from this one long-lived thread, so a
+        # sandbox outlives the request or pool thread that asked for it (recycled sandboxes serve many).
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkyard-local-spawn")
 
     @property
     def isolated(self) -> bool:  # type: ignore[override]
@@ -197,9 +202,13 @@ class LocalBackend(AgentBackend):
             d.mkdir(mode=0o755)
             os.chmod(d, 0o755)
         try:
-            proc = subprocess.Popen(self._argv(sbdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            proc = self._spawner.submit(
+                subprocess.Popen, self._argv(sbdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).result()
+        except RuntimeError:  # closed meanwhile: the spawner thread is gone
+            shutil.rmtree(sbdir, ignore_errors=True)
+            raise EngineUnavailable("the local backend is closed") from None
         except OSError as exc:
             shutil.rmtree(sbdir, ignore_errors=True)
             raise EngineUnavailable(f"could not start a local sandbox agent: {exc}") from None
@@ -300,6 +309,7 @@ class LocalBackend(AgentBackend):
         """Destroy every sandbox of this instance and remove its state folder (idempotent)."""
         self._closed = True
         super().close()
+        self._spawner.shutdown(wait=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         try:
             self.server_dir.rmdir()  # only when no other instance of this server name is left
