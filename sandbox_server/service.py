@@ -138,6 +138,12 @@ class SandboxService:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r} (deleted, expired after {self.config.idle_ttl_s:g} s idle, or never created)")
         return s
 
+    def _live(self, s: _Session) -> None:
+        """Raise SandboxNotFound if ``s`` was deleted (checked under ``s.lock``, right before its sandbox is
+        used: once deleted, its sandbox may already serve another session)."""
+        if s.deleted:
+            raise SandboxNotFound(f"no sandbox {s.id!r} (deleted)")
+
     def _info(self, s: _Session) -> SandboxInfo:
         return SandboxInfo(id=s.id, backend=self.backend.name, state=s.state.model_copy(deep=True),
                            created_at=s.created_at, last_used_at=s.last_used_at, idle_ttl_s=self.config.idle_ttl_s)
@@ -200,6 +206,7 @@ class SandboxService:
         ``archive``. Raises SandboxNotFound, SandboxError (an entry that cannot be carried)."""
         s = self._session(sandbox_id)
         with s.lock:
+            self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             s.last_used_at = time.time()
         return data
@@ -220,8 +227,13 @@ class SandboxService:
             s = self._sessions.pop(sandbox_id, None)
         if s is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
-        s.deleted = True
-        self.pool.release(s.sid)
+        s.deleted = True  # first: a call that takes the session's lock from now on finds it deleted
+        in_flight = not s.lock.acquire(blocking=False)
+        if not in_flight:
+            s.lock.release()
+        # A call still running on the sandbox could act on it after a reset, in the next session's sandbox:
+        # such a sandbox is destroyed, never recycled.
+        self.pool.release(s.sid, reusable=not in_flight)
         self._gauges()
 
     def update_state(self, sandbox_id: str, cwd: str | None = None, env: dict[str, str] | None = None,
@@ -236,6 +248,7 @@ class SandboxService:
         new_env = check_env(env) if env is not None else None
         new_meta = SessionState(metadata=dict(metadata)).metadata if metadata is not None else None
         with s.lock:
+            self._live(s)
             if new_cwd is not None:
                 s.state.cwd = new_cwd
             if new_env is not None:
@@ -257,6 +270,7 @@ class SandboxService:
         check_files(files)
         s = self._session(sandbox_id)
         with s.lock:
+            self._live(s)
             self._with_replace(s, lambda: self.backend.write_files(s.sid, files))
             s.restore_point = self.backend.snapshot(s.sid)
             s.last_used_at = time.time()
@@ -314,6 +328,7 @@ class SandboxService:
     def _run(self, s: _Session, argv: list[str], path_args: list[int], timeout_s: float) -> ToolResult:
         t0 = time.perf_counter()
         with s.lock:
+            self._live(s)
             s.last_used_at = time.time()
             try:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
@@ -321,6 +336,9 @@ class SandboxService:
             except (AgentTimeout, AgentFailed) as exc:
                 if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):  # the agent answered: an error, not a failure
                     res = ToolResult(status="error", duration_s=time.perf_counter() - t0, message=str(exc))
+                elif s.deleted:  # deleted while the call ran (its sandbox destroyed): nothing to replace
+                    res = ToolResult(status="error", duration_s=time.perf_counter() - t0,
+                                     message="the session was deleted while the call ran")
                 else:
                     self._replace(s)
                     hung = isinstance(exc, AgentTimeout)
@@ -337,8 +355,12 @@ class SandboxService:
         """Swap a hung or dead sandbox for a fresh one restored to the session's restore point."""
         old = s.sid
         self.metrics.replaced.inc()
-        s.sid = self.pool.acquire()
+        new = self.pool.acquire()
         self.pool.release(old, reusable=False)  # it hung or died: destroyed, never recycled
+        if s.deleted:  # deleted meanwhile: its delete gave back the old sandbox only
+            self.pool.release(new)
+            self._live(s)
+        s.sid = new
         if s.restore_point:
             self.backend.restore(s.sid, s.restore_point)
 
@@ -354,6 +376,7 @@ class SandboxService:
         except (AgentTimeout, AgentFailed) as exc:
             if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):
                 raise refused(str(exc)) from None
+            self._live(s)
             self._replace(s)
             return fn()
 
@@ -370,6 +393,7 @@ class SandboxService:
         """
         s = self._session(sandbox_id)
         with s.lock:
+            self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             s.restore_point = data
             state = s.state.model_copy(deep=True)
@@ -428,6 +452,7 @@ class SandboxService:
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
         with s.lock:
+            self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             state = s.state.model_copy(deep=True)
             s.last_used_at = time.time()

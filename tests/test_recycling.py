@@ -384,3 +384,27 @@ def test_a_local_sandbox_outlives_the_thread_that_started_it(make, kind):
     svc.delete(got["id"])
     _settled(svc, idle=1)
     assert _metric(svc, "forkyard_sandboxes_recycled_total") == 1 and sid in svc.backend.ids()
+
+
+@pytest.mark.parametrize("kind", ["docker", "local"])
+def test_a_sandbox_deleted_under_a_running_call_is_not_recycled(make, kind):
+    """A call still running when its session is deleted could otherwise act after the reset, in the next
+    session's sandbox: such a sandbox is destroyed, and the late call never reaches another session."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox_server.errors import SandboxNotFound
+
+    svc = make(kind)
+    a = svc.create(files={"q.txt": b"a"})
+    sid = _sid(svc, a.id)
+    with ThreadPoolExecutor(1) as ex:
+        call = ex.submit(svc.exec, a.id, "cat", {"path": "fifo"}, 2.0)  # blocks until its timeout
+        time.sleep(0.5)
+        svc.delete(a.id)
+        b = svc.create()
+        assert _sid(svc, b.id) != sid
+        assert call.result().status in ("timeout", "error")
+    with pytest.raises(SandboxNotFound):
+        svc.exec(a.id, "cat", {"path": "/scratch/q.txt"})
+    _gone(svc, sid)
+    assert _metric(svc, "forkyard_sandboxes_recycled_total") == 0
