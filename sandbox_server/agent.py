@@ -872,7 +872,7 @@ class Agent:
             _reset_dir(d, st, times=False)
         if scope == "namespace":
             _remove_sysv_ipc()
-        problems += self._check_reset(scope)
+        problems += self._check_reset(scope, processes=not problems)  # processes left are named already
         return {"clean": not problems, "killed": killed, "problems": problems, "duration_s": time.monotonic() - t0}
 
     def _strays(self, scope: str) -> list[int]:
@@ -920,10 +920,11 @@ class Agent:
                              + (f" (kill: {denied[p]})" if p in denied else f" {limit_s:g} s after SIGKILL")
                              for p in self._strays(scope)]
 
-    def _check_reset(self, scope: str) -> list[str]:
-        """What a fresh sandbox would not show: a process, an entry in a writable area or another writable
-        place, a changed mode, owner or time, a System V IPC object. One line each (empty: clean)."""
-        problems = [f"process {_describe(p)} appeared during the reset" for p in self._strays(scope)]
+    def _check_reset(self, scope: str, processes: bool = True) -> list[str]:
+        """What a fresh sandbox would not show: a process (when ``processes``), an entry in a writable area
+        or another writable place, a changed mode, owner or time, a System V IPC object. One line each
+        (empty: clean)."""
+        problems = [f"process {_describe(p)} appeared during the reset" for p in self._strays(scope)] if processes else []
         for w, st in self.areas0.items():
             h = self.host(w)
             try:
