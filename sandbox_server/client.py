@@ -199,6 +199,9 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in [
 _ENV_API = ("the gymnasium-style env API (sandbox_server/routes/envs.py); its client is envs.remote.RemoteEnv, "
             "an env, not a sandbox client")
 
+_ENV_BATCH_API = ("the batched env API (sandbox_server/routes/envs.py); its client is envs.RemoteVectorEnv, a "
+                  "Gymnasium vector env, not a sandbox client")
+
 #: Server routes under /v1 that these clients intentionally do not call, and why. (``/healthz`` is in the
 #: table although outside /v1; ``/metrics`` is Prometheus text for scrapers, not a client method.)
 NOT_IN_CLIENT: dict[tuple[str, str], str] = {
@@ -209,6 +212,7 @@ NOT_IN_CLIENT: dict[tuple[str, str], str] = {
     ("POST", "/v1/envs/{session_id}/reset"): _ENV_API,
     ("POST", "/v1/envs/{session_id}/step"): _ENV_API,
     ("POST", "/v1/envs/{session_id}/fork"): _ENV_API,
+    **{("POST", f"/v1/envs/batch/{r}"): _ENV_BATCH_API for r in ("create", "reset", "step", "fork", "delete")},
 }
 
 

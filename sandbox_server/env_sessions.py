@@ -153,9 +153,7 @@ class EnvSessions:
         try:
             yield slots
         finally:
-            if not slots.committed:
-                with self._guard:
-                    self._reserved -= n
+            slots.release()
 
     def _commit(self, slots: "Slots", env_id: str, env_list: list[Any], blocking: bool) -> list[str]:
         with self._guard:
@@ -222,12 +220,24 @@ class Slots:
     def __init__(self, store: EnvSessions, n: int):
         self._store, self._n = store, n
         self.committed = False
+        self.released = False
+
+    def release(self) -> None:
+        """Give the room back now if it was not committed (once; leaving the reserve block does it too):
+        for work that failed while others in the same request go on."""
+        if not self.committed and not self.released:
+            with self._store._guard:
+                if not self.committed and not self.released:
+                    self.released = True
+                    self._store._reserved -= self._n
 
     def commit(self, env_id: str, env_list: list[Any], blocking: bool) -> list[str]:
         """Register the envs as sessions and return their ids. Raises EnvInfraError (a wrong number of envs)
         or ServiceUnavailable (the server is shutting down), registering none; the caller then closes the envs."""
         if len(env_list) != self._n:
             raise EnvInfraError(f"the env made {len(env_list)} copies instead of {self._n}")
+        if self.released:
+            raise EnvInfraError("the room reserved for these sessions was given back before they were registered")
         return self._store._commit(self, env_id, env_list, blocking)
 
 

@@ -137,6 +137,10 @@ MIN_ROUTE_LIMIT = 1024
 SMALL_BODY_BYTES = 512 << 10
 #: Env routes other than step (kwargs, options, fork counts); a step's limit follows the env's action length.
 ENV_BODY_BYTES = 64 << 10
+#: The most any batched env route (``/v1/envs/batch/...``) takes, whatever its items: each route's limit is
+#: its single route's per item times ``MAX_BATCH_ITEMS``, capped here (``sandbox_server.routes.envs.batch_body_limit``).
+#: The server's own ``max_body_bytes`` still caps every route (a server of env sessions alone: ``ENV_BODY_BYTES``).
+ENV_BATCH_BODY_BYTES = 4 << 20
 
 #: ``path -> (limit, hint) | None``: a route's own body limit and words for the 413 saying why.
 RouteLimit = Callable[[str], tuple[int, str] | None]
@@ -304,5 +308,5 @@ class CatchAll:
                 raise exc from None
 
 
-__all__ = ["DOMAIN_ERRORS", "ENV_BODY_BYTES", "MIN_ROUTE_LIMIT", "SMALL_BODY_BYTES", "STATUS_WORDS", "BodyLimit", "CatchAll",
+__all__ = ["DOMAIN_ERRORS", "ENV_BATCH_BODY_BYTES", "ENV_BODY_BYTES", "MIN_ROUTE_LIMIT", "SMALL_BODY_BYTES", "STATUS_WORDS", "BodyLimit", "CatchAll",
            "RouteLimit", "classify", "domain_response", "error_response", "error_responses", "install", "retry_after"]

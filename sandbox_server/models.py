@@ -1,6 +1,9 @@
 """Pydantic models of every request and response of the HTTP API (sandbox routes, env routes) and of the
 in-process sandbox service. Each model is declared here once, so the OpenAPI schema names each once.
 
+Why one file: the models are the API's one vocabulary (the server, both clients and the OpenAPI schema read
+them here), and a model split from the models it nests would be declared twice or imported in a circle.
+
 Request models derive from :class:`RequestModel`: strict types (a JSON ``true`` is not an integer and
 ``2.0`` is not one either; an integer is accepted for a float), unknown fields refused, numbers finite
 (no ``NaN`` / ``Infinity``, which Python's JSON parser takes), and every string valid Unicode (no lone
@@ -13,9 +16,11 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator,
+)
 
 from sandbox_server.tools import ToolResult, ToolSpec
 
@@ -297,6 +302,199 @@ class SessionInfo(BaseModel):
     done: bool
 
 
+# ------------------------------------------------------------------------------ batched env sessions
+#: Most items one batched env request (``POST /v1/envs/batch/...``) may carry; more is a 422 for the whole
+#: request (nothing runs). The one declaration: the routes, their body limits and the clients read it here.
+MAX_BATCH_ITEMS = 128
+
+
+class InvalidItem:
+    """An item of a batched request that failed validation (it is answered 422 on its own; the rest run).
+
+    Attributes:
+        detail: what was wrong, in words (``"action: Input should be a valid string"``)."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str):
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"InvalidItem({self.detail!r})"
+
+
+def _item_errors(exc: ValidationError) -> str:
+    parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else str(e["msg"]) for e in exc.errors()[:10]]
+    return "; ".join(parts) or "invalid item"
+
+
+class BatchRequest(RequestModel):
+    """Base of the batched env requests: ``{"items": [...]}`` with 1 to :data:`MAX_BATCH_ITEMS` items.
+
+    The envelope is strict (no other field, a list of the declared length, else 422 for the whole
+    request); each item is validated on its own against the item model (strict, as the single route's
+    body), and an item that fails becomes an :class:`InvalidItem`, answered 422 in its own place while
+    the other items run. The JSON checks of :class:`RequestModel` (valid Unicode, finite numbers,
+    nesting) apply per item too."""
+
+    item_model: ClassVar[type[RequestModel]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_json(cls, data: Any) -> Any:  # per item (see _each_item), not over the whole batch
+        return data
+
+    @field_validator("items", mode="wrap", check_fields=False)
+    @classmethod
+    def _each_item(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if type(value) is not list or not 1 <= len(value) <= MAX_BATCH_ITEMS:
+            return handler(value)  # the declared errors: not a list, too few or too many items
+        try:
+            return handler(value)  # the common case: every item valid, validated in one call
+        except ValidationError:
+            pass
+        out: list[Any] = []
+        for v in value:
+            try:
+                out.append(cls.item_model.model_validate(v))
+            except ValidationError as exc:
+                out.append(InvalidItem(_item_errors(exc)))
+        return out
+
+
+def _items(model: type, what: str) -> Any:
+    return Field(min_length=1, max_length=MAX_BATCH_ITEMS, description=f"1 to {MAX_BATCH_ITEMS} {what}; each "
+                 "is answered in its own place of `results`, an invalid one with 422 while the others run")
+
+
+class BatchCreateRequest(BatchRequest):
+    """``POST /v1/envs/batch/create``: one new session per item (each item as the body of ``POST /v1/envs``)."""
+
+    item_model: ClassVar[type[RequestModel]] = CreateEnvRequest
+    items: list[CreateEnvRequest] = _items(CreateEnvRequest, "sessions to make")
+
+
+class BatchResetItem(RequestModel):
+    """One item of ``POST /v1/envs/batch/reset``: a session and its reset arguments."""
+
+    session_id: str = Field(description="an env session id")
+    seed: int | None = Field(default=None, ge=0, description="reset seed (a non-negative integer)")
+    options: dict[str, Any] | None = Field(default=None, description="reset options")
+
+
+class BatchResetRequest(BatchRequest):
+    """``POST /v1/envs/batch/reset``."""
+
+    item_model: ClassVar[type[RequestModel]] = BatchResetItem
+    items: list[BatchResetItem] = _items(BatchResetItem, "resets")
+
+
+class BatchStepItem(RequestModel):
+    """One item of ``POST /v1/envs/batch/step``: a session and its action."""
+
+    session_id: str = Field(description="an env session id")
+    action: str = Field(description="one action in forkyard's format, e.g. probe(2)")
+
+
+class BatchStepRequest(BatchRequest):
+    """``POST /v1/envs/batch/step``: items on the same session run in their order, one after the other."""
+
+    item_model: ClassVar[type[RequestModel]] = BatchStepItem
+    items: list[BatchStepItem] = _items(BatchStepItem, "steps")
+
+
+class BatchForkItem(RequestModel):
+    """One item of ``POST /v1/envs/batch/fork``: a session and how many copies to make of it."""
+
+    session_id: str = Field(description="an env session id")
+    n: int = Field(default=1, ge=1, le=MAX_CLONES, description="number of copies")
+
+
+class BatchForkRequest(BatchRequest):
+    """``POST /v1/envs/batch/fork``."""
+
+    item_model: ClassVar[type[RequestModel]] = BatchForkItem
+    items: list[BatchForkItem] = _items(BatchForkItem, "forks")
+
+
+class BatchSessionItem(RequestModel):
+    """One item of ``POST /v1/envs/batch/delete``: a session to close."""
+
+    session_id: str = Field(description="an env session id")
+
+
+class BatchDeleteRequest(BatchRequest):
+    """``POST /v1/envs/batch/delete``."""
+
+    item_model: ClassVar[type[RequestModel]] = BatchSessionItem
+    items: list[BatchSessionItem] = _items(BatchSessionItem, "sessions to close")
+
+
+_STATUS_CODE = Field(description="the HTTP status the single-session route would have answered for this item: "
+                     "2xx with `result`, else 404, 409, 413, 422 or 503 with `error`")
+_ITEM_ERROR = Field(default=None, description="the error body the single-session route would have answered")
+_RETRY = Field(default=None, description="with a 503: seconds to wait before retrying this item (Retry-After)")
+
+
+class BatchResetResult(BaseModel):
+    """One item's outcome in a batched create or reset: ``result`` on success, else ``error``."""
+
+    status_code: int = _STATUS_CODE
+    result: ResetResponse | None = Field(default=None, description="as POST /v1/envs or .../reset answers it")
+    error: ErrorBody | None = _ITEM_ERROR
+    retry_after_s: int | None = _RETRY
+
+
+class BatchStepResult(BaseModel):
+    """One item's outcome in a batched step: ``result`` on success, else ``error``."""
+
+    status_code: int = _STATUS_CODE
+    result: StepResponse | None = Field(default=None, description="as POST /v1/envs/{id}/step answers it")
+    error: ErrorBody | None = _ITEM_ERROR
+    retry_after_s: int | None = _RETRY
+
+
+class BatchForkResult(BaseModel):
+    """One item's outcome in a batched fork: ``result`` on success, else ``error``."""
+
+    status_code: int = _STATUS_CODE
+    result: ForkResponse | None = Field(default=None, description="as POST /v1/envs/{id}/fork answers it")
+    error: ErrorBody | None = _ITEM_ERROR
+    retry_after_s: int | None = _RETRY
+
+
+class BatchDeleteResult(BaseModel):
+    """One item's outcome in a batched delete: 204, or ``error`` (404 for an unknown session)."""
+
+    status_code: int = _STATUS_CODE
+    error: ErrorBody | None = _ITEM_ERROR
+    retry_after_s: int | None = _RETRY
+
+
+class BatchResetResponse(BaseModel):
+    """``results[i]`` answers ``items[i]`` (the same order, one result per item)."""
+
+    results: list[BatchResetResult]
+
+
+class BatchStepResponse(BaseModel):
+    """``results[i]`` answers ``items[i]`` (the same order, one result per item)."""
+
+    results: list[BatchStepResult]
+
+
+class BatchForkResponse(BaseModel):
+    """``results[i]`` answers ``items[i]`` (the same order, one result per item)."""
+
+    results: list[BatchForkResult]
+
+
+class BatchDeleteResponse(BaseModel):
+    """``results[i]`` answers ``items[i]`` (the same order, one result per item)."""
+
+    results: list[BatchDeleteResult]
+
+
 class EnvHealth(BaseModel):
     """``/healthz`` of a server of env sessions alone."""
 
@@ -308,4 +506,8 @@ __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "Sand
            "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest", "CloneResponse",
            "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo", "CreateEnvRequest",
            "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse", "SessionInfo", "EnvHealth",
-           "MAX_CLONES", "MAX_TOOL_NAME_CHARS", "MAX_JSON_DEPTH", "MAX_METADATA_BYTES"]
+           "MAX_CLONES", "MAX_TOOL_NAME_CHARS", "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem",
+           "BatchRequest", "BatchCreateRequest", "BatchResetItem", "BatchResetRequest", "BatchStepItem", "BatchStepRequest",
+           "BatchForkItem", "BatchForkRequest", "BatchSessionItem", "BatchDeleteRequest", "BatchResetResult",
+           "BatchStepResult", "BatchForkResult", "BatchDeleteResult", "BatchResetResponse", "BatchStepResponse",
+           "BatchForkResponse", "BatchDeleteResponse"]

@@ -10,6 +10,24 @@ Routes (all under ``/v1/envs``)::
     POST   /v1/envs/{session_id}/fork   {n} -> n new session ids at the same state
     DELETE /v1/envs/{session_id}
 
+    POST   /v1/envs/batch/create        {items: [{env_id, kwargs, seed, options}, ...]} -> {results: [...]}
+    POST   /v1/envs/batch/reset         {items: [{session_id, seed, options}, ...]}
+    POST   /v1/envs/batch/step          {items: [{session_id, action}, ...]}
+    POST   /v1/envs/batch/fork          {items: [{session_id, n}, ...]}
+    POST   /v1/envs/batch/delete        {items: [{session_id}, ...]}
+
+A batched route answers 200 with ``results[i]`` for ``items[i]``: ``{status_code, result}`` with what the
+single-session route would have answered, or ``{status_code, error: ErrorBody, retry_after_s}`` with its
+error (404 unknown session, 409 ended episode, 413 action too long, 422 invalid item, 503 with the seconds
+to wait); one failing item never fails the others. The whole request is refused only for its envelope
+(422: not ``{"items": [...]}``, or more than :data:`~sandbox_server.models.MAX_BATCH_ITEMS` items) or its
+size (413). Items on one session run in their order; items on different sessions of CPU-bound envs
+(``blocking = False``: ClueProbe) run inline on the event loop, one after the other, with no thread hop;
+those of blocking envs (FileQA) run concurrently in worker threads, at most :data:`BATCH_THREADS` at once.
+
+Why one file: the single-session and batched routes of one resource share their checks, error messages
+and body limits, and the batched routes must be declared before the session routes that would match them.
+
 Each session owns its own env instance (and, for sandbox-backed envs, its own sandbox); the bookkeeping,
 the env classes and kwargs served, and how env code runs are :mod:`sandbox_server.env_sessions`. Every
 error answer is an :class:`~sandbox_server.models.ErrorBody` (see :mod:`sandbox_server.http_contract`):
@@ -24,23 +42,29 @@ the client was not told of; a failed request leaves existing sessions as they we
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import logging
+from contextlib import ExitStack
+from typing import Any, Awaitable, Callable
 
 import anyio
 import gymnasium as gym
 import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
+from envs.core import TextEnv
 from sandbox_server.deps import Sessions
-from sandbox_server.env_sessions import EnvSessions, close_quietly, env_failure, run_env
+from sandbox_server.env_sessions import EnvRecipe, EnvSession, EnvSessions, close_quietly, env_class, env_failure, run_env
 from sandbox_server.errors import ServiceUnavailable
-from sandbox_server.http_contract import ENV_BODY_BYTES
+from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, STATUS_WORDS, classify, retry_after
 from sandbox_server.http_contract import error_responses as R
 from sandbox_server.models import (
-    CreateEnvRequest, EnvSpecInfo, ForkRequest, ForkResponse, ResetRequest, ResetResponse, SessionInfo, StepRequest,
-    StepResponse,
+    MAX_BATCH_ITEMS, BatchCreateRequest, BatchDeleteRequest, BatchDeleteResponse, BatchForkRequest,
+    BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse,
+    CreateEnvRequest, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
+    SessionInfo, StepRequest, StepResponse,
 )
 from sandbox_server.routes import V1
 
@@ -50,6 +74,13 @@ JSON_BYTES_PER_CHAR = 12
 #: Bytes of a step body besides its action's characters (the key, quotes, braces, whitespace).
 STEP_BODY_OVERHEAD = 1024
 
+#: Prefix of the batched routes (declared before ``/{session_id}/...``, which would otherwise match them).
+BATCH_PREFIX = f"{PREFIX}/batch"
+#: Most items of one batched request whose env code runs in worker threads at once (blocking envs); the
+#: threads come from anyio's pool, whose limiter (40 by default) bounds all requests together.
+BATCH_THREADS = 32
+
+log = logging.getLogger("forkyard.http")
 router = APIRouter(prefix=PREFIX, tags=["envs"])
 
 
@@ -57,15 +88,56 @@ def body_limit(sessions: EnvSessions, path: str) -> tuple[int, str] | None:
     """The request-body limit of an env route in bytes, with words for the 413 (None: not an env route).
 
     A step's limit follows its session's action length (:data:`JSON_BYTES_PER_CHAR` per character plus
-    :data:`STEP_BODY_OVERHEAD`); every other env route has :data:`~sandbox_server.http_contract.ENV_BODY_BYTES`."""
+    :data:`STEP_BODY_OVERHEAD`); every other env route has :data:`~sandbox_server.http_contract.ENV_BODY_BYTES`;
+    the batched routes have :func:`batch_body_limit`."""
     if not path.startswith(PREFIX):
         return None
+    if path.startswith(BATCH_PREFIX + "/"):
+        return batch_body_limit(path[len(BATCH_PREFIX) + 1:])
     parts = path[len(PREFIX):].split("/")  # "", session id, "step"
     s = sessions.peek(parts[1]) if len(parts) == 3 and parts[2] == "step" else None
     if s is None:
         return ENV_BODY_BYTES, ""
     n = s.env.action_space.max_length
     return n * JSON_BYTES_PER_CHAR + STEP_BODY_OVERHEAD, f"this env accepts actions of at most {n} characters"
+
+
+def batch_body_limit(route: str) -> tuple[int, str]:
+    """The body limit in bytes of ``/v1/envs/batch/{route}`` and words for its 413: the single route's limit
+    per item times :data:`~sandbox_server.models.MAX_BATCH_ITEMS`, at most
+    :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`. A step item's limit follows the longest
+    action any served env accepts (each item is then checked against its own session's, a 413 in its place);
+    a fork or delete item is a session id and a count (:data:`STEP_BODY_OVERHEAD`); a create or reset item
+    may carry kwargs and options (:data:`~sandbox_server.http_contract.ENV_BODY_BYTES`)."""
+    if route == "step":
+        n = max_served_action_length()
+        per_item, why = n * JSON_BYTES_PER_CHAR + STEP_BODY_OVERHEAD, f"items with actions of at most {n} characters"
+    elif route in ("fork", "delete"):
+        per_item, why = STEP_BODY_OVERHEAD, "items of a session id (and a count)"
+    else:
+        per_item, why = ENV_BODY_BYTES, f"items of at most {ENV_BODY_BYTES} bytes"
+    return (min(ENV_BATCH_BODY_BYTES, MAX_BATCH_ITEMS * per_item),
+            f"a batch holds at most {MAX_BATCH_ITEMS} {why}, and at most {ENV_BATCH_BODY_BYTES} bytes in all")
+
+
+def max_served_action_length() -> int:
+    """The longest action (code points) any registered env class accepts (``TextEnv.max_action_length``
+    when none can be loaded)."""
+    n = 0
+    for env_id in list(envs.ENV_SPECS):
+        try:
+            n = max(n, env_class(env_id)[0].max_action_length)
+        except Exception:  # noqa: BLE001 - an env that cannot be loaded is refused when it is asked for
+            continue
+    return n or TextEnv.max_action_length
+
+
+def _too_long(action: str, limit: int) -> HTTPException:
+    return HTTPException(413, f"the action has {len(action)} characters; this env accepts at most {limit}")
+
+
+def _ended() -> HTTPException:
+    return HTTPException(409, "the episode has ended; reset the session (or fork before the end)")
 
 
 def _reset_response(sid: str, env: Any, obs: str, info: dict) -> ResetResponse:
@@ -111,6 +183,289 @@ async def create(request: Request, req: CreateEnvRequest, sessions: Sessions) ->
     return _reset_response(sid, env, obs, info)
 
 
+# ------------------------------------------------------------------------------------- batched routes
+# Declared before the /{session_id} routes: "/batch/step" would otherwise match "/{session_id}/step".
+Item = dict[str, Any]
+
+
+def _clean(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates escaped, as error bodies
+
+
+def item_error(exc: BaseException) -> Item:
+    """A batch item's answer to ``exc``: the status and :class:`~sandbox_server.models.ErrorBody` the single
+    route would have answered (through :data:`~sandbox_server.http_contract.DOMAIN_ERRORS`; 503 with
+    ``retry_after_s``; anything unexpected is a logged 500, as the last-resort handler answers it)."""
+    if isinstance(exc, StarletteHTTPException):
+        status = 422 if exc.status_code == 400 else exc.status_code
+        word, detail = STATUS_WORDS.get(status, "error"), str(exc.detail)
+    elif (known := classify(exc)) is not None:
+        (status, word), detail = known, str(exc) or type(exc).__name__
+    else:
+        log.error("unexpected error in a batch item", exc_info=exc)
+        status, word, detail = 500, "internal", f"internal error ({type(exc).__name__}); the server logged it"
+    out: Item = {"status_code": status, "error": {"detail": _clean(detail), "status": word}}
+    if status == 503:
+        wait = exc.retry_after_s if isinstance(exc, ServiceUnavailable) else 1.0
+        out["retry_after_s"] = int(retry_after(wait)["Retry-After"])
+    return out
+
+
+def _invalid(item: InvalidItem) -> Item:
+    return {"status_code": 422, "error": {"detail": _clean(item.detail), "status": "invalid"}}
+
+
+def _json(results: list[Item | None]) -> Response:
+    return Response(orjson.dumps({"results": results}), media_type="application/json")
+
+
+async def _bounded(jobs: list[Callable[[], Awaitable[None]]]) -> None:
+    """Run ``jobs`` concurrently, at most :data:`BATCH_THREADS` at a time (each job catches its own errors)."""
+    if len(jobs) == 1:
+        await jobs[0]()
+        return
+    queue = iter(jobs)
+
+    async def worker() -> None:
+        for job in queue:  # one iterator shared by the workers: each job runs once
+            await job()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(min(BATCH_THREADS, len(jobs))):
+            tg.start_soon(worker)
+
+
+async def _per_session(sessions: EnvSessions, items: list[Any], results: list[Item | None],
+                       op: Callable[[EnvSession, int], Item | None]) -> None:
+    """Answer each item on a session with ``results[i] = op(session, i)`` (sync; it maps its own errors to an
+    item; None: the caller fills ``results[i]`` later).
+
+    Items are grouped by session and each session is looked up once (404 for each of its items when it is
+    unknown). A session's items run in their order under its lock. Sessions of non-blocking envs whose lock
+    is free run inline, with no await between the check and the work; the others (blocking envs, or a lock
+    held by another request) run concurrently (:func:`_bounded`), blocking ones in worker threads."""
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        if type(item) is InvalidItem:
+            results[i] = _invalid(item)
+        else:
+            groups.setdefault(item.session_id, []).append(i)
+    later: list[Callable[[], Awaitable[None]]] = []
+    for sid, idx in groups.items():
+        try:
+            s = sessions.get(sid)
+        except HTTPException as exc:
+            err = item_error(exc)
+            for i in idx:
+                results[i] = err
+            continue
+        if not s.blocking and not s.lock.locked():
+            for i in idx:
+                results[i] = op(s, i)
+            continue
+
+        async def job(s: EnvSession = s, idx: list[int] = idx) -> None:
+            async with s.lock:
+                for i in idx:
+                    results[i] = await anyio.to_thread.run_sync(op, s, i) if s.blocking else op(s, i)
+
+        later.append(job)
+    if later:
+        await _bounded(later)
+
+
+def _step_op(s: EnvSession, item: Any) -> Item:
+    env, action = s.env, item.action
+    if len(action) > env.action_space.max_length:
+        return item_error(_too_long(action, env.action_space.max_length))
+    if env.done:
+        return item_error(_ended())
+    try:
+        obs, reward, term, trunc, info = env.step(action)
+    except Exception as exc:
+        return item_error(env_failure(exc, "step", False))
+    return {"status_code": 200, "result": {"session_id": item.session_id, "observation": obs, "reward": float(reward),
+                                           "terminated": bool(term), "truncated": bool(trunc), "info": info}}
+
+
+def _reset_item(status: int, sid: str, env: Any, obs: str, info: dict) -> Item:
+    return {"status_code": status, "result": {
+        "session_id": sid, "observation": obs, "info": info,
+        "observation_max_length": env.observation_space.max_length, "action_max_length": env.action_space.max_length}}
+
+
+def _reset_op(s: EnvSession, item: Any) -> Item:
+    try:
+        obs, info = s.env.reset(seed=item.seed, options=item.options)
+    except Exception as exc:
+        return item_error(env_failure(exc, "reset", True))
+    return _reset_item(200, item.session_id, s.env, obs, info)
+
+
+def _make_env(recipe: EnvRecipe, req: CreateEnvRequest) -> tuple[Any, str, dict]:
+    """Build and reset one env as ``POST /v1/envs`` does (errors mapped as there; a failed reset closes it)."""
+    try:
+        env = recipe.cls(**recipe.kwargs, **recipe.extra)
+        spec = gym.envs.registry.get(req.env_id)
+        if spec is not None:
+            env.spec = dataclasses.replace(spec, kwargs=dict(recipe.kwargs))
+    except Exception as exc:
+        raise env_failure(exc, f"cannot make {req.env_id} with kwargs {req.kwargs}", True)
+    try:
+        obs, info = env.reset(seed=req.seed, options=req.options)
+    except Exception as exc:
+        close_quietly(env)
+        raise env_failure(exc, "reset", True)
+    return env, obs, info
+
+
+async def _close_envs(made: list[tuple[bool, list[Any]]]) -> None:
+    """Close envs that no session holds (blocking ones in one worker thread)."""
+    for blocking, group in made:
+        await run_env(blocking, lambda group=group: [close_quietly(e) for e in group])
+
+
+@router.post("/batch/create", response_model=BatchResetResponse, summary="Start many env sessions",
+             responses=R(413, 422))
+async def batch_create(request: Request, req: BatchCreateRequest, sessions: Sessions) -> Response:
+    """One session per item; ``results[i]`` is 201 with what ``POST /v1/envs`` answers, or its error."""
+    results: list[Item | None] = [None] * len(req.items)
+    made: list[tuple[int, Any, Any, Any, str, dict]] = []  # (index, slots, recipe, env, obs, info)
+    later: list[Callable[[], Awaitable[None]]] = []
+    with ExitStack() as held:
+        try:
+            for i, item in enumerate(req.items):
+                if type(item) is InvalidItem:
+                    results[i] = _invalid(item)
+                    continue
+                try:
+                    recipe = sessions.recipe(item.env_id, item.kwargs)
+                    slots = held.enter_context(sessions.reserve(1))
+                except Exception as exc:
+                    results[i] = item_error(exc)
+                    continue
+                if not recipe.blocking:
+                    try:
+                        made.append((i, slots, recipe, *_make_env(recipe, item)))
+                    except Exception as exc:
+                        results[i] = item_error(exc)
+                        slots.release()
+                    continue
+
+                async def job(i: int = i, item: Any = item, slots: Any = slots, recipe: EnvRecipe = recipe) -> None:
+                    try:
+                        made.append((i, slots, recipe, *await anyio.to_thread.run_sync(_make_env, recipe, item)))
+                    except Exception as exc:
+                        results[i] = item_error(exc)
+                        slots.release()
+
+                later.append(job)
+            if later:
+                await _bounded(later)
+            if made and await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
+                raise ServiceUnavailable("the client closed the connection before its sessions were made")
+            while made:
+                i, slots, recipe, env, obs, info = made[-1]
+                try:
+                    sid = slots.commit(recipe.env_id, [env], recipe.blocking)[0]
+                except Exception as exc:
+                    results[i] = item_error(exc)
+                    await _close_envs([(recipe.blocking, [env])])
+                else:
+                    results[i] = _reset_item(201, sid, env, obs, info)
+                made.pop()
+        except BaseException:
+            await _close_envs([(m[2].blocking, [m[3]]) for m in made])
+            raise
+    return _json(results)
+
+
+@router.post("/batch/reset", response_model=BatchResetResponse, summary="Reset many env sessions",
+             responses=R(413, 422))
+async def batch_reset(req: BatchResetRequest, sessions: Sessions) -> Response:
+    """``results[i]``: 200 with what ``POST /v1/envs/{id}/reset`` answers, or its error."""
+    results: list[Item | None] = [None] * len(req.items)
+    await _per_session(sessions, req.items, results, lambda s, i: _reset_op(s, req.items[i]))
+    return _json(results)
+
+
+@router.post("/batch/step", response_model=BatchStepResponse, summary="Take one action in each of many sessions",
+             responses=R(413, 422))
+async def batch_step(req: BatchStepRequest, sessions: Sessions) -> Response:
+    """``results[i]``: 200 with what ``POST /v1/envs/{id}/step`` answers, or its error (404, 409, 413, 422, 503)."""
+    results: list[Item | None] = [None] * len(req.items)
+    await _per_session(sessions, req.items, results, lambda s, i: _step_op(s, req.items[i]))
+    return _json(results)
+
+
+@router.post("/batch/fork", response_model=BatchForkResponse, summary="Fork many env sessions",
+             responses=R(413, 422))
+async def batch_fork(request: Request, req: BatchForkRequest, sessions: Sessions) -> Response:
+    """``results[i]``: 200 with what ``POST /v1/envs/{id}/fork`` answers (all n copies or none), or its error."""
+    results: list[Item | None] = [None] * len(req.items)
+    made: list[tuple[int, Any, EnvSession, list[Any]]] = []  # (index, slots, parent, children)
+    with ExitStack() as held:
+
+        def fork_op(s: EnvSession, i: int) -> Item | None:
+            n = req.items[i].n
+            try:
+                slots = held.enter_context(sessions.reserve(n))  # room for all n first: all or none
+            except Exception as exc:
+                return item_error(exc)
+            try:
+                children = list(s.env.fork(n))
+            except Exception as exc:
+                slots.release()
+                return item_error(env_failure(exc, "fork", False))
+            made.append((i, slots, s, children))  # committed below, once every item is done
+            return None
+
+        try:
+            await _per_session(sessions, req.items, results, fork_op)
+            if made and await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
+                raise ServiceUnavailable("the client closed the connection before its forks were made")
+            while made:
+                i, slots, s, children = made[-1]
+                try:
+                    sids = slots.commit(s.env_id, children, s.blocking)
+                except Exception as exc:
+                    results[i] = item_error(exc)
+                    await _close_envs([(s.blocking, children)])
+                else:
+                    results[i] = {"status_code": 200, "result": {"session_id": req.items[i].session_id,
+                                                                 "session_ids": sids}}
+                made.pop()
+        except BaseException:
+            await _close_envs([(m[2].blocking, m[3]) for m in made])
+            raise
+    return _json(results)
+
+
+@router.post("/batch/delete", response_model=BatchDeleteResponse, summary="Close many env sessions",
+             responses=R(413, 422))
+async def batch_delete(req: BatchDeleteRequest, sessions: Sessions) -> Response:
+    """``results[i]``: 204 as ``DELETE /v1/envs/{id}`` answers, or 404 for a session not held."""
+    results: list[Item | None] = [None] * len(req.items)
+    inline: list[Any] = []
+    threaded: list[Any] = []
+    for i, item in enumerate(req.items):
+        if type(item) is InvalidItem:
+            results[i] = _invalid(item)
+            continue
+        s = sessions.pop(item.session_id)
+        if s is None:
+            results[i] = item_error(HTTPException(404, f"no env session {item.session_id!r}"))
+            continue
+        results[i] = {"status_code": 204}
+        (threaded if s.blocking else inline).append(s.env)
+    for env in inline:
+        close_quietly(env)
+    if threaded:
+        await _bounded([lambda env=env: anyio.to_thread.run_sync(close_quietly, env) for env in threaded])
+    return _json(results)
+
+
+# -------------------------------------------------------------------------------- session routes
 @router.get("/{session_id}", response_model=SessionInfo, summary="A session's state", responses=R(404))
 async def get(session_id: str, sessions: Sessions) -> SessionInfo:
     s = sessions.get(session_id)
@@ -135,10 +490,10 @@ async def step(session_id: str, req: StepRequest, sessions: Sessions) -> Respons
     s = sessions.get(session_id)
     limit = s.env.action_space.max_length
     if len(req.action) > limit:
-        raise HTTPException(413, f"the action has {len(req.action)} characters; this env accepts at most {limit}")
+        raise _too_long(req.action, limit)
     async with s.lock:
         if s.env.done:
-            raise HTTPException(409, "the episode has ended; reset the session (or fork before the end)")
+            raise _ended()
         try:
             obs, reward, term, trunc, info = await run_env(s.blocking, lambda: s.env.step(req.action))
         except Exception as exc:
