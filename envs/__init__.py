@@ -21,6 +21,7 @@ from envs.core import (
 )
 from envs.features import Demonstrator, EvaluationResets, FiniteActions
 from envs.remote import RemoteEnv, env_factory
+from envs.remote_vector import RemoteVectorEnv
 from envs.text_space import TextSpace, fit_text
 
 #: Every env id forkyard serves, with the entry point (``"module:Class"``, a TextEnv) and its default kwargs.
@@ -61,6 +62,7 @@ __all__ = [
     "FiniteActions",
     "IllegalActionError",
     "RemoteEnv",
+    "RemoteVectorEnv",
     "Snapshot",
     "TextEnv",
     "TextSpace",

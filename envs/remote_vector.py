@@ -1,0 +1,458 @@
+"""A Gymnasium vector env over a forkyard server's batched env routes: ``num_envs`` server sessions driven
+with one HTTP request per ``step`` (``POST /v1/envs/batch/step``), not one per session.
+
+``RemoteVectorEnv("forkyard/ClueProbe-v0", "http://localhost:8000", 32, turns=5)`` behaves as
+``gymnasium.make_vec(id, num_envs=32, vectorization_mode="sync")`` of the same envs: ``reset(seed=s)`` seeds
+sub-env i with ``s + i``; ``step(actions)`` returns ``(observations, rewards, terminations, truncations,
+infos)`` with observations a tuple of ``num_envs`` strings, rewards a float64 array, terminations and
+truncations bool arrays, and infos in Gymnasium's vector form (``infos[key]`` an array over the sub-envs,
+``infos["_" + key]`` the mask of those that have it); a sub-env whose episode ended is reset by the next
+``step`` (next-step autoreset: its action is ignored, its reward is 0). ``fork`` forks sub-envs on the
+server into a new vector env; ``close`` closes every session.
+
+Per-item errors never vanish. A batch in which an item failed raises :class:`BatchItemError` after the
+other items were applied (``failures`` maps each failed sub-env to its :class:`ItemFailure`; ``partial`` is
+what the call would have returned, failed sub-envs marked as below); when every failure is the server's or
+the session's (404 lost session, 5xx) it is a :class:`BatchInfraError`, which is also an
+:class:`~envs.core.EnvInfraError`. With ``errors="mark"`` those infrastructure failures do not raise: the
+sub-env is marked in the result instead, as an episode that ended by ``infra_error`` (observation ``""``,
+reward 0, ``truncated`` True, ``infos["termination_reason"]`` ``"infra_error"``, ``infos["error"]`` the
+failure as a dict) and the next ``step`` resets it (in a new session if its session was lost), which is how
+trainers already treat infrastructure failures. Client errors (409 ended episode, 413 action too long, 422
+invalid item) always raise.
+
+Transport: one keep-alive HTTP/1.1 connection (the standard library's ``http.client``: a batch request costs
+the client about a third of the CPU it costs through httpx, which at 32 ClueProbe steps per request is as
+much as the server's own work), a timeout per request, retries on connection errors only (a request that was
+sent is never repeated, so a step is never applied twice); batches of more than :data:`BATCH_ITEMS` sub-envs
+go as several requests.
+
+Why one file: the vector env, its connection and its error types are one client of one protocol (the
+batched routes), read together.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from envs.core import EnvInfraError
+from envs.text_space import TextSpace
+
+try:  # a faster codec when the server extras are installed; plain JSON either way
+    import orjson
+
+    _dumps, _loads = orjson.dumps, orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+    _loads = json.loads
+
+#: Most items the client puts in one batched request: the server's ``MAX_BATCH_ITEMS``
+#: (``sandbox_server.models``; a test checks that the two agree). Larger batches are split.
+BATCH_ITEMS = 128
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """One failed item of a batch: what the single-session route would have answered.
+
+    Attributes:
+        status_code: the HTTP status (404, 409, 413, 422, 500, 503, ...).
+        status: the server's short word (``not_found``, ``conflict``, ``infra_error``, ...).
+        detail: what went wrong, in words.
+        retry_after_s: with a 503, seconds to wait before retrying; else None.
+    """
+
+    status_code: int
+    status: str | None
+    detail: str
+    retry_after_s: int | None = None
+
+    @property
+    def infra(self) -> bool:
+        """True for a failure of the server or the session (404 lost session, 5xx), not of the request."""
+        return self.status_code == 404 or self.status_code >= 500
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status_code": self.status_code, "status": self.status, "detail": self.detail,
+                "retry_after_s": self.retry_after_s}
+
+
+class BatchItemError(Exception):
+    """Some items of a batched call failed (the others were applied).
+
+    Attributes:
+        failures: sub-env index -> :class:`ItemFailure`.
+        partial: what the call would have returned with the failed sub-envs marked (see the module
+            docstring); None for ``fork``, which keeps nothing when an item fails.
+    """
+
+    def __init__(self, what: str, failures: dict[int, ItemFailure], partial: Any = None):
+        shown = "; ".join(f"env {i}: HTTP {f.status_code} {f.detail}" for i, f in list(failures.items())[:5])
+        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{what}: {len(failures)} item(s) failed: {shown}{more}")
+        self.failures = failures
+        self.partial = partial
+
+
+class BatchInfraError(BatchItemError, EnvInfraError):
+    """A :class:`BatchItemError` whose failures are all the server's or the session's (404, 5xx)."""
+
+
+def vector_info(n: int, infos: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """The infos of sub-envs in Gymnasium's vector form, as ``VectorEnv._add_info`` builds them one by one
+    (the same dtypes, masks and nesting), in one pass per key.
+
+    Args:
+        n: the number of sub-envs.
+        infos: ``(sub-env index, info)`` pairs.
+
+    Returns:
+        ``{key: array of shape (n,), "_" + key: bool mask}`` (a nested dict for dict values): int, float
+        and bool values in an array of that type (zeros where absent), anything else in an object array
+        (None where absent)."""
+    columns: dict[str, list[tuple[int, Any]]] = {}
+    for i, info in infos:
+        for key, value in info.items():
+            columns.setdefault(key, []).append((i, value))
+    out: dict[str, Any] = {}
+    for key, pairs in columns.items():
+        first = pairs[0][1]
+        if isinstance(first, dict):
+            array: Any = vector_info(n, [(i, v) for i, v in pairs if isinstance(v, dict)])
+        else:
+            typ = type(first)
+            array = np.zeros(n, dtype=typ) if typ in (int, float, bool) else np.full(n, None, dtype=object)
+            for i, v in pairs:
+                array[i] = v
+        mask = np.zeros(n, dtype=np.bool_)
+        mask[[i for i, _ in pairs]] = True
+        out[key], out[f"_{key}"] = array, mask
+    return out
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to a server: ``post(path, body) -> (status, body)``.
+
+    A connection the server closed while idle (its keep-alive timeout) is noticed before the request is
+    sent and reopened; a failed connect is retried ``retries`` times (0.1 s, 0.2 s, ... apart). Any other
+    failure closes the connection and raises EnvInfraError: the request may have reached the server, so it
+    is never sent again."""
+
+    def __init__(self, url: str, timeout_s: float, retries: int):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"server_url must be http://host[:port] or https://..., got {url!r}")
+        self.url, self.prefix = url, parts.path.rstrip("/")
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+        self._retries = retries
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self.closed = False
+
+    def _ready(self) -> None:
+        sock = self._conn.sock
+        if sock is not None and select.select([sock], [], [], 0)[0]:  # idle, yet readable: closed by the server
+            self._conn.close()
+        if self._conn.sock is None:
+            for attempt in range(self._retries + 1):
+                try:
+                    self._conn.connect()
+                    self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return
+                except OSError as exc:
+                    self._conn.close()
+                    if attempt == self._retries:
+                        raise EnvInfraError(f"cannot connect to {self.url}: {exc!r}") from exc
+                    time.sleep(0.1 * 2 ** attempt)
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` (JSON bytes) to ``path``; the status and the response body. Raises EnvInfraError."""
+        if self.closed:
+            raise EnvInfraError("the connection to the server was closed (close() was called)")
+        self._ready()
+        try:
+            self._conn.request("POST", self.prefix + path, body=body, headers=self._headers)
+            resp = self._conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self._conn.close()
+            raise EnvInfraError(f"POST {self.url}{path} failed: {exc!r}") from exc
+        return resp.status, data
+
+    def close(self) -> None:
+        self.closed = True
+        self._conn.close()
+
+
+class RemoteVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` sessions of ``env_id`` on a forkyard server, stepped with one request per batch.
+
+    Args:
+        env_id: the registered id the server should run.
+        server_url: base URL of the server, e.g. ``http://localhost:8000``.
+        num_envs: how many sub-envs (server sessions), >= 1.
+        timeout_s: seconds to wait for any one request (a batch of sandbox tool calls included), default 60.
+        connect_retries: retries of a failed connection (never of a request that was sent), default 3.
+        errors: ``"raise"`` (default): any failed item raises :class:`BatchItemError`; ``"mark"``:
+            infrastructure failures (404, 5xx) mark the sub-env as ended by ``infra_error`` instead.
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default, as the envs declare) or ``DISABLED`` (a
+            finished sub-env stays finished until ``reset(options={"reset_mask": mask})``).
+        **kwargs: the env's constructor kwargs, sent to the server.
+
+    Raises:
+        ValueError: ``num_envs`` < 1, or an unknown ``errors`` or ``autoreset_mode``.
+    """
+
+    def __init__(self, env_id: str, server_url: str, num_envs: int, *, timeout_s: float = 60.0,
+                 connect_retries: int = 3, errors: str = "raise",
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any):
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        if errors not in ("raise", "mark"):
+            raise ValueError(f"errors must be 'raise' or 'mark', got {errors!r}")
+        mode = AutoresetMode(autoreset_mode)
+        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED):
+            raise ValueError(f"autoreset_mode must be NEXT_STEP or DISABLED, got {mode}")
+        self.env_id, self.server_url, self.kwargs = env_id, server_url.rstrip("/"), kwargs
+        self.num_envs, self.errors, self.autoreset_mode = num_envs, errors, mode
+        self.metadata = {"autoreset_mode": mode}
+        self._client = _Connection(self.server_url, timeout_s, connect_retries)
+        self._client_refs = [1]  # shared with forks: the connection closes when the last vector env using it closes
+        self.session_ids: list[str | None] = [None] * num_envs
+        #: For a vector env made by :meth:`fork`, the index of each sub-env's parent in the forked vector env.
+        self.parents: list[int] | None = None
+        self._autoreset = np.zeros(num_envs, dtype=np.bool_)
+        self._last_obs = [""] * num_envs
+        self._set_spaces(8192, 4096)
+
+    # ------------------------------------------------------------------ transport
+    def _set_spaces(self, obs_len: int, action_len: int) -> None:
+        self.single_observation_space = TextSpace(obs_len)
+        self.single_action_space = TextSpace(action_len)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+    def _batch(self, route: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``POST /v1/envs/batch/{route}`` in chunks of :data:`BATCH_ITEMS`; one result per item, in order.
+        Raises EnvInfraError (network, 404 or 5xx for the whole request) or ValueError (other 4xx)."""
+        out: list[dict[str, Any]] = []
+        path = f"/v1/envs/batch/{route}"
+        for start in range(0, len(items), BATCH_ITEMS):
+            status, data = self._client.post(path, _dumps({"items": items[start:start + BATCH_ITEMS]}))
+            if status >= 500 or status == 404:
+                raise EnvInfraError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
+            if status >= 400:
+                raise ValueError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
+            out.extend(_loads(data)["results"])
+        return out
+
+    @staticmethod
+    def _failure(res: dict[str, Any]) -> ItemFailure:
+        err = res.get("error") or {}
+        return ItemFailure(res["status_code"], err.get("status"), err.get("detail", ""), res.get("retry_after_s"))
+
+    def _raise_or_mark(self, what: str, failures: dict[int, ItemFailure], partial: Any) -> None:
+        if not failures:
+            return
+        infra = all(f.infra for f in failures.values())
+        if self.errors == "mark" and infra:
+            return
+        raise (BatchInfraError if infra else BatchItemError)(what, failures, partial)
+
+    # ------------------------------------------------------------------ resets
+    def _reset_some(self, idx: list[int], seeds: list[int | None], options: dict[str, Any] | None,
+                    obs: list[str], infos: list[tuple[int, dict]], failures: dict[int, ItemFailure]) -> None:
+        """Reset sub-envs ``idx`` (create a session for those without one); fill ``obs``, ``infos`` (index,
+        info), ``failures``."""
+        new = [k for k, i in enumerate(idx) if self.session_ids[i] is None]
+        old = [k for k, i in enumerate(idx) if self.session_ids[i] is not None]
+        answers: dict[int, dict[str, Any]] = {}
+        if new:
+            made = self._batch("create", [{"env_id": self.env_id, "kwargs": self.kwargs, "seed": seeds[k],
+                                           "options": options} for k in new])
+            answers.update(zip(new, made))
+        if old:
+            done = self._batch("reset", [{"session_id": self.session_ids[idx[k]], "seed": seeds[k],
+                                          "options": options} for k in old])
+            answers.update(zip(old, done))
+        for k, i in enumerate(idx):
+            res = answers[k]
+            if "result" in res:
+                data = res["result"]
+                self.session_ids[i] = data["session_id"]
+                lengths = data["observation_max_length"], data["action_max_length"]
+                if lengths != (self.single_observation_space.max_length, self.single_action_space.max_length):
+                    self._set_spaces(*lengths)
+                obs[i] = data["observation"]
+                infos.append((i, data["info"]))
+                self._autoreset[i] = False
+            else:
+                self._mark(i, self._failure(res), obs, infos, failures)
+
+    def _mark(self, i: int, failure: ItemFailure, obs: list[str], infos: list[tuple[int, dict]],
+              failures: dict[int, ItemFailure]) -> None:
+        failures[i] = failure
+        obs[i] = ""
+        infos.append((i, {"termination_reason": "infra_error", "error": failure.as_dict()}))
+        if failure.infra:
+            self._autoreset[i] = True  # the next step resets it (a new session if it was lost)
+            if failure.status_code == 404:
+                self.session_ids[i] = None
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Reset every sub-env (the first call opens the sessions): ``(observations, infos)``.
+
+        Args:
+            seed: None; an int ``s`` (sub-env i gets ``s + i``, as Gymnasium's vector envs do); or one
+                seed (or None) per sub-env.
+            options: reset options sent to every sub-env; ``options["reset_mask"]`` (a bool array over
+                the sub-envs) resets only those marked, the others keep their state (their last observation
+                is returned again, and they have no info).
+
+        Raises:
+            BatchItemError: an item failed (see the module docstring); ValueError: bad ``seed`` length.
+        """
+        options = dict(options) if options else None
+        mask = np.asarray(options.pop("reset_mask"), dtype=np.bool_) if options and "reset_mask" in options else None
+        if seed is None or isinstance(seed, (int, np.integer)):
+            seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-envs")
+        idx = [i for i in range(self.num_envs) if mask is None or mask[i]]
+        obs, infos, failures = list(self._last_obs), [], {}
+        self._reset_some(idx, [seeds[i] for i in idx], options or None, obs, infos, failures)
+        self._last_obs = obs
+        result = (tuple(obs), vector_info(self.num_envs, infos))
+        self._raise_or_mark("reset", failures, result)
+        return result
+
+    # ------------------------------------------------------------------ steps
+    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Take one action in every sub-env: ``(observations, rewards, terminations, truncations, infos)``
+        (a tuple of ``num_envs`` strings, float64, bool and bool arrays of shape ``(num_envs,)``, vector
+        infos). One request (per :data:`BATCH_ITEMS` sub-envs), plus one for the sub-envs being reset.
+
+        Raises:
+            BatchItemError: an item failed (see the module docstring); gymnasium.error.ResetNeeded: before
+            :meth:`reset`; ValueError: not one action per sub-env.
+        """
+        actions = list(actions)
+        if len(actions) != self.num_envs:
+            raise ValueError(f"{len(actions)} actions for {self.num_envs} sub-envs")
+        if all(s is None for s in self.session_ids):
+            raise gym.error.ResetNeeded("call reset() before step()")
+        n = self.num_envs
+        obs, infos, failures = [""] * n, [], {}
+        rewards = np.zeros(n, dtype=np.float64)
+        terms, truncs = np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+        next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
+        again = [int(i) for i in np.flatnonzero(self._autoreset)] if next_step else []
+        if again:
+            self._reset_some(again, [None] * len(again), None, obs, infos, failures)
+        skip = set(again)  # being reset this step: their actions are ignored
+        go = [i for i in range(n) if i not in skip] if skip else list(range(n))
+        if go:
+            missing = [i for i in go if self.session_ids[i] is None]
+            if missing:
+                raise gym.error.ResetNeeded(f"sub-envs {missing} have no session: call reset()")
+            answers = self._batch("step", [{"session_id": self.session_ids[i], "action": actions[i]} for i in go])
+            for i, res in zip(go, answers):
+                if "result" in res:
+                    data = res["result"]
+                    obs[i], rewards[i] = data["observation"], data["reward"]
+                    terms[i], truncs[i] = data["terminated"], data["truncated"]
+                    infos.append((i, data["info"]))
+                else:
+                    self._mark(i, self._failure(res), obs, infos, failures)
+                    truncs[i] = failures[i].infra
+        self._autoreset = np.logical_or(terms, truncs)
+        for i in again:  # a reset that failed in mark mode: marked ended, reset again at the next step
+            if i in failures:
+                truncs[i] = self._autoreset[i] = failures[i].infra
+        self._last_obs = obs
+        result = (tuple(obs), rewards, terms, truncs, vector_info(n, infos))
+        self._raise_or_mark("step", failures, result)
+        return result
+
+    # ------------------------------------------------------------------ forks
+    def fork(self, n: int | Sequence[int] = 1) -> "RemoteVectorEnv":
+        """Fork sub-envs on the server (env, history and sandbox) into a new vector env sharing this one's
+        connection: ``n`` copies of every sub-env (an int), or ``n[i]`` copies of sub-env i (0: none). The
+        children are ordered by parent (``child.parents[j]`` is child j's parent index) and inherit each
+        parent's pending autoreset. All or nothing: if any item fails, the copies made are closed and
+        :class:`BatchItemError` is raised (``partial`` None).
+
+        Raises:
+            BatchItemError; gymnasium.error.ResetNeeded: a sub-env to fork has no session; ValueError: bad ``n``.
+        """
+        counts = [n] * self.num_envs if isinstance(n, (int, np.integer)) else [int(c) for c in n]
+        if len(counts) != self.num_envs or any(c < 0 for c in counts) or not any(counts):
+            raise ValueError(f"fork needs a count >= 0 per sub-env (not all 0), got {n!r}")
+        idx = [i for i, c in enumerate(counts) if c]
+        if any(self.session_ids[i] is None for i in idx):
+            raise gym.error.ResetNeeded("call reset() before fork()")
+        answers = self._batch("fork", [{"session_id": self.session_ids[i], "n": counts[i]} for i in idx])
+        failures = {i: self._failure(res) for i, res in zip(idx, answers) if "result" not in res}
+        if failures:
+            made = [sid for res in answers if "result" in res for sid in res["result"]["session_ids"]]
+            self._delete(made)
+            raise (BatchInfraError if all(f.infra for f in failures.values()) else BatchItemError)(
+                "fork", failures)
+        child = object.__new__(RemoteVectorEnv)
+        child.__dict__.update(self.__dict__)
+        child.session_ids = [sid for res in answers for sid in res["result"]["session_ids"]]
+        child.parents = [i for i in idx for _ in range(counts[i])]
+        child.num_envs = len(child.session_ids)
+        child._autoreset = self._autoreset[child.parents].copy()
+        child._last_obs = [self._last_obs[i] for i in child.parents]
+        child._set_spaces(self.single_observation_space.max_length, self.single_action_space.max_length)
+        child._closed = False
+        self._client_refs[0] += 1
+        return child
+
+    # ------------------------------------------------------------------ closing
+    def _delete(self, sids: list[str]) -> None:
+        if sids:
+            try:
+                self._batch("delete", [{"session_id": s} for s in sids])
+            except (EnvInfraError, ValueError):
+                pass  # the server's TTL reaps what it could not close now
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close every session (one batched request; the server's TTL reaps them if it is unreachable). The
+        connection, shared with forks, closes with the last vector env that uses it."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self._delete([s for s in self.session_ids if s is not None])
+        self.session_ids = [None] * self.num_envs
+        self._client_refs[0] -= 1
+        if self._client_refs[0] <= 0:
+            self._client.close()
+
+    def __del__(self):  # best effort: a garbage-collected vector env frees its server sessions
+        try:
+            if not self._client.closed:
+                self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["BATCH_ITEMS", "BatchInfraError", "BatchItemError", "ItemFailure", "RemoteVectorEnv", "vector_info"]
