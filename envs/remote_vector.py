@@ -201,6 +201,9 @@ class _Connection:
 class RemoteVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` sessions of ``env_id`` on a forkyard server, stepped with one request per batch.
 
+    Not thread-safe: a vector env and the vector envs forked from it share one connection; call them from
+    one thread (or give each thread its own ``RemoteVectorEnv``).
+
     Args:
         env_id: the registered id the server should run.
         server_url: base URL of the server, e.g. ``http://localhost:8000``.
