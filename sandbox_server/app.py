@@ -41,7 +41,7 @@ from sandbox_server import http_contract
 from sandbox_server.backends import Backend, make_backend
 from sandbox_server.env_sessions import EnvSessions, reaper
 from sandbox_server.errors import ServiceUnavailable
-from sandbox_server.http_contract import ENV_BODY_BYTES, SMALL_BODY_BYTES
+from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, SMALL_BODY_BYTES
 from sandbox_server.routes import envs as env_routes
 from sandbox_server.routes import health, snapshots, tools
 from sandbox_server.routes import sandboxes as sandbox_routes
@@ -70,7 +70,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         warm: wait at start-up until ``min_idle`` sandboxes are idle.
         max_body_bytes: request-body limit in bytes of the routes that carry files (default
             ``ServerSettings().max_body_bytes``; with ``sandboxes=False``,
-            :data:`~sandbox_server.http_contract.ENV_BODY_BYTES`); other routes have smaller ones.
+            :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`, the batched env routes' cap); other
+            routes have smaller ones.
         sandboxes: False: a server of env sessions alone (``python -m sandbox_server --no-sandboxes``): no
             sandbox service, no sandbox routes; sandbox-backed envs (FileQA) are refused with a 422 unless
             ``sandbox_provider`` is given.
@@ -93,7 +94,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         raise ValueError("sandbox_provider is for sandboxes=False: a full server's env sessions use its own service")
     cfg = service.config if service is not None else (config or ServiceConfig.from_env())
     if max_body_bytes is None:
-        max_body_bytes = ServerSettings().max_body_bytes if sandboxes else ENV_BODY_BYTES
+        max_body_bytes = ServerSettings().max_body_bytes if sandboxes else ENV_BATCH_BODY_BYTES
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     sessions = EnvSessions(ttl_s=cfg.env_ttl_s, max_sessions=cfg.max_env_sessions, sandbox_provider=sandbox_provider)
@@ -141,8 +142,12 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         """Env routes: their own limits. Sandbox routes: only creation and file writes carry files; every
         other one's body is refused past :data:`SMALL_BODY_BYTES` before it is read."""
         env_limit = env_routes.body_limit(sessions, path)
-        if env_limit is not None or not sandboxes or sandbox_routes.carries_files(path):
+        if env_limit is not None:
             return env_limit
+        if not sandboxes:  # a server of env sessions alone has no other route that takes a body
+            return ENV_BODY_BYTES, "this server serves env sessions only"
+        if sandbox_routes.carries_files(path):
+            return None
         return SMALL_BODY_BYTES, "this route's body holds no files"
 
     if sandboxes:
@@ -173,7 +178,8 @@ def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, 
         max_sessions: most env sessions at once (default: ``max_env_sessions``, ``FORKYARD_MAX_ENV_SESSIONS``).
         sandbox_provider: a started sandbox service for sandbox-backed envs (FileQA); without one they
             are refused with 422. The caller keeps ownership (it is not closed here).
-        max_body_bytes: request-body limit (default :data:`~sandbox_server.http_contract.ENV_BODY_BYTES`;
+        max_body_bytes: request-body limit (default :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`,
+            the batched routes' cap; each single route has its own smaller one;
             a step's limit follows the env's action length).
 
     Raises:

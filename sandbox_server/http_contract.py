@@ -139,7 +139,7 @@ SMALL_BODY_BYTES = 512 << 10
 ENV_BODY_BYTES = 64 << 10
 #: The most any batched env route (``/v1/envs/batch/...``) takes, whatever its items: each route's limit is
 #: its single route's per item times ``MAX_BATCH_ITEMS``, capped here (``sandbox_server.routes.envs.batch_body_limit``).
-#: The server's own ``max_body_bytes`` still caps every route (a server of env sessions alone: ``ENV_BODY_BYTES``).
+#: The server's own ``max_body_bytes`` still caps every route (a server of env sessions alone defaults to this cap).
 ENV_BATCH_BODY_BYTES = 4 << 20
 
 #: ``path -> (limit, hint) | None``: a route's own body limit and words for the 413 saying why.
