@@ -62,14 +62,15 @@ class ClueProbeEnv(TextEnv):
         self._target = 0
 
     def _reset_task(self, options: dict[str, Any] | None) -> str:
-        self._target = int(self.np_random.integers(self.n_candidates))
         unknown = sorted(set(options or {}) - {"target"})
         if unknown:
             raise ValueError(f"unknown reset options {unknown}; ClueProbe takes only 'target'")
-        if options and "target" in options:  # evaluation: enumerate every target exactly
-            target = options["target"]
-            if not isinstance(target, int) or isinstance(target, bool) or not 0 <= target < self.n_candidates:
-                raise ValueError(f"options['target'] must be an int in 0..{self.n_candidates - 1}, got {target!r}")
+        fixed = bool(options) and "target" in options  # evaluation: enumerate every target exactly
+        target = options["target"] if fixed else None
+        if fixed and (not isinstance(target, int) or isinstance(target, bool) or not 0 <= target < self.n_candidates):
+            raise ValueError(f"options['target'] must be an int in 0..{self.n_candidates - 1}, got {target!r}")
+        self._target = int(self.np_random.integers(self.n_candidates))  # drawn always: the RNG stream is the same
+        if fixed:
             self._target = target
         return (
             f"ClueProbe: a hidden target is one of {self.n_candidates} candidates, 0..{self.n_candidates - 1}. "

@@ -5,25 +5,22 @@ of :mod:`envs.actions`) and receives one observation (text). ``step`` returns th
 ``(observation, reward, terminated, truncated, info)`` and ``info`` always carries:
 
 ``turn`` (int)
-    0-based index of the turn the agent takes next, i.e. the number of turns already taken
-    (0 after ``reset``; ``max_turns`` at most).
+    0-based index of the turn the agent takes next (turns already taken: 0 after ``reset``, ``max_turns`` at most).
 ``anchor_key`` (str, 32 hex digits)
     A stable hash of the agent's visible history: the first observation and every (action, observation)
     pair since. Two episodes share an anchor key exactly when the agent saw and did the same things,
     whatever their hidden state; the key is the same across processes and machines (BLAKE2b, not
     Python's ``hash``). Advantage estimators group steps by it (GiGPO's anchor states, arXiv:2505.10978).
 ``legal_actions`` (list[str])
-    The canonical texts of the actions that are legal now, for envs whose action set is finite
-    (``[]`` once the episode has ended). Envs with an open action set omit it.
+    The canonical texts of the actions legal now, for envs with a finite action set (``[]`` at the end).
 ``invalid_action`` (bool)
     True when the action of this step was refused (unparseable or illegal).
 ``termination_reason`` (str, only at episode end)
     One of :data:`TERMINATION_REASONS`.
 
 Invalid actions never raise: the observation says what was wrong and how to write a correct call,
-the turn is consumed, and the reward is ``invalid_action_reward`` (0.0 by default). If the turn budget
-runs out the episode is *truncated* (``termination_reason`` ``"max_turns"``, or ``"invalid"`` if the
-last action was refused); an answer *terminates* it.
+the turn is consumed, and the reward is ``invalid_action_reward`` (0.0 by default). An answer *terminates*
+an episode; an exhausted turn budget *truncates* it (``"max_turns"``, or ``"invalid"`` after a refused action).
 """
 
 from __future__ import annotations
@@ -221,13 +218,17 @@ class TextEnv(gym.Env):
         this env did before (earlier episodes, ``fork``, ``restore``): the RNG is re-seeded from ``s``
         and every piece of episode state is rebuilt. ``reset()`` without a seed continues this env's
         RNG stream (a fork's child continues its parent's). ``options`` are the subclass's (e.g.
-        ClueProbe's ``{"target": c}``)."""
+        ClueProbe's ``{"target": c}``). A reset that raises (bad options) leaves the episode as it was (turn,
+        history, RNG, flags; ``_reset_task`` validates its options before it changes the task's state)."""
+        saved = (self._np_random, self._np_random_seed, self._turn, self._history, self._done, self._needs_reset)
         super().reset(seed=seed)  # with a seed, installs a new Generator, which outranks a forked RNG state
-        self._turn = 0
-        self._history = []
-        self._done = False
-        self._needs_reset = False
-        obs = fit_text(self._reset_task(options), self.max_observation_length)
+        self._turn, self._history, self._done, self._needs_reset = 0, [], False, False
+        try:
+            task_text = self._reset_task(options)
+        except BaseException:
+            self._np_random, self._np_random_seed, self._turn, self._history, self._done, self._needs_reset = saved
+            raise
+        obs = fit_text(task_text, self.max_observation_length)
         self._first_observation = obs
         self._anchor = _digest("reset\x1f" + obs)
         return obs, self._info()

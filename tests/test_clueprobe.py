@@ -264,3 +264,16 @@ def test_reset_options_are_checked_not_ignored():
         env.reset(seed=0, options={"target": True})
     env.reset(seed=0, options={"target": 5})
     assert env._target == 5
+
+
+@pytest.mark.parametrize("bad", [{"target": 99}, {"target": None}, {"target": True}, {"colour": 1}])
+def test_a_refused_reset_leaves_the_episode_as_it_was(bad):
+    env = gym.make("forkyard/ClueProbe-v0", turns=4).unwrapped
+    env.reset(seed=3)
+    env.step("probe(0)")
+    before = (env._turn, list(env._history), env._target, env.np_random.bit_generator.state, env.done)
+    with pytest.raises(ValueError):
+        env.reset(seed=9, options=bad)
+    assert (env._turn, list(env._history), env._target, env.np_random.bit_generator.state, env.done) == before
+    obs, *_ = env.step("probe(1)")  # the episode goes on from where it was
+    assert obs.startswith("probe(1) -> bit 1")
