@@ -322,7 +322,9 @@ class AgentBackend:
             return True
         except Exception as exc:  # noqa: BLE001 - any failure means: do not reuse
             self.last_recycle_problem = f"{sid}: {exc}"
-            _log.warning("sandbox %s failed its reset and will be destroyed: %s", sid, exc)
+            # A backend being closed kills its agents under a reset in flight: expected, not worth a warning.
+            level = logging.DEBUG if getattr(self, "_closed", False) else logging.WARNING
+            _log.log(level, "sandbox %s failed its reset and will be destroyed: %s", sid, exc)
             return False
 
     def alive(self, sid: str) -> bool:
