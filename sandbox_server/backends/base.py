@@ -1,9 +1,8 @@
 """What every sandbox backend shares: the :class:`Backend` interface, the agent protocol over a byte stream
 (:class:`AgentBackend`), owner records, and the write limits checked before a sandbox is touched.
 
-Every sandbox's agent answers in sandbox paths only (``/data``, ``/scratch``, ``/tmp``): host paths are
-written back before any output or message leaves it. Every method blocks; callers on an event loop run
-them in worker threads. All sandbox ids are opaque strings. Times are in seconds, sizes in bytes.
+Agents answer in sandbox paths only (``/data``, ``/scratch``, ``/tmp``). Every method blocks (callers on an
+event loop run them in worker threads). Sandbox ids are opaque strings; times in seconds, sizes in bytes.
 """
 
 from __future__ import annotations
@@ -322,8 +321,7 @@ class AgentBackend:
             return True
         except Exception as exc:  # noqa: BLE001 - any failure means: do not reuse
             self.last_recycle_problem = f"{sid}: {exc}"
-            # A backend being closed kills its agents under a reset in flight: expected, not worth a warning.
-            level = logging.DEBUG if getattr(self, "_closed", False) else logging.WARNING
+            level = logging.DEBUG if getattr(self, "_closed", False) else logging.WARNING  # closing kills agents
             _log.log(level, "sandbox %s failed its reset and will be destroyed: %s", sid, exc)
             return False
 
