@@ -145,7 +145,7 @@ class TextEnv(gym.Env):
     _rng_pending: dict[str, Any] | None = None  # RNG state copied at fork, turned into a Generator on first use
 
     def __init__(self, *, max_turns: int, kwargs: dict[str, Any], render_mode: str | None = None):
-        if not isinstance(max_turns, int) or max_turns < 1:
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")

@@ -89,6 +89,10 @@ class FileQAEnv(TextEnv):
                  continue_on_timeout: bool = False, min_tool_calls: int = 0, required_tools: tuple | list = (),
                  kinds: tuple | list | None = None, corpus_dir: str | None = None, render_mode: str | None = None,
                  sandbox_provider: Any = None):
+        if backend is not None and not isinstance(backend, str):
+            raise ValueError(f"backend must be a backend name or a server URL (a str), got {backend!r}")
+        if isinstance(kinds, str):
+            raise ValueError(f"kinds must be a list of question kinds, e.g. [{kinds!r}], not a str")
         kinds = tuple(kinds) if kinds else QUESTION_KINDS
         if set(kinds) - set(QUESTION_KINDS):
             raise ValueError(f"unknown question kinds {sorted(set(kinds) - set(QUESTION_KINDS))}; choose from {QUESTION_KINDS}")

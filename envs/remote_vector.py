@@ -288,6 +288,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             made = self._batch("create", [{"env_id": self.env_id, "kwargs": self.kwargs, "seed": seeds[k],
                                            "options": options} for k in new])
             answers.update(zip(new, made))
+            lost = [r for r in made if r.get("status_code") == 404]  # a create has no session to lose:
+            if lost:  # its 404 is an env id the server does not serve, a configuration error
+                raise ValueError(f"the server does not serve {self.env_id!r}: {self._failure(lost[0]).detail}")
         if old:
             done = self._batch("reset", [{"session_id": self.session_ids[idx[k]], "seed": seeds[k],
                                           "options": options} for k in old])

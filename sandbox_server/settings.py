@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Most bytes of per-episode files one write may carry.
@@ -71,6 +71,12 @@ class ServiceConfig(BaseSettings):
     #: Seconds an idle sandbox above ``min_idle`` (one a burst of sessions gave back) is kept for the next
     #: burst before it is destroyed.
     surplus_idle_ttl_s: float = Field(10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _idle_fits_total(self) -> "ServiceConfig":
+        if self.min_idle > self.max_total:
+            raise ValueError(f"min_idle ({self.min_idle}) must not exceed max_total ({self.max_total})")
+        return self
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServiceConfig":

@@ -483,3 +483,16 @@ def test_vector_env_on_fileqa_matches_single_remote_envs(fileqa_server):
     vec.close()
     for e in singles:
         e.close()
+
+
+@pytest.mark.parametrize("errors", ["raise", "mark"])
+def test_an_env_id_the_server_does_not_serve_is_a_configuration_error(server, http, errors):
+    before = http.get("/healthz").json()["env_sessions"]
+    vec = RemoteVectorEnv("nope/Missing-v0", server.url, num_envs=2, errors=errors)
+    try:
+        with pytest.raises(ValueError, match="does not serve 'nope/Missing-v0'") as info:
+            vec.reset(seed=0)
+        assert not isinstance(info.value, EnvInfraError)  # never dropped as an infrastructure failure
+    finally:
+        vec.close()
+    assert http.get("/healthz").json()["env_sessions"] == before

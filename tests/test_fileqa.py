@@ -255,3 +255,10 @@ def test_a_blocking_sandbox_step_does_not_stall_other_sessions():
                 assert fast.delete(f"/v1/envs/{sid}").status_code == 204
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("kwargs,words", [({"backend": 5}, "backend must be"), ({"kinds": "line_count"}, "not a str"),
+                                          ({"max_turns": True}, "max_turns must be")])
+def test_bad_kwargs_are_clear_value_errors(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        gym.make("forkyard/FileQA-v0", **kwargs)

@@ -46,3 +46,11 @@ def test_a_bad_value_is_refused_with_its_name(monkeypatch, name, value):
 def test_unknown_keywords_are_refused():
     with pytest.raises(ValidationError):
         ServiceConfig(max_totl=3)
+
+
+def test_min_idle_above_max_total_is_refused_before_anything_starts(monkeypatch):
+    with pytest.raises(ValidationError, match="min_idle"):
+        ServiceConfig(min_idle=5, max_total=2)
+    monkeypatch.setenv("FORKYARD_MIN_IDLE", "20")
+    with pytest.raises(ValidationError, match="max_total"):
+        ServiceConfig()
