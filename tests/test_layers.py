@@ -74,11 +74,15 @@ def test_the_service_uses_envs_only_through_their_public_api_and_never_the_train
     assert bad == {}
 
 
-def test_the_trainer_reaches_the_service_only_to_start_it():
+def test_the_trainer_reaches_the_service_only_to_start_it_or_its_node_hosts():
+    # cli.py starts the server; cluster.py runs its rollout workers as the service's Ray node hosts.
     users = {f: sorted(m for m in mods if m.startswith("sandbox_server"))
              for f, mods in graph().items() if f.startswith("trainer/")}
-    assert {f: m for f, m in users.items() if m} == {"trainer/cli.py": ["sandbox_server.__main__",
-                                                                          "sandbox_server.__main__.main"]}
+    assert {f: m for f, m in users.items() if m} == {
+        "trainer/cli.py": ["sandbox_server.__main__", "sandbox_server.__main__.main"],
+        "trainer/cluster.py": ["sandbox_server.ray_nodes", "sandbox_server.ray_nodes.ClusterEnv",
+                               "sandbox_server.ray_nodes.NodeHost", "sandbox_server.ray_nodes.is_node_loss",
+                               "sandbox_server.ray_nodes.require_ray", "sandbox_server.ray_nodes.start_hosts"]}
 
 
 @pytest.mark.parametrize("name", ["agent.py", "corpus.py"])

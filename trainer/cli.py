@@ -72,6 +72,10 @@ def _train(args: argparse.Namespace) -> int:
     print(f"env calls per iteration: {sum(m['env_calls'] for m in ms) / len(ms):.1f}  "
           f"anchor degeneration: {100 * sum(m['degeneration'] for m in ms) / len(ms):.1f}%")
     print(f"greedy evaluation: {json.dumps(result.evaluation)}")
+    if cfg.ray is not None:
+        from trainer.cluster import cluster_totals
+
+        print(f"ray: {json.dumps(cluster_totals(ms))}")
     return 0
 
 

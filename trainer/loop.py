@@ -92,6 +92,13 @@ class LoopConfig:
     max_env_calls: int | None = setting(None, group="loop",
                                         help="stop once this many env calls were spent (equal-budget comparisons)")
     eval_every: int = setting(0, group="loop", help="evaluate every N iterations and at the last (0: only at the end)")
+    ray: str | None = setting(None, group="loop",
+                              help="run the rollouts on a Ray cluster (trainer/cluster.py): auto (RAY_ADDRESS or "
+                                   "the local cluster), a cluster address, or local (start one here); default: no Ray")
+    node_capacity: int = setting(64, group="loop",
+                                 help="with --ray: envs a node holds before its forks travel to another node")
+    max_staleness: int = setting(0, group="loop",
+                                 help="with --ray: rollouts may be sampled with weights up to N updates old (0: on-policy)")
     seed: int = setting(0, group="common", help="seed of the training seeds, the sampling RNG and torch")
     device: str = setting("auto", group="common", help="auto (CUDA when present), cpu or cuda")
     run_dir: str | None = setting(None, group="common", help="folder for config.json, metrics.jsonl, summary.json")
@@ -107,6 +114,11 @@ class LoopConfig:
             raise ValueError("group_size, n_base, branches and iterations must be >= 1")
         if self.filter_top_p is not None and not 0 < self.filter_top_p <= 1:
             raise ValueError(f"filter_top_p must be in (0, 1], got {self.filter_top_p}")
+        if self.node_capacity < 1 or self.max_staleness < 0:
+            raise ValueError(f"node_capacity must be >= 1 and max_staleness >= 0, got {self.node_capacity}, "
+                             f"{self.max_staleness}")
+        if self.ray is not None and getattr(self, "server_url", None):
+            raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
 
 
 class Policy(Actor, Protocol):
@@ -231,10 +243,14 @@ def training_seeds(seed: int, iteration: int, n: int) -> list[int]:
 
 
 def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: int,
-            shaping: Callable[[Rollout], None] | None = None) -> tuple[Rollout, Assigned]:
-    """Steps 1-2 of an iteration: the rollout on ``iteration``'s training seeds, the reward shaping if
-    any, and the per-step advantages. Returns ``(rollout, assigned)``."""
-    if rollout_kind(cfg.estimator, cfg.rollout) == "tree":
+            shaping: Callable[[Rollout], None] | None = None,
+            rollouts: Callable[[int], Rollout] | None = None) -> tuple[Rollout, Assigned]:
+    """Steps 1-2 of an iteration: the rollout on ``iteration``'s training seeds (made by ``rollouts``
+    when given: a Ray run's :meth:`trainer.cluster.RayCollector.rollout`), the reward shaping if any, and
+    the per-step advantages. Returns ``(rollout, assigned)``."""
+    if rollouts is not None:
+        ro = rollouts(iteration)
+    elif rollout_kind(cfg.estimator, cfg.rollout) == "tree":
         seeds = training_seeds(cfg.seed, iteration, cfg.n_base)
         ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
     else:
@@ -247,7 +263,8 @@ def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: 
 
 def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollout], None] | None = None,
                monitors: Iterable[Monitor] = (), evaluate: Callable[[], dict[str, float]] | None = None,
-               on_iteration: Callable[[dict[str, Any]], None] | None = None) -> LoopResult:
+               on_iteration: Callable[[dict[str, Any]], None] | None = None,
+               env_kwargs: dict[str, Any] | None = None) -> LoopResult:
     """Train ``policy`` on ``env`` for ``cfg.iterations`` iterations (module docstring).
 
     Args:
@@ -259,6 +276,8 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
         evaluate: called every ``cfg.eval_every`` iterations and at the last; its figures are logged as
             ``eval_<name>``.
         on_iteration: called with every iteration's metrics (progress display).
+        env_kwargs: the env's constructor kwargs, for the nodes of a Ray run (``cfg.ray``): each node's
+            rollout worker makes its own env with them (``env`` then serves the evaluation only).
 
     Returns:
         A :class:`LoopResult`. Writes ``config.json`` and ``metrics.jsonl`` to ``cfg.run_dir`` when set.
@@ -278,12 +297,17 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
     monitors = list(monitors)
     warned = False
     spent = 0
+    collector = None
     try:
+        if cfg.ray is not None:
+            from trainer.cluster import RayCollector
+
+            collector = RayCollector(cfg, policy, env_kwargs or {}, rollout_kind(cfg.estimator, cfg.rollout))
         for it in range(cfg.iterations):
             if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
                 break  # equal-budget comparisons: no iteration starts once the budget is spent
             # 1-2. rollout, shaping, advantages
-            ro, assigned = collect(cfg, env, policy, rng, it, shaping)
+            ro, assigned = collect(cfg, env, policy, rng, it, shaping, collector.rollout if collector else None)
             valid_rewards = [e.reward for e in ro.episodes if not e.infra_failure]
             env_metrics = EpisodeMetrics()
             for e in ro.episodes:
@@ -304,6 +328,7 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
                 "trained_steps": len(assigned.steps),
                 **assigned.stats,
             }
+            _merge(m, ro.cluster, "cluster figure")
             _merge(m, env_metrics.means(), "env episode metric")
             spent += ro.env_calls
             # 3. the policy's learning step
@@ -330,6 +355,8 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
             if on_iteration is not None:
                 on_iteration(m)
     finally:
+        if collector is not None:
+            collector.close()
         if sink:
             sink.close()
     return LoopResult(metrics, warnings, out, time.perf_counter() - t0)

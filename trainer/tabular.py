@@ -125,6 +125,33 @@ class TabularPolicy:
         ``legal_actions`` and ``turn``)."""
         return TabularSession(self, info)
 
+    # ------------------------------------------------------------------ Ray rollout workers
+    def behavior_copy(self) -> "TabularPolicy":
+        """A CPU copy of the table for a Ray rollout worker (:mod:`trainer.cluster`). Rows it adds for new
+        anchors are reported by :meth:`rollout_extras` and mapped to this policy's by :meth:`adopt`."""
+        twin = TabularPolicy(device="cpu", capacity=1, lr=self.lr)
+        twin.table, twin.mask = self.table.detach().cpu().clone(), self.mask.cpu().clone()
+        twin.rows, twin.legal = dict(self.rows), list(self.legal)
+        twin._probs, twin._entropy = [list(p) for p in self._probs], list(self._entropy)
+        twin.base_rows = self.n_rows
+        return twin
+
+    def rollout_extras(self) -> tuple[int, list[tuple[str, tuple[str, ...]]]]:
+        """``(rows the copy started with, [(anchor key, legal actions)] of the rows it added since)``."""
+        base = getattr(self, "base_rows", self.n_rows)
+        keys = {r: k for k, r in self.rows.items() if r >= base}
+        return base, [(keys[r], self.legal[r]) for r in range(base, self.n_rows)]
+
+    def adopt(self, rollout: Rollout, extras: tuple[int, list[tuple[str, tuple[str, ...]]]]) -> None:
+        """Point the steps a behavior copy sampled (``extras`` of its :meth:`rollout_extras`) at this table's
+        rows: rows the copy added are found or created here by anchor key; older rows are shared."""
+        base, added = extras
+        rows = {base + i: self.row(key, list(legal)) for i, (key, legal) in enumerate(added)}
+        for step in rollout.steps:
+            r, idx = step.data
+            if r >= base:
+                step.data = (rows[r], idx)
+
     # ------------------------------------------------------------------ learning
     def parameters(self) -> list[torch.Tensor]:
         return [self.table]

@@ -171,6 +171,14 @@ class PPOTextPolicy(TextPolicy):
             "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
         }
 
+    def behavior_copy(self) -> TextPolicy:
+        """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`trainer.cluster`):
+        model, tokenizer and sampling settings, no optimizer."""
+        return TextPolicy(copy.deepcopy(self.model).cpu().eval(), self.tok, self.sampling)
+
+    def adopt(self, rollout: Rollout, extras: Any) -> None:
+        """Nothing to do: a text step (token ids, behavior log-probs) means the same on every node."""
+
     def update(self, rollout: Rollout, assigned: Assigned) -> dict[str, float]:
         """PPO on the trained steps (module docstring, items 3-4); skipped when no step has a non-zero advantage.
 
@@ -267,7 +275,7 @@ def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
 
     run = train_loop(cfg, env, policy, shaping=invalid_penalty_shaping(cfg),
                      monitors=(EchoTrapDetector(), FormatCollapseDetector()), evaluate=periodic_evaluation,
-                     on_iteration=show if cfg.progress else None)
+                     on_iteration=show if cfg.progress else None, env_kwargs=cfg.env_kwargs())
     model.eval()
     evaluation = evaluate(model, cfg, samples=max(cfg.eval_samples, 128))
     env.close()
@@ -280,4 +288,9 @@ def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
 
 def print_result(result: TrainResult) -> None:
     """The summary ``forkyard train-lm`` prints: evaluation, wall seconds, warnings (JSON)."""
-    print(json.dumps({"evaluation": result.evaluation, "wall_s": round(result.wall_s, 1), "warnings": result.warnings}, indent=2))
+    out = {"evaluation": result.evaluation, "wall_s": round(result.wall_s, 1), "warnings": result.warnings}
+    if getattr(result.config, "ray", None) is not None:
+        from trainer.cluster import cluster_totals
+
+        out["ray"] = cluster_totals(result.metrics)
+    print(json.dumps(out, indent=2))

@@ -40,10 +40,14 @@ class TrainConfig(LoopConfig):
         return self.env_kwargs if self.turns is None else {**self.env_kwargs, "turns": self.turns}
 
     def validate(self) -> None:
-        """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""
+        """:meth:`LoopConfig.validate`, ``lr > 0``, and ``max_staleness == 0`` (REINFORCE on the table has no
+        off-policy correction). Raises ValueError."""
         super().validate()
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_staleness:
+            raise ValueError("the tabular policy's REINFORCE update has no off-policy correction: "
+                             "max_staleness must be 0 (the text policy's PPO takes stale rollouts)")
 
 
 def greedy_eval(policy, env, resets: list[tuple[int | None, dict | None]]) -> dict[str, float]:
@@ -93,7 +97,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     try:
         run = train_loop(cfg, env, policy, evaluate=lambda: greedy_eval(policy, env, resets),
-                         on_iteration=show if bar else None)
+                         on_iteration=show if bar else None, env_kwargs=cfg.env_options())
     finally:
         if bar:
             bar.close()
