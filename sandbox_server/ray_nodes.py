@@ -214,7 +214,16 @@ def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *,
             out[name] = existing[name]
         else:
             out[name] = remote.options(**host_options(node)).remote(name, capacity, server_name, **kwargs)
-    ray.get([a.info.remote() for a in out.values()])  # every host is up (its node is alive) before use
+    infos = {name: a.info.remote() for name, a in out.items()}
+    for name, ref in infos.items():  # every host is up before use; one whose node died meanwhile is left out
+        try:
+            ray.get(ref)
+        except Exception as exc:
+            if not is_node_loss(exc):
+                raise
+            del out[name]
+    if not out:
+        raise RuntimeError("every node of the Ray cluster was lost while its host started")
     return out
 
 

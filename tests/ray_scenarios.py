@@ -1,0 +1,190 @@
+"""Ray scenarios run by tests/test_ray.py, each in a network namespace the test made (Ray binds to 127.0.0.1).
+
+``python tests/ray_scenarios.py NAME OUT.json`` starts a simulated cluster (``ray.cluster_utils.Cluster``,
+one-CPU nodes labelled ``forkyard-node=n0..``), runs scenario NAME against it and writes what it measured
+to OUT.json for the test to assert on. The scenarios use the shipped code only (no mocks).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+
+from envs.core import EnvInfraError
+from sandbox_server.ray_nodes import ClusterEnv, NodeHost, alive_nodes, make, node_name, start_hosts
+from trainer.cluster import RayCollector, task_rng
+from trainer.loop import make_env, train_loop, training_seeds
+from trainer.rollout import tree_rollout
+from trainer.tabular import TabularPolicy
+from trainer.train import TrainConfig
+
+
+def cluster(nodes: int) -> tuple[Cluster, dict[str, Any]]:
+    """A cluster of ``nodes`` one-CPU nodes labelled n0 (the head) .. n{nodes-1}, connected; and its worker
+    nodes by label."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "labels": {"forkyard-node": "n0"},
+                                                      "include_dashboard": False})
+    workers = {f"n{i}": c.add_node(num_cpus=1, labels={"forkyard-node": f"n{i}"}) for i in range(1, nodes)}
+    c.wait_for_nodes()
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    return c, workers
+
+
+def signature(rollout) -> list:
+    """What must match between two rollouts: per episode its seed, place in the tree, actions, anchor keys,
+    return and reason."""
+    return [[e.seed, e.base, e.branch, e.fork_turn, [s.action for s in e.steps], [s.anchor_key for s in e.steps],
+             round(e.reward, 9), e.reason, e.infra_failure] for e in rollout.episodes]
+
+
+def play(env, picks: int) -> list:
+    """Step ``env`` ``picks`` times with a fixed choice among its legal actions; the trace of what it said."""
+    trace = []
+    info = env.current_info()
+    for k in range(picks):
+        legal = [a for a in info["legal_actions"] if not a.startswith("answer")] or info["legal_actions"]
+        obs, r, te, tr, info = env.step(legal[(7 * k + 3) % len(legal)])
+        trace.append([obs, r, te, tr, info.get("anchor_key"), info.get("turn")])
+        if te or tr:
+            break
+    return trace
+
+
+def scenario_forks(out: dict[str, Any]) -> None:
+    """Placement by node, ClusterEnv, a fork across nodes against a local fork, same rollouts on 3 and 1 nodes."""
+    c, workers = cluster(3)
+    by_label = {node_name(n): n["NodeID"] for n in alive_nodes()}
+    hosts = start_hosts(NodeHost, capacity=8)
+    infos = {name: ray.get(h.info.remote()) for name, h in hosts.items()}
+    out["placement"] = {name: info["node_id"] == by_label[name] for name, info in infos.items()}
+
+    env = make("forkyard/ClueProbe-v0", hosts)
+    obs, info = env.reset(seed=3)
+    env.step(info["legal_actions"][0])
+    kids = env.fork(2)
+    out["clusterenv"] = {"contains": bool(env.observation_space.contains(obs)), "node": env.node,
+                         "kid_nodes": [k.node for k in kids], "kid_turns": [k.current_info()["turn"] for k in kids]}
+    for k in kids:
+        k.close()
+    env.close()
+
+    # A fork sent to another node as snapshot bytes against a fork that stays (FileQA, local backend).
+    kwargs = {"backend": "local"}
+    h0, h1 = hosts["n0"], hosts["n1"]
+    sid = ray.get(h0.create.remote("forkyard/FileQA-v0", kwargs))
+    _, info = ray.get(h0.reset.remote(sid, 11, None))
+    ray.get(h0.step.remote(sid, info["legal_actions"][1]))
+    local_sid = ray.get(h0.fork.remote(sid, 1))[0]
+    snapshot = ray.get(h0.snapshot.remote(sid))
+    remote_sid = ray.get(h1.adopt.remote("forkyard/FileQA-v0", kwargs, snapshot, 1))[0]
+    local_env, remote_env = ClusterEnv(h0, local_sid), ClusterEnv(h1, remote_sid)
+    out["cross_fork"] = {"local": play(local_env, 4), "remote": play(remote_env, 4), "remote_node": remote_env.node,
+                         "snapshot_bytes": len(snapshot)}
+    for e in (local_env, remote_env, ClusterEnv(h0, sid)):
+        e.close()
+    ray.get([h.shutdown.remote() for h in hosts.values()])
+    for h in hosts.values():
+        ray.kill(h)
+
+    # The same seeds give the same rollouts: 3 nodes (forks crossing nodes), 1 node, and one process.
+    runs: dict[str, Any] = {}
+    for env_id, env_kwargs in (("forkyard/ClueProbe-v0", {}), ("forkyard/FileQA-v0", kwargs)):
+        cfg = TrainConfig(env_id=env_id, n_base=6, branches=3, ray=c.address, node_capacity=2, seed=5)
+        policy = TabularPolicy(device="cpu")
+        col = RayCollector(cfg, policy, env_kwargs, "tree")
+        three = [col.rollout(it) for it in range(2)]
+        local = make_env(env_id, env_kwargs)
+        single = []
+        for it in range(2):
+            seeds = training_seeds(cfg.seed, it, cfg.n_base)
+            eps = []
+            for b, seed in enumerate(seeds):
+                ro = tree_rollout(local, policy, 1, cfg.branches, [seed], task_rng(cfg.seed, it, b))
+                for e in ro.episodes:
+                    e.base = b
+                eps.append(ro)
+            single.append([x for ro in eps for x in signature(ro)])
+        local.close()
+        runs[env_id] = {"three": [signature(r) for r in three], "single": single,
+                        "forks_remote": sum(r.cluster["forks_remote"] for r in three),
+                        "nodes_three": [r.cluster["nodes"] for r in three]}
+        col.close()
+    for node in workers.values():
+        c.remove_node(node)
+    for env_id, env_kwargs in (("forkyard/ClueProbe-v0", {}), ("forkyard/FileQA-v0", kwargs)):
+        cfg = TrainConfig(env_id=env_id, n_base=6, branches=3, ray=c.address, node_capacity=2, seed=5)
+        col = RayCollector(cfg, TabularPolicy(device="cpu"), env_kwargs, "tree")
+        one = [col.rollout(it) for it in range(2)]
+        runs[env_id]["one"] = [signature(r) for r in one]
+        runs[env_id]["nodes_one"] = [r.cluster["nodes"] for r in one]
+        col.close()
+    out["determinism"] = runs
+
+
+def containers(label: str) -> int:
+    res = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=forkyard.sandbox={label}"],
+                         capture_output=True, text=True, check=True)
+    return len(res.stdout.split())
+
+
+def scenario_node_loss(out: dict[str, Any]) -> None:
+    """Tree-fork FileQA training on the docker backend; node n2 dies mid-rollout and comes back."""
+    from sandbox_server.settings import ServerSettings
+
+    c, workers = cluster(3)
+    label = f"{ServerSettings().server_name}-n2"
+    events: dict[str, Any] = {}
+
+    def kill_n2() -> None:
+        time.sleep(0.1)  # an iteration takes 0.4 s here (more on a busier machine): n2 is mid-rollout
+        c.remove_node(workers["n2"])
+        events["removed_at"] = time.time()
+
+    def on_iteration(m: dict[str, Any]) -> None:
+        it = m["iteration"]
+        if it == 1:
+            threading.Thread(target=kill_n2, daemon=True).start()
+        if it == 3:
+            time.sleep(1.0)  # let the dead worker's pid and containers settle
+            events["left_by_dead_node"] = containers(label)
+            c.add_node(num_cpus=1, labels={"forkyard-node": "n2"})
+            c.wait_for_nodes()
+
+    cfg = TrainConfig(env_id="forkyard/FileQA-v0", env_kwargs={"backend": "docker"}, iterations=6, n_base=24,
+                      branches=4, ray=c.address, seed=1)
+    env = make_env(cfg.env_id, cfg.env_options())
+    policy = TabularPolicy(device="cpu", lr=cfg.lr)
+    run = train_loop(cfg, env, policy, on_iteration=on_iteration, env_kwargs=cfg.env_options())
+    env.close()
+    out["metrics"] = [{k: m.get(k) for k in ("iteration", "nodes", "episodes_lost_node", "infra_failures",
+                                             "episodes", "reward_mean", "trained_steps", "forks_local", "wall_s")}
+                      for m in run.metrics]
+    out["events"] = events
+    out["left_after"] = {n: containers(f"{ServerSettings().server_name}-{n}") for n in ("n0", "n1", "n2")}
+
+
+def main() -> int:
+    name, path = sys.argv[1], sys.argv[2]
+    out: dict[str, Any] = {}
+    random.seed(0)
+    try:
+        {"forks": scenario_forks, "node_loss": scenario_node_loss}[name](out)
+    except EnvInfraError as exc:
+        out["error"] = f"EnvInfraError: {exc}"
+    finally:
+        with open(path, "w") as f:
+            json.dump(out, f)
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
