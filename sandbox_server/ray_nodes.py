@@ -190,25 +190,26 @@ def host_options(node: dict[str, Any], max_concurrency: int = 8) -> dict[str, An
 
 
 def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *, capacity: int,
-                server_name: str | None = None, **kwargs: Any) -> dict[str, Any]:
+                server_name: str | None = None, nodes: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
     """One ``cls`` actor (a :class:`NodeHost` or subclass) on each alive node of the connected cluster.
 
     Hosts in ``existing`` (``{node name: actor}``) whose node is still alive are kept; nodes without one
     get a new actor (a node that came back gets a fresh host, whose sandboxes' start-up clean-up removes
     its predecessor's containers). Returns ``{node name: actor}`` of the alive nodes. Raises RuntimeError
-    when the cluster has no alive node. ``server_name`` defaults to ``FORKYARD_SERVER_NAME`` (ServerSettings).
+    when the cluster has no alive node. ``server_name`` defaults to ``FORKYARD_SERVER_NAME`` (ServerSettings);
+    ``nodes``, when given, limits the hosts to the nodes of those names.
     """
     ray = require_ray()
     if server_name is None:
         from sandbox_server.settings import ServerSettings
 
         server_name = ServerSettings().server_name
-    nodes = alive_nodes()
-    if not nodes:
-        raise RuntimeError("the Ray cluster has no alive node")
+    alive = [n for n in alive_nodes() if nodes is None or node_name(n) in nodes]
+    if not alive:
+        raise RuntimeError(f"the Ray cluster has no alive node{'' if nodes is None else f' among {nodes}'}")
     remote = ray.remote(cls)
     out: dict[str, Any] = {}
-    for node in nodes:
+    for node in alive:
         name = node_name(node)
         if existing and name in existing:
             out[name] = existing[name]

@@ -179,24 +179,24 @@ class RayCollector:
         env_kwargs: the env's constructor kwargs.
         kind: ``"tree"`` or ``"group"``.
         server_name: sandbox label prefix of the nodes' hosts (None: ``FORKYARD_SERVER_NAME``).
+        nodes: names of the nodes to use (None: every alive node).
     """
 
-    def __init__(self, cfg, policy, env_kwargs: dict[str, Any], kind: str, server_name: str | None = None):
+    def __init__(self, cfg, policy, env_kwargs: dict[str, Any], kind: str, server_name: str | None = None,
+                 nodes: list[str] | None = None):
         for method in ("behavior_copy", "adopt"):
             if not hasattr(policy, method):
                 raise ValueError(f"{type(policy).__name__} cannot run on Ray: it has no {method}()")
         self.cfg, self.policy, self.env_kwargs, self.kind = cfg, policy, dict(env_kwargs), kind
-        self.server_name = server_name
+        self.server_name, self.nodes = server_name, nodes
         self.owns_ray = connect(cfg.ray)
         self.workers: dict[str, Any] = {}
         self.pending: dict[int, tuple[int, list]] = {}
         self._ref: tuple[int, Any] | None = None
-        self.nodes_seen: set[str] = set()
 
     def _reconcile(self) -> None:
         self.workers = start_hosts(RolloutWorker, self.workers, capacity=self.cfg.node_capacity,
-                                   server_name=self.server_name)
-        self.nodes_seen.update(self.workers)
+                                   server_name=self.server_name, nodes=self.nodes)
 
     def _submit(self, it: int, version: int) -> None:
         from trainer.loop import training_seeds

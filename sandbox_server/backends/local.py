@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+import queue
+from concurrent.futures import Future
 from pathlib import Path
 
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
@@ -133,7 +134,7 @@ class LocalBackend(AgentBackend):
         # bubblewrap's --die-with-parent kills a sandbox when the *thread* that started it exits (the parent-
         # death signal follows the thread): every agent is started from this one long-lived thread, so a
         # sandbox outlives the request or pool thread that asked for it (recycled sandboxes serve many).
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkyard-local-spawn")
+        self._spawner = _Spawner()
 
     @property
     def isolated(self) -> bool:  # type: ignore[override]
@@ -330,3 +331,40 @@ def _dir_in_use(path: Path) -> bool:
         if cwd == target or cwd.startswith(target + "/"):
             return True
     return False
+
+
+class _Spawner:
+    """One daemon thread that runs the calls submitted to it (each returns a Future). Not a
+    ThreadPoolExecutor: those threads end at interpreter shutdown *before* atexit handlers run, which would
+    kill every sandbox (--die-with-parent) while the shared providers' exit handler still recycles some."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped = False
+        threading.Thread(target=self._run, name="forkyard-local-spawn", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args, kwargs = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def submit(self, fn, *args, **kwargs) -> Future:
+        """Run ``fn(*args, **kwargs)`` on the spawner thread. Raises RuntimeError once shut down."""
+        if self._stopped:
+            raise RuntimeError("the spawner is shut down")
+        fut: Future = Future()
+        self._q.put((fut, fn, args, kwargs))
+        return fut
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop taking calls; the thread ends after the calls already queued (``wait`` is accepted for
+        ThreadPoolExecutor's signature; the thread is a daemon)."""
+        self._stopped = True
+        self._q.put(None)
