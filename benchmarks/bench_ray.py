@@ -34,6 +34,7 @@ import ray  # noqa: E402
 
 from sandbox_server.ray_nodes import NodeHost, alive_nodes, node_name, start_hosts  # noqa: E402
 from trainer.cluster import RayCollector, connect, task_rng  # noqa: E402
+from trainer.estimators import step_advantages  # noqa: E402
 from trainer.loop import make_env, training_seeds  # noqa: E402
 from trainer.rollout import tree_rollout  # noqa: E402
 from trainer.tabular import TabularPolicy  # noqa: E402
@@ -112,6 +113,17 @@ def main() -> int:
     for name, vals in runs.items():
         sps, eps, busy = (statistics.median(v[i] for v in vals) for i in range(3))
         print(f"| {name} | {sps:.0f} | {eps:.1f} | {sps / base:.2f}x | {busy:.2f} |")
+    # The learner's side of one iteration on the driver: advantages + the tabular update (what bounds the
+    # iteration rate once rollouts are spread over enough hosts, without --max-staleness overlap).
+    col = collectors[len(names)]
+    learn = []
+    for r in range(args.repeats):
+        ro = col.rollout(100 + r, version=100 + r)
+        t0 = time.perf_counter()
+        col.policy.update(ro, step_advantages(ro, cfg))
+        learn.append((time.perf_counter() - t0) * 1e3)
+    print(f"\nlearner (tabular, driver): advantages + update of one {len(ro.episodes)}-episode rollout: "
+          f"{statistics.median(learn):.2f} ms")
     for col in collectors.values():
         col.close()
     local_env.close()

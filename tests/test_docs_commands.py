@@ -37,7 +37,7 @@ import pytest
 
 from tests.docker_support import IN_CI, ROOT, docker_reason
 
-DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md"]
+DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
@@ -76,7 +76,27 @@ c.exec(sb.id, "grep", {"pattern": "def main", "path": "Lib"}, timeout_s=5)   # T
 kids = c.fork(sb.id, 4)                            # 4 independent copies of /scratch, /tmp, cwd, env, metadata
 '''
 
+def ray_line(out: str) -> dict:
+    """The ``ray: {...}`` line a ``forkyard train --ray`` run ends with, as a dict."""
+    return json.loads(next(line for line in out.splitlines() if line.startswith("ray: "))[5:])
+
+
 TABLE: dict[str, Entry] = {
+    # docs/scaling.md: simulated Ray clusters (scripts/ray-sim.sh makes its own network namespace)
+    "./scripts/ray-sim.sh 3 .venv/bin/forkyard train --ray auto --env ClueProbe-v0 --iterations 30": Entry(
+        RUN, "13 s here", ("slow",), check=lambda out: ray_line(out)["nodes"] == 3 and ray_line(out)["forks_local"] > 0),
+    "./scripts/ray-sim.sh 3 .venv/bin/forkyard train --ray auto --env FileQA-v0 --iterations 5 --n-base 12 "
+    "--node-capacity 3": Entry(
+        RUN, "16 s here; forks travel", ("slow",),
+        check=lambda out: ray_line(out)["nodes"] == 3 and ray_line(out)["forks_remote"] > 0),
+    "./scripts/ray-sim.sh 2 .venv/bin/forkyard train --policy lm --ray auto --iterations 3 --n-base 2 "
+    "--max-staleness 1": Entry(
+        RUN, "22 s here", ("slow",),
+        check=lambda out: json.loads(out[out.index("\n{\n") + 1:])["ray"]["nodes"] == 2),
+    "./scripts/ray-sim.sh 3 .venv/bin/python benchmarks/bench_ray.py --n-base 24 --repeats 5": Entry(
+        RUN, "30 s here", ("slow",), check=lambda out: "| 3 node(s) |" in out and "to another node" in out),
+    "./scripts/ray-sim.sh 3 .venv/bin/python benchmarks/bench_ray.py --n-base 24 --repeats 5 --backend docker": Entry(
+        RUN, "42 s here", ("slow", "docker"), check=lambda out: "| 3 node(s) |" in out and "docker backend" in out),
     # README, first block
     "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
                       check=lambda out: "60 runs in" in out),
