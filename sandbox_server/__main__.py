@@ -6,7 +6,9 @@ The ``--backend`` given here is the backend of every sandbox the server serves, 
 included. The local backend needs bubblewrap (``make`` installs it; ``apt-get install bubblewrap``);
 without it the server refuses to start unless ``--unsafe-no-isolation`` says otherwise.
 ``--no-sandboxes`` serves env sessions alone (``/v1/envs``, ``/healthz``): no sandbox pool, and
-sandbox-backed envs (FileQA) are refused with a 422 that says why.
+sandbox-backed envs (FileQA) are refused with a 422 that says why. ``--ray ADDRESS`` serves env sessions
+too, with the sandboxes of FileQA sessions on the nodes of a Ray cluster
+(:class:`~sandbox_server.ray_sandboxes.RayProvider`): one URL in front of the cluster.
 
 Every option not given on the command line comes from its ``FORKYARD_*`` environment variable
 (:class:`~sandbox_server.settings.ServerSettings`, :class:`~sandbox_server.settings.ServiceConfig`), else
@@ -16,6 +18,7 @@ its default.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 PROG = "python -m sandbox_server"
@@ -40,6 +43,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--no-sandboxes", action="store_true",
                     help="serve env sessions alone (/v1/envs): no sandbox pool, no sandbox routes; sandbox-backed "
                          "envs (FileQA) are refused with a 422")
+    ap.add_argument("--ray", default=None, metavar="ADDRESS",
+                    help="serve env sessions whose sandboxes live on the nodes of a Ray cluster (auto, an address, "
+                         "or local); like --no-sandboxes, no sandbox routes (default: FORKYARD_RAY, else none)")
     ap.add_argument("--min-idle", type=int, default=None,
                     help="sandboxes kept idle and ready (default: FORKYARD_MIN_IDLE or 2)")
     ap.add_argument("--max-total", type=int, default=None,
@@ -64,18 +70,32 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
     from sandbox_server.settings import ServerSettings, ServiceConfig
 
-    flags = {"host": ns.host, "port": ns.port, "backend": ns.backend, "log_level": ns.log_level}
+    flags = {"host": ns.host, "port": ns.port, "backend": ns.backend, "log_level": ns.log_level, "ray": ns.ray}
     try:
         settings = ServerSettings(**{k: v for k, v in flags.items() if v is not None})
         config = ServiceConfig.from_env(min_idle=ns.min_idle, max_total=ns.max_total)
     except pydantic.ValidationError as exc:
         ap.error(f"bad setting: {exc}")
-    if ns.no_sandboxes:
+    provider = None  # --ray: the cluster's sandboxes, closed when the server stops
+    if ns.no_sandboxes or settings.ray:
         pool_flags = [f for f, v in (("--backend", ns.backend), ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
                                      ("--min-idle", ns.min_idle), ("--max-total", ns.max_total)) if v is not None]
+        what = "--ray puts the sandboxes on the cluster's nodes" if settings.ray else "--no-sandboxes serves none"
         if pool_flags:
-            ap.error(f"{', '.join(pool_flags)}: options of the sandbox pool, but --no-sandboxes serves none")
-        app = create_app(config=config, sandboxes=False)
+            ap.error(f"{', '.join(pool_flags)}: options of the sandbox pool, but {what}")
+        if ns.no_sandboxes and settings.ray:
+            ap.error("--no-sandboxes serves no sandbox-backed env; --ray serves them on a Ray cluster: choose one")
+        if settings.ray:
+            try:
+                from sandbox_server.ray_sandboxes import RayProvider
+            except ImportError as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 2
+            provider = RayProvider(settings.ray)
+            # ray.init made SIGTERM exit with status 15; uvicorn re-raises the SIGTERM it stopped on once it
+            # has shut down: a stop asked for is a clean stop (status 0, the cluster's sandboxes closed below).
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        app = create_app(config=config, sandboxes=False, sandbox_provider=provider)
     else:
         try:  # built here, before the server listens: no isolation means no server
             backend = make_backend(settings.backend, unsafe_no_isolation=ns.unsafe_no_isolation)
@@ -89,7 +109,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         except ValueError as exc:  # unknown options, or --unsafe-no-isolation for an always isolated backend
             ap.error(str(exc).replace("unsafe_no_isolation", "--unsafe-no-isolation"))
         app = create_app(backend, config, max_body_bytes=settings.max_body_bytes)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    finally:
+        if provider is not None:
+            provider.close()  # the nodes' sandboxes go with it
     return 0
 
 

@@ -3,7 +3,8 @@
 :func:`shared_provider` is ``envs.sandbox.PROVIDER_FACTORY``: an env given a backend name (``"local"``,
 ``"docker"``, any name in :data:`sandbox_server.backends.BACKENDS`) gets an in-process
 :class:`~sandbox_server.service.SandboxService` over that backend, started on first use and closed at exit;
-an env given a server URL gets a :class:`~sandbox_server.client.SandboxClient`. A server never uses this
+an env given a server URL gets a :class:`~sandbox_server.client.SandboxClient`, and one given ``ray:ADDRESS``
+a :class:`~sandbox_server.ray_sandboxes.RayProvider` (sandboxes on the nodes of a Ray cluster). A server never uses this
 module: it passes its own service to the envs it serves.
 """
 
@@ -52,6 +53,10 @@ def shared_provider(backend: str | None = None) -> Any:
             from sandbox_server.client import SandboxClient
 
             provider: Any = SandboxClient(backend)
+        elif backend.startswith("ray:"):
+            from sandbox_server.ray_sandboxes import RayProvider
+
+            provider = RayProvider(backend[4:] or "auto")
         else:
             from sandbox_server.backends import make_backend
             from sandbox_server.service import SandboxService

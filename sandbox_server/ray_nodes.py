@@ -77,12 +77,13 @@ class NodeHost:
     host's) and what the env raises otherwise (ValueError for bad input, EnvInfraError for a sandbox lost).
     """
 
-    def __init__(self, name: str, capacity: int, server_name: str = "default"):
+    def __init__(self, name: str, capacity: int, server_name: str = "default", backend: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         os.environ["FORKYARD_SERVER_NAME"] = f"{server_name}-{name}"
         self.name = name
         self.capacity = capacity
+        self.backend = backend
         self.sessions: dict[str, Any] = {}
         self.live = 0  # envs alive on this node: sessions and the rollout worker's own envs
         self._ids = itertools.count()
@@ -168,6 +169,16 @@ class NodeHost:
             env.close()
             self.release(1)
 
+    # ------------------------------------------------------------------ the node's sandboxes
+    def sandbox(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """One call of this node's sandbox provider (``backend``: None is the node's ``FORKYARD_BACKEND``):
+        ``op`` is one of :data:`SANDBOX_OPS`. Raises ValueError for another op, and what the provider raises."""
+        if op not in SANDBOX_OPS:
+            raise ValueError(f"unknown sandbox op {op!r}; one of {SANDBOX_OPS}")
+        from envs.sandbox import provider_for
+
+        return getattr(provider_for(self.backend), op)(*args, **kwargs)
+
     def shutdown(self) -> int:
         """Close every session and this process's sandbox providers. Returns the sessions closed."""
         n = len(self.sessions)
@@ -179,6 +190,19 @@ class NodeHost:
             return n
         close_shared_providers()
         return n
+
+
+#: The provider calls a :class:`RayProvider` routes to a node (the :class:`envs.sandbox.SandboxProvider` protocol).
+SANDBOX_OPS = ("create", "exec", "fork", "delete", "export", "tools")
+
+
+def unwrap(exc: BaseException, node: str, failure: type[Exception]) -> BaseException:
+    """What a caller of a host should raise for ``exc`` from a Ray call: ``failure`` (naming the node) when
+    the node is gone, the remote code's own exception when Ray wrapped one, else ``exc``."""
+    if is_node_loss(exc):
+        return failure(f"node {node} lost: {type(exc).__name__}")
+    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the remote code's exception
+    return cause if isinstance(cause, Exception) else exc
 
 
 def host_options(node: dict[str, Any], max_concurrency: int = 8) -> dict[str, Any]:
@@ -252,10 +276,7 @@ class ClusterEnv(gym.Env):
         try:
             return ray.get(getattr(self.host, method).remote(self.sid, *args))
         except Exception as exc:
-            if is_node_loss(exc):
-                raise EnvInfraError(f"node {self.node} lost: {type(exc).__name__}") from exc
-            cause = getattr(exc, "cause", None)  # a RayTaskError wraps the env's own exception
-            raise (cause if isinstance(cause, Exception) else exc) from None
+            raise unwrap(exc, self.node, EnvInfraError) from None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         return self._call("reset", seed, options)
@@ -300,3 +321,4 @@ def make(env_id: str, hosts: dict[str, Any], **kwargs: Any) -> ClusterEnv:
     name = names[max(range(len(names)), key=lambda i: infos[i]["capacity"] - infos[i]["live"])]
     sid = ray.get(hosts[name].create.remote(env_id, kwargs))
     return ClusterEnv(hosts[name], sid, env_id, kwargs, node=name)
+

@@ -93,7 +93,8 @@ def default_max_body_bytes() -> int:
 
 class ServerSettings(BaseSettings):
     """How a server runs: ``FORKYARD_HOST``, ``FORKYARD_PORT``, ``FORKYARD_BACKEND``, ``FORKYARD_SERVER_NAME``,
-    ``FORKYARD_SANDBOX_IMAGE``, ``FORKYARD_MAX_BODY_BYTES``, ``FORKYARD_CORPUS``, ``FORKYARD_LOG_LEVEL``.
+    ``FORKYARD_SANDBOX_IMAGE``, ``FORKYARD_MAX_BODY_BYTES``, ``FORKYARD_CORPUS``, ``FORKYARD_LOG_LEVEL``,
+    ``FORKYARD_RAY``.
 
     Raises ``pydantic.ValidationError`` on a value of the wrong type.
     """
@@ -117,6 +118,9 @@ class ServerSettings(BaseSettings):
     corpus: str | None = None
     #: uvicorn's log level.
     log_level: str = "info"
+    #: A Ray cluster (``auto``, an address, ``local``) whose nodes hold the sandboxes of the server's env
+    #: sessions (:class:`sandbox_server.ray_sandboxes.RayProvider`); None: the server's own pool.
+    ray: str | None = None
 
 
 def cache_dir() -> Path:

@@ -34,8 +34,12 @@ def cluster(nodes: int) -> tuple[Cluster, dict[str, Any]]:
                                                       "include_dashboard": False})
     workers = {f"n{i}": c.add_node(num_cpus=1, labels={"forkyard-node": f"n{i}"}) for i in range(1, nodes)}
     c.wait_for_nodes()
+    CLUSTERS.append(c)
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
     return c, workers
+
+
+CLUSTERS: list[Cluster] = []  # shut down when the scenario ends, whatever happened
 
 
 def signature(rollout) -> list:
@@ -45,10 +49,11 @@ def signature(rollout) -> list:
              round(e.reward, 9), e.reason, e.infra_failure] for e in rollout.episodes]
 
 
-def play(env, picks: int) -> list:
-    """Step ``env`` ``picks`` times with a fixed choice among its legal actions; the trace of what it said."""
+def play(env, picks: int, info: dict | None = None) -> list:
+    """Step ``env`` ``picks`` times with a fixed choice among its legal actions (``info``: its current info,
+    asked for when not given); the trace of what it said."""
     trace = []
-    info = env.current_info()
+    info = info or env.current_info()
     for k in range(picks):
         legal = [a for a in info["legal_actions"] if not a.startswith("answer")] or info["legal_actions"]
         obs, r, te, tr, info = env.step(legal[(7 * k + 3) % len(legal)])
@@ -171,18 +176,89 @@ def scenario_node_loss(out: dict[str, Any]) -> None:
     out["left_after"] = {n: containers(f"{ServerSettings().server_name}-{n}") for n in ("n0", "n1", "n2")}
 
 
+def fixed_actions(env, picks: int, seed: int) -> list:
+    """Reset ``env`` with ``seed``, step it ``picks`` times with a fixed choice among its legal actions, then
+    fork it once (when not ended) and step the child once; the trace of what it said."""
+    obs, info = env.reset(seed=seed)
+    trace: list = [[obs, info.get("anchor_key")]]
+    for k in range(picks + 1):
+        legal = [a for a in info["legal_actions"] if not a.startswith("answer")] or info["legal_actions"]
+        target = env if k < picks else env.fork(1)[0]
+        obs, r, te, tr, info = target.step(legal[(7 * k + 3) % len(legal)])
+        trace.append([k, obs, r, te, tr, info.get("anchor_key"), info.get("turn")])
+        if k == picks:
+            target.close()
+        if te or tr:
+            break
+    return trace
+
+
+def scenario_front(out: dict[str, Any]) -> None:
+    """FileQA with its sandboxes on the cluster: in-process (backend="ray:auto") and behind one server URL
+    (python -m sandbox_server --ray auto), each against the local backend in this process."""
+    import os
+    import socket
+
+    import gymnasium as gym
+    import httpx
+
+    c, _ = cluster(3)
+    local = gym.make("forkyard/FileQA-v0", backend="local").unwrapped
+    expected = [fixed_actions(local, 3, seed) for seed in (4, 9, 13)]
+    local.close()
+    envs_ = [gym.make("forkyard/FileQA-v0", backend="ray:auto").unwrapped for _ in range(3)]
+    out["in_process"] = [fixed_actions(e, 3, seed) for e, seed in zip(envs_, (4, 9, 13))]
+    out["expected"] = expected
+    from sandbox_server.embedded import shared_provider
+
+    provider = shared_provider("ray:auto")
+    out["spread"] = {node: n for node, n in provider._held.items()}
+    for e in envs_:
+        e.close()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RAY_ADDRESS": c.address}
+    server = subprocess.Popen([sys.executable, "-m", "sandbox_server", "--ray", "auto", "--port", str(port)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        remote = gym.make("forkyard/FileQA-v0", server_url=url).unwrapped
+        out["over_http"] = [fixed_actions(remote, 3, seed) for seed in (4, 9, 13)]
+        remote.close()
+        out["sandbox_routes"] = httpx.get(f"{url}/v1/pool", timeout=5).status_code
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        out["server_rc"] = server.returncode
+        out["server_log"] = (server.stdout.read() if server.stdout else "")[-2000:]
+
+
 def main() -> int:
     name, path = sys.argv[1], sys.argv[2]
     out: dict[str, Any] = {}
     random.seed(0)
     try:
-        {"forks": scenario_forks, "node_loss": scenario_node_loss}[name](out)
+        {"forks": scenario_forks, "node_loss": scenario_node_loss, "front": scenario_front}[name](out)
     except EnvInfraError as exc:
         out["error"] = f"EnvInfraError: {exc}"
     finally:
         with open(path, "w") as f:
             json.dump(out, f)
         ray.shutdown()
+        for c in CLUSTERS:
+            c.shutdown()
     return 0
 
 

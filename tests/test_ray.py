@@ -118,3 +118,17 @@ def test_node_loss_mid_training_loses_only_its_episodes_and_leaks_no_container(t
     # The dead node left containers behind; its successor's start-up clean-up removed them.
     assert d["events"]["left_by_dead_node"] > 0
     assert d["left_after"] == {"n0": 0, "n1": 0, "n2": 0}
+
+
+@pytest.mark.slow
+def test_fileqa_sandboxes_on_the_cluster_in_process_and_behind_one_server_url(tmp_path):
+    d = run_scenario("front", tmp_path)
+    # backend="ray:auto": each new sandbox on the node holding the fewest; forks on their parent's node.
+    assert d["spread"] == {"n0": 1, "n1": 1, "n2": 1}
+    # The same seeds and actions give the same observations, rewards and anchor keys as the local backend
+    # in one process: in-process over the cluster, and through `python -m sandbox_server --ray auto`.
+    assert all(len(t) >= 3 for t in d["expected"])
+    assert d["in_process"] == d["expected"]
+    assert d["over_http"] == d["expected"]
+    assert d["sandbox_routes"] == 404  # env sessions only: the sandboxes are the cluster's
+    assert d["server_rc"] == 0, d["server_log"]

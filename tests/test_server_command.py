@@ -92,6 +92,9 @@ def test_no_sandboxes_serves_env_sessions_alone():
     (["--no-sandboxes", "--unsafe-no-isolation"], "--unsafe-no-isolation"),
     (["--backend", "docker", "--unsafe-no-isolation"], "local backend only"),
     (["--backend", "nope"], "invalid choice"),
+    (["--ray", "auto", "--backend", "docker"], "--ray puts the sandboxes on the cluster's nodes"),
+    (["--ray", "auto", "--min-idle", "1"], "--min-idle"),
+    (["--ray", "auto", "--no-sandboxes"], "choose one"),
 ])
 def test_options_without_an_effect_are_refused(args, says):
     for command in ([sys.executable, "-m", "sandbox_server"], [FORKYARD, "serve"]):
@@ -110,7 +113,9 @@ def test_forkyard_serve_is_the_server_command():
     assert options == [line.split()[0] for line in cli.stdout.split("options:")[1].splitlines()
                        if line.startswith("  -")]
     assert {"--backend", "--no-sandboxes", "--unsafe-no-isolation", "--min-idle", "--max-total", "--host", "--port",
-            "--log-level"} <= set(options)
+            "--log-level", "--ray"} <= set(options)
+    # --ray reaching a running server: tests/test_ray.py (its "front" scenario serves FileQA sessions through
+    # `python -m sandbox_server --ray auto` in front of a simulated cluster).
 
 
 def test_openapi_schema_names_each_model_once():
