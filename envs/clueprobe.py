@@ -10,7 +10,8 @@ illegal action (reward 0.0, turn consumed).
 
 Optional features (:mod:`envs.features`): :class:`~envs.features.Demonstrator`
 (:meth:`ClueProbeEnv.demo_action`), :class:`~envs.features.FiniteActions` (``action_vocabulary``) and
-:class:`~envs.features.EvaluationResets` (every target once).
+:class:`~envs.features.EvaluationResets` (every target once) and :class:`~envs.features.ToolSchemas`
+(``probe`` and ``answer`` as JSON-schema tool definitions).
 
 With bits=3 the optimal success rate is ``min(1, 2**(T-1) / 8)``: 0.25, 0.5, 1.0, 1.0 for T = 2..5.
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from envs.actions import ToolCall, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.tool_calls import function_tool
 
 MAX_BITS = 16
 _PROBE_RESULT = re.compile(r"probe\((\d+)\) -> bit \d+ of the target is ([01])\.")
@@ -102,6 +104,16 @@ class ClueProbeEnv(TextEnv):
         given turn the others are illegal there (turn consumed, reward 0). Used by exact evaluation
         (:func:`trainer.text_eval.exact_success`)."""
         return self._probe_actions + self._answer_actions
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The two tools as JSON-schema definitions (:class:`envs.features.ToolSchemas`)."""
+        return [
+            function_tool("probe", "reveal one bit of the hidden target (turns before the last)",
+                          {"k": {"type": "integer", "minimum": 0, "maximum": self.bits - 1, "description": "bit index"}}),
+            function_tool("answer", "name the target (the last turn only); reward 1 when right",
+                          {"c": {"type": "integer", "minimum": 0, "maximum": self.n_candidates - 1,
+                                 "description": "the candidate"}}),
+        ]
 
     @classmethod
     def evaluation_resets(cls, kwargs: dict[str, Any], n_seeds: int) -> list[tuple[int, dict[str, int]]]:

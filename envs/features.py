@@ -2,7 +2,8 @@
 
 Trainers test for a feature with ``isinstance(env, Feature)`` (or ``issubclass(cls, Feature)`` for a
 feature of the class) and fall back to the default the protocol states when an env lacks it. An env offers
-a feature by defining the member; no base class is needed. ClueProbe offers all three.
+a feature by defining the member; no base class is needed. ClueProbe offers all four; FileQA offers
+:class:`ToolSchemas`.
 """
 
 from __future__ import annotations
@@ -56,3 +57,15 @@ class EvaluationResets(Protocol):
     @classmethod
     def evaluation_resets(cls, kwargs: dict[str, Any],
                           n_seeds: int) -> list[tuple[int | None, dict[str, Any] | None]]: ...
+
+
+@runtime_checkable
+class ToolSchemas(Protocol):
+    """An env that describes its tools as JSON-schema tool definitions (the OpenAI / Hugging Face chat-template
+    ``tools=`` format, :mod:`envs.tool_calls`): ``tool_schemas()`` returns one definition per tool, ``answer``
+    included. A policy renders its prompt with them and maps tool calls in model output to actions with
+    :func:`envs.tool_calls.parse_model_output`; a server serves them at ``GET /v1/envs/{session_id}/tools``.
+    Without this feature an env has no declared tools (its actions are the ``name(args)`` texts alone).
+    """
+
+    def tool_schemas(self) -> list[dict[str, Any]]: ...

@@ -42,6 +42,7 @@ from typing import Any
 from envs.actions import ToolCall, bind_arguments, format_action
 from envs.core import EnvInfraError, IllegalActionError, Outcome, TextEnv
 from envs.fileqa_questions import LOG_PATH, QUESTION_KINDS, corpus_facts, draw_question, load_corpus, normalize_answer
+from envs.tool_calls import function_tool
 from envs.sandbox import ExportingProvider, SandboxFailure, SandboxProvider, SandboxRefusal, provider_for
 
 __all__ = ["FileQAEnv", "LOG_PATH", "QUESTION_KINDS", "corpus_facts", "load_corpus", "normalize_answer"]
@@ -118,7 +119,9 @@ class FileQAEnv(TextEnv):
         self.kinds = kinds
         self._provider = provider
         self.corpus_dir = corpus_dir
-        self._tools = {t.name: list(t.params) for t in self._provider.tools()}
+        specs = list(self._provider.tools())
+        self._tools = {t.name: list(t.params) for t in specs}
+        self._tool_schemas = [_tool_schema(t) for t in specs]
         unknown = set(self.required_tools) - set(self._tools)
         if unknown:
             raise ValueError(f"required_tools {sorted(unknown)} are not sandbox tools {sorted(self._tools)}")
@@ -196,6 +199,13 @@ class FileQAEnv(TextEnv):
                      + (f" including {', '.join(self.required_tools)}" if self.required_tools else "") + ".")
         return (f"FileQA: {self._question['text']}\nTools: {', '.join(f'{n}({chr(44).join(p)})' for n, p in self._tools.items())}"
                 f"; answer(value) ends the episode. You have {self.max_turns} turn(s).{gates}\n{self._prompt()}")
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The sandbox's whitelisted tools (generated from the provider's tool registry) and ``answer``, as
+        JSON-schema tool definitions (:class:`envs.features.ToolSchemas`)."""
+        return [*self._tool_schemas, function_tool(
+            "answer", "give the final answer (ends the episode; reward 1 when right)",
+            {"value": {"type": ["string", "integer"], "description": "the answer: a number or a path"}})]
 
     def _prompt(self) -> str:
         return f"Turn {self._turn + 1} of {self.max_turns}: call a tool or answer(value)."
@@ -316,3 +326,13 @@ class FileQAEnv(TextEnv):
             tool = needed[len(self._calls)]
             return format_action("grep", "x", "Lib/abc.py") if tool == "grep" else format_action(tool, "Lib/abc.py")
         return format_action("answer", self._question["answer"])
+
+
+def _tool_schema(spec: Any) -> dict[str, Any]:
+    """A provider's tool (``name``, ``params``, and ``description`` / ``schema`` when it has them: forkyard's
+    ``ToolSpec``) as a JSON-schema tool definition; parameters without a schema are strings."""
+    schema = getattr(spec, "schema_", None) or getattr(spec, "schema", None)
+    props = dict(schema.get("properties", {})) if isinstance(schema, dict) else {}
+    properties = {p: props.get(p, {"type": "string"}) for p in spec.params}
+    required = list(schema.get("required", spec.params)) if isinstance(schema, dict) else list(spec.params)
+    return function_tool(spec.name, getattr(spec, "description", "") or spec.name, properties, required)

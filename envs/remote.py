@@ -90,6 +90,13 @@ class RemoteEnv(gym.Env):
         self.done = data["terminated"] or data["truncated"]
         return data["observation"], data["reward"], data["terminated"], data["truncated"], data["info"]
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The session's tools as JSON-schema definitions (``GET /v1/envs/{session_id}/tools``; the
+        :class:`envs.features.ToolSchemas` feature of the env on the server, empty when it has none)."""
+        if self.session_id is None:
+            raise gym.error.ResetNeeded("call reset() before tool_schemas(): the tools are the session's")
+        return self._request("GET", f"/v1/envs/{self.session_id}/tools")["tools"]
+
     def fork(self, n: int = 1) -> list["RemoteEnv"]:
         """n remote envs at this env's state (server-side fork: env, history and sandbox)."""
         if self.session_id is None:

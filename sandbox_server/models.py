@@ -243,6 +243,14 @@ class EnvSpecInfo(BaseModel):
     kwargs: dict[str, Any] = Field(description="default constructor kwargs")
 
 
+class ToolsResponse(BaseModel):
+    """``GET /v1/envs/{session_id}/tools``: the env's tools in the OpenAI / Hugging Face ``tools=`` format
+    (``envs.tool_calls``); empty for an env that declares none."""
+
+    tools: list[dict[str, Any]] = Field(description='[{"type": "function", "function": {"name", "description", '
+                                                    '"parameters": JSON schema}}]')
+
+
 class CreateEnvRequest(RequestModel):
     """``POST /v1/envs``."""
 

@@ -64,7 +64,7 @@ from sandbox_server.models import (
     MAX_BATCH_ITEMS, BatchCreateRequest, BatchDeleteRequest, BatchDeleteResponse, BatchForkRequest,
     BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse,
     CreateEnvRequest, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
-    SessionInfo, StepRequest, StepResponse,
+    SessionInfo, StepRequest, StepResponse, ToolsResponse,
 )
 from sandbox_server.routes import V1
 
@@ -470,6 +470,13 @@ async def batch_delete(req: BatchDeleteRequest, sessions: Sessions) -> Response:
 async def get(session_id: str, sessions: Sessions) -> SessionInfo:
     s = sessions.get(session_id)
     return SessionInfo(session_id=session_id, env_id=s.env_id, turn=s.env.turn, done=s.env.done)
+
+
+@router.get("/{session_id}/tools", response_model=ToolsResponse, responses=R(404),
+            summary="The session's tools as JSON-schema tool definitions (for a chat template's tools=)")
+async def tools(session_id: str, sessions: Sessions) -> ToolsResponse:
+    schemas = getattr(sessions.get(session_id).env, "tool_schemas", None)  # the envs.features.ToolSchemas feature
+    return ToolsResponse(tools=schemas() if schemas is not None else [])
 
 
 @router.post("/{session_id}/reset", response_model=ResetResponse, summary="Reset a session's env",
