@@ -1,0 +1,144 @@
+"""Hugging Face causal LMs as the text policy (issue 16): the adapter's cache, the chat template, model
+folders (forkyard's and a user's), and the text policy's invariants with a transformers model. Every model is
+built from a config and saved to a temporary folder; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
+
+from tests.docker_support import ROOT  # noqa: E402
+from trainer.hf import HFCausalLM, HFTokenizerAdapter, build_qwen2, hf_tokenizer, load_folder  # noqa: E402
+from trainer.lm import LMConfig, load_checkpoint, save_checkpoint  # noqa: E402
+from trainer.loop import make_env  # noqa: E402
+from trainer.losses import ppo_loss  # noqa: E402
+from trainer.rollout import tree_rollout  # noqa: E402
+from trainer.text_config import TextTrainConfig  # noqa: E402
+from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs  # noqa: E402
+from trainer.text_sft import make_tokenizer  # noqa: E402
+from trainer.text_train import build_batch  # noqa: E402
+
+SIZE = LMConfig(d_model=32, n_layers=1, n_heads=2, context=256)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer(TextTrainConfig(turns=3, vocab=300), n_episodes=200)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_qwen2(SIZE, tok, device="cpu", seed=1)
+
+
+def test_the_adapter_never_modifies_a_cache_it_was_given(model, tok):
+    ids = torch.tensor([tok.encode("probe(1) -> bit 1 of the target is 0. Turn 2 of 3")])
+    with torch.no_grad():
+        full, _ = model(ids)
+        _, past = model(ids[:, :10])
+        before = [k.clone() for k, _ in past]
+        a, _ = model(ids[:, 10:], past)  # two continuations from one prefix, as forked sessions do
+        b, _ = model(ids[:, 10:], past)
+    assert torch.allclose(a, full[:, 10:], atol=1e-5) and torch.equal(a, b)
+    assert all(torch.equal(k, k0) for (k, _), k0 in zip(past, before))
+    assert model.config.context == 256 and model.config.vocab_size == tok.vocab_size
+    with pytest.raises(ValueError, match="exceed the model context"):
+        model(torch.zeros(1, 257, dtype=torch.long))
+
+
+def test_the_chat_template_renders_exactly_the_policy_template(tok):
+    hf = hf_tokenizer(tok)
+    first, turns = "Turn 1 of 3: call probe(k).", [("probe(0)", "probe(0) -> bit 0 of the target is 1."),
+                                                    ("probe(2)", None)]
+    ids, _ = ChatTemplate(tok).render(first, turns)
+    messages = [{"role": "user", "content": first}, {"role": "assistant", "content": "probe(0)"},
+                {"role": "tool", "content": turns[0][1]}, {"role": "assistant", "content": "probe(2)"}]
+    assert list(hf.apply_chat_template(messages, tokenize=True, return_dict=False)) == ids
+    prompt = hf.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert list(prompt) == ChatTemplate(tok).first(first)
+    tools = [{"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}]
+    text = hf.apply_chat_template(messages[:1], tools=tools, tokenize=False)
+    assert json.dumps(tools[0]) in text  # tools open the first user turn
+
+
+def test_a_model_folder_round_trips(model, tok, tmp_path):
+    folder = save_checkpoint(model, str(tmp_path / "m.pt"), tok, turns=3)
+    assert folder == str(tmp_path / "m") and (tmp_path / "m" / "config.json").is_file()
+    back = load_checkpoint(folder, device="cpu")
+    assert isinstance(back, HFCausalLM) and back.tokenizer.encode("answer(5)") == tok.encode("answer(5)")
+    ids = torch.tensor([tok.encode("Turn 1 of 3: call probe(k).")])
+    with torch.no_grad():
+        assert torch.equal(model(ids)[0], back(ids)[0])
+    meta = json.loads((tmp_path / "m" / "forkyard.json").read_text())
+    assert meta["extra"] == {"turns": 3}
+
+
+def test_a_users_folder_without_role_tokens_loads_through_the_same_path(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.train_from_iterator(["probe the bits and answer", "Turn 1 of 4: call probe(k)."] * 20,
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    fast.save_pretrained(tmp_path)
+    model = load_folder(tmp_path, device="cpu")
+    adapter = model.tokenizer
+    assert isinstance(adapter, HFTokenizerAdapter) and len(adapter.added) == 6
+    assert model.config.vocab_size == adapter.vocab_size == len(fast) + 6  # embeddings resized
+    assert adapter.encode("<|end|>") != [adapter.eot_id]  # text cannot forge a role token
+    pol = TextPolicy(model, adapter, SamplingConfig(max_new_tokens=6))
+    env = make_env("forkyard/ClueProbe-v0", {"turns": 2})
+    ro = tree_rollout(env, pol, 1, 2, [0], random.Random(0))
+    assert all(len(s.data.action_ids) <= 6 for s in ro.steps) and ro.episodes[0].reason is not None
+
+
+def test_sampled_ids_are_trained_and_the_first_ratio_is_one(model, tok):
+    pol = TextPolicy(model, tok, SamplingConfig(max_new_tokens=8))
+    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    ro = tree_rollout(env, pol, 2, 3, [0, 1], random.Random(0))
+    steps = ro.steps
+    advs = [(-1.0) ** i for i in range(len(steps))]
+    batch = build_batch(ro, steps, advs, tok.pad_id, "cpu")  # raises if a trained id is not the sampled one
+    trained = [i for row, m in zip(batch.rows, batch.mask.tolist()) for i, k in zip(row, m) if k]
+    assert trained == [i for e in ro.episodes for s in e.steps for i in s.data.action_ids]
+    model.train()
+    logp, _, _ = token_logprobs(model, batch.ids, suppress=tok.suppressed_ids)
+    _, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask)
+    model.eval()
+    assert abs(st["ratio_max"] - 1) < 1e-4 and abs(st["ratio_min"] - 1) < 1e-4
+
+
+@pytest.mark.slow
+def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
+    forkyard = str(ROOT / ".venv" / "bin" / "forkyard")
+    small = ["--turns", "3", "--d-model", "32", "--n-layers", "1", "--n-heads", "2"]
+    r = subprocess.run([forkyard, "sft", "--arch", "qwen2", "--sft-steps", "80", *small, "--run-dir", str(tmp_path / "sft")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "sft" / "sft" / "model.safetensors").is_file()  # a Hugging Face folder, not sft.pt
+    # Greedy actions (log-probs recorded at temperature 1) on 16 seeds: some answers right, some wrong.
+    r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
+                        "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
+                        "--turns", "3", "--eval-samples", "8", "--run-dir", str(tmp_path / "run")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ms = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    updated = [m for m in ms if m["trained_tokens"]]
+    assert updated and all(m["first_epoch_ratio_max_dev"] < 1e-4 for m in updated)
+    before = load_checkpoint(str(tmp_path / "sft" / "sft"), device="cpu")
+    after = load_checkpoint(str(tmp_path / "run" / "model"), device="cpu")
+    assert isinstance(after, HFCausalLM)
+    assert not torch.equal(after.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)

@@ -1,0 +1,198 @@
+"""Hugging Face ``transformers`` causal LMs as the text policy's model (``pip install 'forkyard[hf]'``).
+
+:class:`HFCausalLM` puts any ``AutoModelForCausalLM`` behind the interface the text policy uses
+(:class:`trainer.lm.CausalLM`): ``forward(ids, past) -> (logits, past)`` with ids ``[B, T]`` int64 and logits
+``[B, T, V]``, plus ``config.context`` / ``config.vocab_size``. The cache it hands out is a plain list of
+``(keys, values)`` tensors, rebuilt into a fresh ``DynamicCache`` at each call: a transformers cache is
+updated in place, and forked policy sessions share their prefix's cache, so none may be (keys and values
+are appended with ``torch.cat``, which leaves the tensors of the list untouched).
+
+Checkpoints are Hugging Face folders (:func:`save_folder` / :func:`load_folder`): ``save_pretrained`` of the
+model (``config.json``, ``model.safetensors``), of a ``PreTrainedTokenizerFast`` with a chat template that
+renders exactly the text policy's template (:func:`hf_tokenizer`), and ``forkyard.json`` (forkyard's own
+tokenizer and metadata). A folder written elsewhere (a user's Qwen, Llama or SmolLM checkpoint) loads through
+the same path; its tokenizer is used through :class:`HFTokenizerAdapter`, which adds the template's role
+tokens when the tokenizer lacks them (and resizes the embeddings). Nothing is downloaded: folders are local
+paths and tests build their models from configs (:func:`build_qwen2`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from trainer.lm import SPECIAL_TOKENS, LMConfig, SpecialTokenIds
+from trainer.update import resolve_device
+
+#: forkyard's metadata file in a model folder.
+META_FILE = "forkyard.json"
+
+#: The chat template of :class:`trainer.text_policy.ChatTemplate` in Jinja (``tokenizer.apply_chat_template``):
+#: ``<|bos|>``, then per message a role token, the content and ``<|end|>``; the generation prompt is
+#: ``<|assistant|>``. Tools, when given, open the first user turn as JSON lines.
+CHAT_TEMPLATE = (
+    "{{ '<|bos|>' }}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}{{ '<|user|>' }}"
+    "{% if loop.first and tools %}{% for t in tools %}{{ t | tojson }}{{ '\\n' }}{% endfor %}{% endif %}"
+    "{{ m['content'] }}{{ '<|end|>' }}"
+    "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>' + m['content'] + '<|end|>' }}"
+    "{% elif m['role'] == 'tool' %}{{ '<|tool|>' + m['content'] + '<|end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+@dataclass
+class HFModelConfig:
+    """The part of a model's config the text policy reads: ``context`` (longest window, tokens) and
+    ``vocab_size`` (logit width)."""
+
+    context: int
+    vocab_size: int
+
+
+class HFCausalLM(nn.Module):
+    """A ``transformers`` causal LM behind :class:`trainer.lm.CausalLM` (module docstring).
+
+    Args:
+        hf: a ``PreTrainedModel`` with a causal-LM head.
+        tokenizer: the text policy's tokenizer for it (forkyard's own, or an :class:`HFTokenizerAdapter`).
+    """
+
+    def __init__(self, hf, tokenizer):
+        super().__init__()
+        self.hf = hf
+        self.tokenizer = tokenizer
+        self.config = HFModelConfig(int(hf.config.max_position_embeddings), int(hf.get_output_embeddings().weight.shape[0]))
+        import inspect
+
+        # transformers 5.2x names the cache argument `cache` (`past_key_values` before, now deprecated).
+        self._cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+    def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the positions ``past`` holds (None: none).
+        The ``past`` given is never modified. Raises ValueError past ``config.context`` positions."""
+        from transformers import DynamicCache
+
+        p = 0 if past is None else past[0][0].shape[2]
+        if p + ids.shape[1] > self.config.context:
+            raise ValueError(f"{p + ids.shape[1]} positions exceed the model context {self.config.context}")
+        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
+        out = self.hf(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
+        new = out.get("cache", None) or out.get("past_key_values", None)
+        return out.logits, [(layer.keys, layer.values) for layer in new.layers]
+
+
+def build_qwen2(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "float32", seed: int = 0) -> HFCausalLM:
+    """A fresh ``Qwen2ForCausalLM`` of ``cfg``'s size (width, depth, heads, context; MLP 4x width, tied
+    embeddings, no dropout) for ``tokenizer``'s vocabulary, on ``device`` in ``dtype``: the text policy's
+    default model in a standard architecture. Builds from the config alone (nothing downloaded)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_cfg = Qwen2Config(vocab_size=tokenizer.vocab_size, hidden_size=cfg.d_model, intermediate_size=4 * cfg.d_model,
+                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                         num_key_value_heads=cfg.n_heads, max_position_embeddings=cfg.context,
+                         tie_word_embeddings=True, attention_dropout=0.0, use_sliding_window=False,
+                         pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eot_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf = Qwen2ForCausalLM(hf_cfg)
+    return HFCausalLM(hf.to(device=resolve_device(device), dtype=getattr(torch, dtype)).eval(), tokenizer)
+
+
+def hf_tokenizer(tokenizer):
+    """forkyard's BPE tokenizer (:class:`trainer.tokenizer.BPETokenizer`) as a ``PreTrainedTokenizerFast``
+    with the same ids (its role tokens as special tokens right after the BPE vocabulary) and
+    :data:`CHAT_TEMPLATE`. Raises ValueError for the byte-level tokenizer (no ``tokenizers`` model)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tk = getattr(tokenizer, "_tk", None)
+    if tk is None:
+        raise ValueError("only the BPE tokenizer has a Hugging Face form; train with --tokenizer bpe")
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_str(tk.to_str())
+    tk.add_special_tokens(list(SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<|pad|>",
+                                   additional_special_tokens=["<|user|>", "<|assistant|>", "<|tool|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+class HFTokenizerAdapter(SpecialTokenIds):
+    """A ``transformers`` tokenizer with the text policy's tokenizer interface (``encode``, ``decode``,
+    ``vocab_size``, the role-token ids, ``suppressed_ids``). Role tokens the tokenizer lacks are added as
+    special tokens (:meth:`missing_tokens` says which, so the model's embeddings can be resized)."""
+
+    kind = "hf"
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        vocab = hf_tokenizer.get_vocab()
+        self.added = [t for t in SPECIAL_TOKENS if t not in vocab]
+        if self.added:
+            hf_tokenizer.add_special_tokens({"additional_special_tokens": self.added})
+        ids = {t: hf_tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+        self.special = ids
+        self.vocab_size = len(hf_tokenizer)
+        self.pad_id, self.bos_id, self.user_id = ids["<|pad|>"], ids["<|bos|>"], ids["<|user|>"]
+        self.assistant_id, self.tool_id, self.eot_id = ids["<|assistant|>"], ids["<|tool|>"], ids["<|end|>"]
+        self.suppressed_ids = tuple(sorted(set(hf_tokenizer.all_special_ids) - {self.eot_id}))
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids, special-token text left as text (an observation cannot forge a role token)."""
+        return self.hf.encode(text.encode("utf-8", errors="replace").decode("utf-8"), add_special_tokens=False,
+                              split_special_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids -> text, special ids dropped."""
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def save_folder(model: HFCausalLM, folder: str | Path, **extra: Any) -> Path:
+    """Write ``model`` as a Hugging Face folder (module docstring); ``extra``: JSON-able metadata kept in
+    ``forkyard.json``. Returns the folder."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    model.hf.save_pretrained(out)
+    tok = model.tokenizer
+    if isinstance(tok, HFTokenizerAdapter):
+        tok.hf.save_pretrained(out)
+        meta = {"tokenizer": None}
+    else:
+        if getattr(tok, "_tk", None) is not None:
+            hf_tokenizer(tok).save_pretrained(out)
+        meta = {"tokenizer": tok.to_json()}
+    (out / META_FILE).write_text(json.dumps({**meta, "extra": extra}, indent=2))
+    return out
+
+
+def load_folder(folder: str | Path, device: str = "auto", dtype: str = "float32") -> HFCausalLM:
+    """A Hugging Face model folder as an :class:`HFCausalLM` (``AutoModelForCausalLM`` /
+    ``AutoTokenizer``, local files only). A folder forkyard wrote comes back with forkyard's tokenizer;
+    any other with an :class:`HFTokenizerAdapter` (embeddings resized when role tokens were added).
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``folder``.
+        ImportError: ``transformers`` is missing (``pip install 'forkyard[hf]'``).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.tokenizer import tokenizer_from_json
+
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
+    meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).is_file() else {}
+    if meta.get("tokenizer"):
+        tok = tokenizer_from_json(meta["tokenizer"])
+    else:
+        tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        if tok.added or tok.vocab_size > hf.get_input_embeddings().weight.shape[0]:
+            hf.resize_token_embeddings(tok.vocab_size)
+    return HFCausalLM(hf.to(device=resolve_device(device)).eval(), tok)
