@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
 
 from tests.docker_support import ROOT  # noqa: E402
-from trainer.hf import HFCausalLM, HFTokenizerAdapter, build_qwen2, hf_tokenizer, load_folder  # noqa: E402
+from trainer.hf import HFCausalLM, HFTokenizerAdapter, build_llama, hf_tokenizer, load_folder  # noqa: E402
 from trainer.lm import LMConfig, load_checkpoint, save_checkpoint  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.losses import ppo_loss  # noqa: E402
@@ -35,7 +35,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    return build_qwen2(SIZE, tok, device="cpu", seed=1)
+    return build_llama(SIZE, tok, device="cpu", seed=1)
 
 
 def test_the_adapter_never_modifies_a_cache_it_was_given(model, tok):
@@ -125,11 +125,13 @@ def test_sampled_ids_are_trained_and_the_first_ratio_is_one(model, tok):
 def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     forkyard = str(ROOT / ".venv" / "bin" / "forkyard")
     small = ["--turns", "3", "--d-model", "32", "--n-layers", "1", "--n-heads", "2"]
-    r = subprocess.run([forkyard, "sft", "--arch", "qwen2", "--sft-steps", "80", *small, "--run-dir", str(tmp_path / "sft")],
+    r = subprocess.run([forkyard, "sft", "--arch", "llama", "--sft-steps", "120", "--demo-skill", "1", *small,
+                        "--run-dir", str(tmp_path / "sft")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "sft" / "sft" / "model.safetensors").is_file()  # a Hugging Face folder, not sft.pt
-    # Greedy actions (log-probs recorded at temperature 1) on 16 seeds: some answers right, some wrong.
+    # Greedy actions (log-probs recorded at temperature 1) on 16 seeds: some answers right, some wrong
+    # (seeded: the same episodes every run).
     r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
                         "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
                         "--turns", "3", "--eval-samples", "8", "--run-dir", str(tmp_path / "run")],

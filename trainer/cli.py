@@ -96,6 +96,70 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout_openai(args: argparse.Namespace) -> int:
+    import random
+
+    from trainer.loop import env_id_arg, make_env, training_seeds
+    from trainer.openai_rollout import OpenAIPolicy, episode_rows, require_token_ids
+    from trainer.rollout import group_rollout, tree_rollout
+
+    env = make_env(env_id_arg(args.env), json.loads(args.env_kwargs))
+    schemas = env.tool_schemas() if hasattr(env, "tool_schemas") else None
+    render = None
+    if args.api == "completions":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.template, local_files_only=True)
+
+        def render(messages):
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    policy = OpenAIPolicy(args.base_url, args.model, tools=schemas if args.tools else None, api=args.api,
+                          render=render, temperature=args.temperature, max_tokens=args.max_tokens,
+                          extra_body=json.loads(args.extra_body))
+    rng = random.Random(args.seed)
+    seeds = training_seeds(args.seed, 0, args.episodes)
+    if args.branches > 1:
+        ro = tree_rollout(env, policy, args.episodes, args.branches, seeds, rng)
+    else:
+        ro = group_rollout(env, policy, args.episodes, seeds, rng)
+    env.close()
+    rows = episode_rows(ro)
+    if args.out:
+        with open(args.out, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    try:
+        require_token_ids(ro)
+        trainable = "yes"
+    except ValueError as exc:
+        trainable = f"no: {exc}"
+    valid = [e.reward for e in ro.episodes if not e.infra_failure]
+    parsed = [s.data.parsed for s in ro.steps]
+    print(json.dumps({"episodes": len(ro.episodes), "mean_reward": sum(valid) / max(len(valid), 1),
+                      "env_calls": ro.env_calls, "parsed_share": sum(parsed) / max(len(parsed), 1),
+                      "trainable": trainable, "out": args.out}, indent=2))
+    return 0
+
+
+def _rollout_openai_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", required=True, help="API root of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", required=True, help="the model name the server knows")
+    p.add_argument("--env", default="ClueProbe-v0", help="a registered env id (the forkyard/ prefix is optional)")
+    p.add_argument("--env-kwargs", default="{}", help="the env's constructor kwargs as a JSON object")
+    p.add_argument("--episodes", type=int, default=8, help="episodes (group) or bases (tree)")
+    p.add_argument("--branches", type=int, default=1, help="tree-fork rollouts with this many branches per base (1: a group)")
+    p.add_argument("--api", choices=("chat", "completions"), default="chat")
+    p.add_argument("--template", default=None,
+                   help="completions: a local model folder whose tokenizer's chat template renders the prompt")
+    p.add_argument("--no-tools", dest="tools", action="store_false", help="chat: send no tools= (and parse name(args) only)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--extra-body", default="{}", help="more JSON fields for every request (server extensions)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSONL file of the episodes and what the server returned")
+
+
 def _train_args(p: argparse.ArgumentParser, policy: str) -> None:
     from trainer.config import add_arguments
 
@@ -148,6 +212,12 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
     if wanted("compare"):
         _compare_args(p)
     p.set_defaults(handler=_compare)
+
+    p = sub.add_parser("rollout-openai", help="sample rollouts from an OpenAI-compatible server (evaluation, or "
+                                              "data trained elsewhere); JSONL of what it returned")
+    if wanted("rollout-openai"):
+        _rollout_openai_args(p)
+    p.set_defaults(handler=_rollout_openai)
 
     # Listed for `forkyard --help` only: main() hands `serve ARGS` to the server command's own main (one
     # implementation and one declaration of its options: `forkyard serve ARGS` is `python -m sandbox_server ARGS`).

@@ -13,7 +13,7 @@ renders exactly the text policy's template (:func:`hf_tokenizer`), and ``forkyar
 tokenizer and metadata). A folder written elsewhere (a user's Qwen, Llama or SmolLM checkpoint) loads through
 the same path; its tokenizer is used through :class:`HFTokenizerAdapter`, which adds the template's role
 tokens when the tokenizer lacks them (and resizes the embeddings). Nothing is downloaded: folders are local
-paths and tests build their models from configs (:func:`build_qwen2`).
+paths and tests build their models from configs (:func:`build_llama`).
 """
 
 from __future__ import annotations
@@ -87,20 +87,24 @@ class HFCausalLM(nn.Module):
         return out.logits, [(layer.keys, layer.values) for layer in new.layers]
 
 
-def build_qwen2(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "float32", seed: int = 0) -> HFCausalLM:
-    """A fresh ``Qwen2ForCausalLM`` of ``cfg``'s size (width, depth, heads, context; MLP 4x width, tied
+def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "float32", seed: int = 0) -> HFCausalLM:
+    """A fresh ``LlamaForCausalLM`` of ``cfg``'s size (width, depth, heads, context; MLP 4x width, tied
     embeddings, no dropout) for ``tokenizer``'s vocabulary, on ``device`` in ``dtype``: the text policy's
-    default model in a standard architecture. Builds from the config alone (nothing downloaded)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    default model in a standard architecture. Builds from the config alone (nothing downloaded).
 
-    hf_cfg = Qwen2Config(vocab_size=tokenizer.vocab_size, hidden_size=cfg.d_model, intermediate_size=4 * cfg.d_model,
+    Llama rather than Qwen2: ``AutoTokenizer`` gives a ``qwen2`` folder Qwen2's own pre-tokenizer whatever
+    its ``tokenizer.json`` says (transformers 5), so a server loading the folder would tokenize our BPE
+    differently; a ``llama`` folder loads its ``tokenizer.json`` as written (tested)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=cfg.d_model, intermediate_size=4 * cfg.d_model,
                          num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                          num_key_value_heads=cfg.n_heads, max_position_embeddings=cfg.context,
-                         tie_word_embeddings=True, attention_dropout=0.0, use_sliding_window=False,
+                         tie_word_embeddings=True, attention_dropout=0.0,
                          pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eot_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        hf = Qwen2ForCausalLM(hf_cfg)
+        hf = LlamaForCausalLM(hf_cfg)
     return HFCausalLM(hf.to(device=resolve_device(device), dtype=getattr(torch, dtype)).eval(), tokenizer)
 
 

@@ -42,9 +42,9 @@ class TextTrainConfig(LoopConfig):
     n_layers: int = setting(2, group="common", help="transformer blocks (a new model)")
     n_heads: int = setting(4, group="common", help="attention heads (a new model)")
     context: int = setting(512, group="common", help="model context in tokens (a new model)")
-    arch: str = setting("tiny", choices=("tiny", "qwen2"), group="common",
-                        help="a new model's architecture: tiny (forkyard's own transformer) or qwen2 (transformers' "
-                             "Qwen2ForCausalLM of the same size; checkpoints are Hugging Face folders)")
+    arch: str = setting("tiny", choices=("tiny", "llama"), group="common",
+                        help="a new model's architecture: tiny (forkyard's own transformer) or llama (transformers' "
+                             "LlamaForCausalLM of the same size; checkpoints are Hugging Face folders)")
     tokenizer: str = setting("bpe", choices=("bpe", "byte"), group="common",
                              help="bpe: trained on the env's demo texts, digits kept single; byte: UTF-8 bytes")
     vocab: int = setting(512, group="common", help="BPE vocabulary size (bytes + merges; 6 special tokens on top)")
@@ -76,7 +76,7 @@ class TextTrainConfig(LoopConfig):
     eval_samples: int = setting(64, group="loop", help="held-out episodes of each periodic sampled evaluation")
     checkpoint: str | None = setting(None, flag="--model", aliases=("--checkpoint",), group="loop",
                                      help="the model to start from: RUN_DIR/sft.pt of forkyard sft, or a Hugging Face "
-                                          "model folder (AutoModelForCausalLM; RUN_DIR/sft of sft --arch qwen2, or any "
+                                          "model folder (AutoModelForCausalLM; RUN_DIR/sft of sft --arch llama, or any "
                                           "local causal LM)")
 
     def env_kwargs(self) -> dict[str, Any]:

@@ -96,13 +96,13 @@ def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) 
 
 def new_model(cfg: TextTrainConfig):
     """A fresh model sized by ``cfg`` with its tokenizer (:func:`make_tokenizer`) as ``model.tokenizer``:
-    :class:`trainer.lm.TinyCausalLM`, or with ``cfg.arch == "qwen2"`` a ``transformers`` Qwen2 of the same
-    size (:func:`trainer.hf.build_qwen2`)."""
+    :class:`trainer.lm.TinyCausalLM`, or with ``cfg.arch == "llama"`` a ``transformers`` Llama of the same
+    size (:func:`trainer.hf.build_llama`)."""
     tok = make_tokenizer(cfg)
-    if cfg.arch == "qwen2":
-        from trainer.hf import build_qwen2
+    if cfg.arch == "llama":
+        from trainer.hf import build_llama
 
-        return build_qwen2(cfg.lm_config(tok.vocab_size), tok, cfg.device, cfg.dtype, cfg.seed)
+        return build_llama(cfg.lm_config(tok.vocab_size), tok, cfg.device, cfg.dtype, cfg.seed)
     model = build_model(cfg.lm_config(tok.vocab_size), cfg.device, cfg.dtype, cfg.seed)
     model.tokenizer = tok
     return model
