@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             except ImportError as exc:
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
-            provider = RayProvider(settings.ray)
+            try:
+                provider = RayProvider(settings.ray)
+            except Exception as exc:  # noqa: BLE001 - no cluster at that address (ConnectionError, RuntimeError...)
+                print(f"{prog}: cannot use the Ray cluster {settings.ray!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 2
             # ray.init made SIGTERM exit with status 15; uvicorn re-raises the SIGTERM it stopped on once it
             # has shut down: a stop asked for is a clean stop (status 0, the cluster's sandboxes closed below).
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

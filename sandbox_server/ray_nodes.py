@@ -58,10 +58,11 @@ def alive_nodes() -> list[dict[str, Any]]:
 
 
 def is_node_loss(exc: BaseException) -> bool:
-    """True when ``exc`` says an actor or its node is gone (``RayActorError`` and its subclasses)."""
-    from ray.exceptions import RayActorError
+    """True when ``exc`` says an actor or its node is gone: ``RayActorError`` (and subclasses), or a result
+    lost with the node's object store (``ObjectLostError`` and subclasses)."""
+    from ray.exceptions import ObjectLostError, RayActorError
 
-    return isinstance(exc, RayActorError)
+    return isinstance(exc, (RayActorError, ObjectLostError))
 
 
 class NodeHost:
@@ -214,15 +215,19 @@ def host_options(node: dict[str, Any], max_concurrency: int = 8) -> dict[str, An
 
 
 def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *, capacity: int,
-                server_name: str | None = None, nodes: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+                server_name: str | None = None, nodes: list[str] | None = None, max_concurrency: int = 8,
+                **kwargs: Any) -> dict[str, Any]:
     """One ``cls`` actor (a :class:`NodeHost` or subclass) on each alive node of the connected cluster.
 
     Hosts in ``existing`` (``{node name: actor}``) whose node is still alive are kept; nodes without one
     get a new actor (a node that came back gets a fresh host, whose sandboxes' start-up clean-up removes
     its predecessor's containers). Returns ``{node name: actor}`` of the alive nodes. Raises RuntimeError
     when the cluster has no alive node. ``server_name`` defaults to ``FORKYARD_SERVER_NAME`` (ServerSettings);
-    ``nodes``, when given, limits the hosts to the nodes of those names.
+    ``nodes``, when given, limits the hosts to the nodes of those names; ``max_concurrency``: calls a host
+    serves at once (threads). Raises ValueError for ``capacity < 1``.
     """
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
     ray = require_ray()
     if server_name is None:
         from sandbox_server.settings import ServerSettings
@@ -238,7 +243,8 @@ def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *,
         if existing and name in existing:
             out[name] = existing[name]
         else:
-            out[name] = remote.options(**host_options(node)).remote(name, capacity, server_name, **kwargs)
+            out[name] = remote.options(**host_options(node, max_concurrency)).remote(name, capacity, server_name,
+                                                                                    **kwargs)
     infos = {name: a.info.remote() for name, a in out.items()}
     for name, ref in infos.items():  # every host is up before use; one whose node died meanwhile is left out
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sandbox_server.ray_nodes import NodeHost, require_ray, start_hosts, unwrap
+from sandbox_server.ray_nodes import NodeHost, is_node_loss, require_ray, start_hosts, unwrap
 
 
 
@@ -30,7 +30,9 @@ class RayProvider:
         capacity: each host's ``capacity`` (envs; sandboxes are not counted against it).
 
     Every call raises :class:`envs.sandbox.SandboxFailure` when the sandbox's node is gone (an env then
-    ends the episode as ``infra_error``), and what the node's provider raises otherwise.
+    ends the episode as ``infra_error``; the node takes no new sandboxes afterwards), and what the node's
+    provider raises otherwise. The hosts are those alive when the provider started: nodes that join later
+    are not used by it.
     """
 
     def __init__(self, address: str = "auto", capacity: int = 64):
@@ -38,7 +40,7 @@ class RayProvider:
 
         ray = require_ray()
         if not ray.is_initialized():
-            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)  # "local": a new one here
         self.name = f"ray:{address}"
         self._failure = SandboxFailure
         self.hosts = start_hosts(NodeHost, capacity=capacity)
@@ -54,7 +56,12 @@ class RayProvider:
         try:
             return ray.get(host.sandbox.remote(op, *args, **kwargs))
         except Exception as exc:
-            raise unwrap(exc, node, self._failure) from None
+            err = unwrap(exc, node, self._failure)
+            if isinstance(err, self._failure) and node in self.hosts and is_node_loss(exc):
+                with self._lock:  # a lost node takes no new sandboxes (its own are gone with it)
+                    self.hosts.pop(node, None)
+                    self._held.pop(node, None)
+            raise err from None
 
     @staticmethod
     def _split(sandbox_id: str) -> tuple[str, str]:
@@ -69,13 +76,16 @@ class RayProvider:
 
     def create(self, *, files: dict[str, bytes] | None = None, archive: bytes | None = None) -> Any:
         with self._lock:
+            if not self._held:
+                raise self._failure("every node of the Ray cluster this provider used is lost")
             node = min(self._held, key=lambda n: (self._held[n], n))
             self._held[node] += 1
         try:
             return self._named(self._call(node, "create", files=files, archive=archive), node)
         except BaseException:
             with self._lock:
-                self._held[node] -= 1
+                if node in self._held:
+                    self._held[node] -= 1
             raise
 
     def exec(self, sandbox_id: str, tool: str, args: dict[str, Any], timeout_s: float | None = None) -> Any:

@@ -73,6 +73,19 @@ def test_tabular_refuses_stale_rollouts_and_ray_refuses_a_server():
         TrainConfig(ray="local", node_capacity=0).validate()
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--max-staleness", "1"], "needs --ray"),
+    (["--ray", "local", "--node-capacity", "0"], "node_capacity must be >= 1"),
+    (["--ray", "local", "--max-staleness", "1"], "max_staleness must be 0"),
+    (["--ray", "local", "--server", "http://127.0.0.1:1"], "cannot be combined with --server"),
+])
+def test_bad_ray_options_are_usage_errors_before_anything_starts(argv, says, capsys):
+    from trainer import cli
+
+    assert cli.main(["train", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_cluster_totals_sum_what_the_iterations_report():
     ms = [{"nodes": 3, "forks_local": 4, "forks_remote": 1, "episodes_lost_node": 0},
           {"nodes": 2, "forks_local": 2, "forks_remote": 0, "episodes_lost_node": 8}]

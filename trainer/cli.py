@@ -57,6 +57,11 @@ def train_config(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
+    try:
+        cfg.validate()
+    except ValueError as exc:  # a usage error: a line and status 2, not a traceback
+        print(f"forkyard train: error: {exc}", file=sys.stderr)
+        return 2
     if args.policy == "lm":
         from trainer.text_train import print_result, train_rl
 

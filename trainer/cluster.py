@@ -24,7 +24,11 @@ The learner stays on the driver (its GPU when there is one); each node runs one 
    of group statistics, as a lost sandbox is), metric ``episodes_lost_node`` counts the episodes that
    were planned on it (a tree base: its ``branches``). The learner goes on with the rest. The next
    dispatch looks at the cluster again: a node that came back gets a new worker, whose sandbox service
-   removes the containers its dead predecessor left (labels and start-up clean-up).
+   removes the containers its dead predecessor left (labels and start-up clean-up). A worker whose
+   rollout raised :class:`envs.core.EnvInfraError` (its node's sandbox backend cannot start) loses its
+   tasks the same way, and the run goes on. Branches that other workers had sent to a dead node end as
+   ``infra_error`` in their own rollouts (counted in ``infra_failures``, not in ``episodes_lost_node``);
+   sessions a dead worker had placed on peers stay counted there until the run ends.
 
 Policies plug in with two methods besides :class:`trainer.loop.Policy`'s: ``behavior_copy()`` (a
 picklable sampling copy with a ``session`` method and optionally ``rollout_extras()``) and
@@ -39,6 +43,7 @@ import random
 import threading
 from typing import Any
 
+from envs.core import EnvInfraError
 from sandbox_server.ray_nodes import ClusterEnv, NodeHost, is_node_loss, require_ray, start_hosts
 from trainer.rollout import Episode, Rollout, group_rollout, tree_rollout
 
@@ -52,7 +57,8 @@ def task_rng(seed: int, iteration: int, index: int) -> random.Random:
 
 class PlacedEnv:
     """A rollout worker's local env: ``fork`` keeps children on the node while it has room, else sends the
-    state as snapshot bytes to a peer node (module docstring, item 2). Other calls go to the env."""
+    state as snapshot bytes to a peer node (module docstring, item 2). ``reset``, ``step``,
+    ``current_info`` and ``close`` go to the env."""
 
     def __init__(self, env, worker: "RolloutWorker", peers: dict[str, Any], env_id: str, kwargs: dict[str, Any]):
         self.env, self.worker, self.peers, self.env_id, self.kwargs = env, worker, peers, env_id, kwargs
@@ -71,7 +77,7 @@ class PlacedEnv:
         w = self.worker
         if w.reserve(n):
             w.stats["forks_local"] += 1
-            return [PlacedEnv(c, w, self.peers, self.env_id, self.kwargs) for c in self.env.fork(n)]
+            return self._local_fork(n)
         snapshot = self.env.snapshot().to_bytes()
         for name, peer in self.peers.items():
             try:
@@ -85,7 +91,16 @@ class PlacedEnv:
                 return [ClusterEnv(peer, sid, node=name) for sid in sids]
         w.reserve(n, force=True)  # no room anywhere: over capacity here rather than no branches
         w.stats["forks_local"] += 1
-        return [PlacedEnv(c, w, self.peers, self.env_id, self.kwargs) for c in self.env.fork(n)]
+        return self._local_fork(n)
+
+    def _local_fork(self, n: int) -> list:
+        """``env.fork(n)`` on this node, already counted; the count is given back when the fork fails."""
+        try:
+            children = self.env.fork(n)
+        except BaseException:
+            self.worker.release(n)
+            raise
+        return [PlacedEnv(c, self.worker, self.peers, self.env_id, self.kwargs) for c in children]
 
     def close(self) -> None:
         self.env.close()
@@ -144,10 +159,12 @@ class RolloutWorker(NodeHost):
         return {"parts": parts, "extras": extras, "stats": dict(self.stats), "node": self.name}
 
     def shutdown(self) -> int:
-        for env in self._envs.values():
-            env.close()
-        self._envs.clear()
-        return super().shutdown()
+        """Close this worker's envs, sessions and sandbox providers, after the rollout running now (if any)."""
+        with self._rollout_lock:
+            for env in self._envs.values():
+                env.close()
+            self._envs.clear()
+            return super().shutdown()
 
 
 def connect(address: str) -> bool:
@@ -157,7 +174,7 @@ def connect(address: str) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
-    ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
+    ray.init(address=address, include_dashboard=False, log_to_driver=False,  # "local": always a new cluster
              logging_level=logging.WARNING)
     return True
 
@@ -195,8 +212,10 @@ class RayCollector:
         self._ref: tuple[int, Any] | None = None
 
     def _reconcile(self) -> None:
+        # Pipelined rollouts queue on a worker's threads: room for them and for its peers' calls beside them.
         self.workers = start_hosts(RolloutWorker, self.workers, capacity=self.cfg.node_capacity,
-                                   server_name=self.server_name, nodes=self.nodes)
+                                   server_name=self.server_name, nodes=self.nodes,
+                                   max_concurrency=8 + self.cfg.max_staleness)
 
     def _submit(self, it: int, version: int) -> None:
         from trainer.loop import training_seeds
@@ -218,7 +237,7 @@ class RayCollector:
                 continue
             peers = {p: self.workers[p] for p in names[k + 1:] + names[:k]}
             fut = self.workers[name].rollout.remote(spec, version, [self._ref[1]], tasks, peers)
-            calls.append((name, fut, tasks))
+            calls.append((name, self.workers[name], fut, tasks))
         self.pending[it] = (version, calls)
 
     def rollout(self, it: int, version: int | None = None) -> Rollout:
@@ -233,14 +252,17 @@ class RayCollector:
         parts: dict[int, Rollout] = {}
         stats = {"forks_local": 0, "forks_remote": 0, "fork_bytes": 0, "episodes_lost_node": 0}
         per_lost = self.cfg.branches if self.kind == "tree" else 1
-        for name, fut, tasks in calls:
+        for name, worker, fut, tasks in calls:
             try:
                 res = ray.get(fut)
             except Exception as exc:
-                if not is_node_loss(exc):
+                cause = getattr(exc, "cause", None)
+                if not (is_node_loss(exc) or isinstance(cause, EnvInfraError)):
                     raise
-                log.warning("node %s lost with %d of iteration %d's tasks: %s", name, len(tasks), it, type(exc).__name__)
-                self.workers.pop(name, None)
+                log.warning("node %s lost %d of iteration %d's tasks: %s", name, len(tasks), it,
+                            type(cause if isinstance(cause, EnvInfraError) else exc).__name__)
+                if is_node_loss(exc) and self.workers.get(name) is worker:
+                    self.workers.pop(name)  # not a successor started meanwhile under the same name
                 stats["episodes_lost_node"] += per_lost * len(tasks)
                 for index, seed in tasks:
                     parts[index] = Rollout(self.kind, [lost_episodes(self.kind, index, seed)])
@@ -264,6 +286,9 @@ class RayCollector:
         """Shut every worker down (sessions closed, sandboxes destroyed) and disconnect when this collector
         connected."""
         ray = require_ray()
+        futures = [fut for _, calls in self.pending.values() for _, _, fut, _ in calls]
+        if futures:  # rollouts dispatched ahead (pipelining, an early stop): let them end before shutting down
+            ray.wait(futures, num_returns=len(futures), timeout=120)
         self.pending.clear()
         for name, w in list(self.workers.items()):
             try:

@@ -117,6 +117,8 @@ class LoopConfig:
         if self.node_capacity < 1 or self.max_staleness < 0:
             raise ValueError(f"node_capacity must be >= 1 and max_staleness >= 0, got {self.node_capacity}, "
                              f"{self.max_staleness}")
+        if self.ray is None and self.max_staleness:
+            raise ValueError("--max-staleness pipelines rollouts on a Ray cluster: it needs --ray")
         if self.ray is not None and getattr(self, "server_url", None):
             raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
 
