@@ -5,6 +5,7 @@ observation, and the schemas are served over HTTP (a real uvicorn on loopback)."
 from __future__ import annotations
 
 import json
+import keyword
 import math
 
 import gymnasium as gym
@@ -21,7 +22,9 @@ from envs.tool_calls import (action_to_call, call_to_action, canonical_action, f
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
 
-NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True).filter(lambda s: s not in ("True", "False", "None"))
+# Tool and parameter names are identifiers that are not Python keywords: `as()` or `f(if=1)` is no action text
+# (a schema with such a name cannot be written as name(args); test_keyword_names_are_refused).
+NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True).filter(lambda s: not keyword.iskeyword(s))
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40))
 
@@ -166,3 +169,10 @@ def test_floats_and_strings_keep_their_exact_values():
         assert call["arguments"]["s"] == s and math.copysign(1, call["arguments"]["x"]) == math.copysign(1, x)
         assert call["arguments"]["x"] == x
     assert parse_action(call_to_action({"name": "f", "arguments": {"s": "x"}}, tools)).kwargs == (("s", "x"),)
+
+
+def test_keyword_names_are_refused_not_mangled():
+    tools = [function_tool("as", "", {"x": {"type": "string"}}), function_tool("f", "", {"if": {"type": "integer"}})]
+    with pytest.raises(ActionParseError, match="could not parse"):
+        call_to_action({"name": "as", "arguments": {}}, tools)
+    assert call_to_action({"name": "f", "arguments": {"if": 1}}, tools) == "f(1)"  # positional: still an action
