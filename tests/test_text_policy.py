@@ -293,3 +293,21 @@ def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_es
     assert int(batch.mask.sum()) == sum(len(s.data.action_ids) for s in assigned.steps)
     with pytest.raises(ValueError, match="needs a tree rollout"):
         TextTrainConfig(estimator="tree", rollout="group").validate()
+
+
+def test_long_observations_are_cut_for_the_model_alike_in_sft_and_sampling():
+    from trainer.text_policy import OBS_CUT_MARKER
+
+    t = ChatTemplate(TOK, max_obs_tokens=40)
+    long_obs = "x" * 500
+    cut = t.encode_observation(long_obs)
+    assert len(cut) == 40 and TOK.decode(cut).endswith(OBS_CUT_MARKER) and cut[:20] == TOK.encode("x" * 20)
+    assert t.encode_observation("short") == TOK.encode("short")  # shorter ones untouched
+    ids, mask = t.render(long_obs, [("probe(0)", long_obs), ("answer(1)", None)])
+    sess = TextPolicy(small_model(), sampling=SamplingConfig(max_new_tokens=4, max_obs_tokens=40)).session(long_obs, {})
+    assert sess.ids == t.first(long_obs)  # the sampler's prompt is the SFT rows' prompt
+    sess.observe(long_obs, {"turn": 1})
+    assert sess.ids[-len(t.observation(long_obs)):] == t.observation(long_obs)
+    assert len(ids) < 200  # 3 observations of 500 tokens each fit in under 200
+    with pytest.raises(ValueError, match="max_obs_tokens"):
+        ChatTemplate(TOK, max_obs_tokens=0)

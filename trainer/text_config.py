@@ -49,6 +49,9 @@ class TextTrainConfig(LoopConfig):
                              help="bpe: trained on the env's demo texts, digits kept single; byte: UTF-8 bytes")
     vocab: int = setting(512, group="common", help="BPE vocabulary size (bytes + merges; 6 special tokens on top)")
     dtype: str = setting("float32", choices=("float32", "bfloat16"), group="common", help="parameter dtype")
+    max_obs_tokens: int | None = setting(None, group="common",
+                                         help="cut observations to this many tokens for the model (SFT, sampling, "
+                                              "evaluation alike; None: never). FileQA's tool outputs need it")
     threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
     # SFT
     sft_steps: int = setting(300, group="sft", help="SFT optimizer steps")
@@ -101,7 +104,7 @@ class TextTrainConfig(LoopConfig):
         from trainer.text_policy import SamplingConfig
 
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                              entropy_mode=self.fork_entropy)
+                              entropy_mode=self.fork_entropy, max_obs_tokens=self.max_obs_tokens)
 
     def validate(self) -> None:
         """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""
@@ -124,4 +127,5 @@ class EvalConfig(TextTrainConfig):
 
 
 #: The fields ``forkyard eval-lm`` takes.
-EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads")
+EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads",
+               "max_obs_tokens")

@@ -63,21 +63,38 @@ def policy_log_softmax(logits: torch.Tensor, temperature: float = 1.0,
     return torch.log_softmax(x, -1)
 
 
+#: What ends an observation cut to ``max_obs_tokens`` (:class:`ChatTemplate`).
+OBS_CUT_MARKER = " [...cut]"
+
+
 class ChatTemplate:
     """Renders observations into token deltas (see the module docstring). All methods return list[int]."""
 
-    def __init__(self, tokenizer: ByteTokenizer):
+    def __init__(self, tokenizer: ByteTokenizer, max_obs_tokens: int | None = None):
+        if max_obs_tokens is not None and max_obs_tokens < 1:
+            raise ValueError(f"max_obs_tokens must be >= 1 (or None), got {max_obs_tokens}")
         self.tok = tokenizer
+        self.max_obs_tokens = max_obs_tokens
+        self._cut = tokenizer.encode(OBS_CUT_MARKER)
+
+    def encode_observation(self, observation: str) -> list[int]:
+        """The observation's ids, cut to ``max_obs_tokens`` with :data:`OBS_CUT_MARKER`'s ids at the end when
+        longer (the env's text is unchanged; the model reads the cut form, in SFT and in sampling alike)."""
+        ids = self.tok.encode(observation)
+        n = self.max_obs_tokens
+        if n is None or len(ids) <= n:
+            return ids
+        return ids[: max(n - len(self._cut), 0)] + self._cut[:n]
 
     def first(self, observation: str) -> list[int]:
         """``<|bos|><|user|>{obs}<|end|><|assistant|>``: the prompt of turn 0."""
         t = self.tok
-        return [t.bos_id, t.user_id, *t.encode(observation), t.eot_id, t.assistant_id]
+        return [t.bos_id, t.user_id, *self.encode_observation(observation), t.eot_id, t.assistant_id]
 
     def observation(self, observation: str) -> list[int]:
         """``<|tool|>{obs}<|end|><|assistant|>``: a tool output and the next assistant header."""
         t = self.tok
-        return [t.tool_id, *t.encode(observation), t.eot_id, t.assistant_id]
+        return [t.tool_id, *self.encode_observation(observation), t.eot_id, t.assistant_id]
 
     def render(self, first: str, turns: list[tuple[str, str | None]]) -> tuple[list[int], list[int]]:
         """A whole chat from texts, with its loss mask (for demonstrations and tests).
@@ -116,6 +133,9 @@ class SamplingConfig:
     #: continuation of the next action (where a tool call's argument is chosen: the first token of
     #: ``probe(k)`` / ``answer(c)`` is nearly deterministic, so ``"first"`` does not see the choice).
     entropy_mode: str = "first"
+    #: observations longer than this many tokens are cut for the model (:meth:`ChatTemplate.encode_observation`);
+    #: None: never (long tool outputs, FileQA's, need it to fit a small context).
+    max_obs_tokens: int | None = None
 
 
 @dataclass
@@ -173,8 +193,8 @@ class TextPolicy:
     def __init__(self, model, tokenizer: ByteTokenizer | None = None, sampling: SamplingConfig | None = None):
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
-        self.template = ChatTemplate(self.tok)
         self.sampling = sampling or SamplingConfig()
+        self.template = ChatTemplate(self.tok, self.sampling.max_obs_tokens)
 
     @property
     def device(self) -> torch.device:

@@ -85,7 +85,7 @@ def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) 
     """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
 
     Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""
-    template = ChatTemplate(tokenizer or ByteTokenizer())
+    template = ChatTemplate(tokenizer or ByteTokenizer(), cfg.max_obs_tokens)
     rows, masks = [], []
     for first, turns in demo_episodes(cfg, n_episodes, seed):
         ids, mask = template.render(first, turns)
