@@ -5,8 +5,12 @@
 #   tree: uniform fork turn, 6 bases x 6 branches (about 99 env calls per iteration), 150 iterations
 #   tree_entropy (section 0a): fork at the highest-entropy turn (ARPO-style, entropy = max along the greedy
 #     continuation), 6 bases x 6 branches, until 14,400 env calls are spent (what traj spends)
-# Usage: [ARMS="traj tree"] scripts/text-policy-seeds.sh OUT_DIR SFT_CHECKPOINT SEED...
+# Optional: DEADLINE=EPOCH_SECONDS starts no run after that time (runs already started finish and count);
+# EVAL=1 evaluates each finished run (forkyard eval-lm --samples 1000 --exact) into OUT_DIR/eval.jsonl.
+# The SFT checkpoint may be a forkyard .pt file or a Hugging Face folder (--arch llama); runs save alike.
+# Usage: [ARMS="traj tree"] [DEADLINE=...] [EVAL=1] scripts/text-policy-seeds.sh OUT_DIR SFT_CHECKPOINT SEED...
 set -euo pipefail
+export DEADLINE=${DEADLINE:-} EVAL=${EVAL:-}
 out=$1; ckpt=$2; shift 2
 mkdir -p "$out"
 common="--turns 4 --max-new-tokens 8 --eval-samples 128 --threads 1 --eval-every 25 --iterations 150 --checkpoint $ckpt"
@@ -22,5 +26,14 @@ for seed in "$@"; do
   done
 done | xargs -P 2 -L 1 bash -c '
   arm=$0; seed=$1; shift
-  .venv/bin/forkyard train-lm '"$common"' --seed "$seed" "$@" --run-dir '"$out"'/${arm}_seed$seed \
-      > '"$out"'/${arm}_seed$seed.log 2>&1 && echo "done $arm $seed $(date +%T)"'
+  run='"$out"'/${arm}_seed$seed
+  if [ -n "$DEADLINE" ] && [ "$(date +%s)" -ge "$DEADLINE" ]; then echo "not started $arm $seed (DEADLINE)"; exit 0; fi
+  if ! .venv/bin/forkyard train-lm '"$common"' --seed "$seed" "$@" --run-dir $run > $run.log 2>&1; then
+    echo "FAILED $arm $seed $(date +%T), see $run.log"; exit 1
+  fi
+  echo "done $arm $seed $(date +%T)"
+  if [ -n "$EVAL" ]; then
+    ckpt=$run/model.pt; [ -e $ckpt ] || ckpt=$run/model
+    .venv/bin/forkyard eval-lm $ckpt --samples 1000 --exact --threads 1 2>> $run.log | grep "^{" >> '"$out"'/eval.jsonl
+    echo "evaluated $arm $seed $(date +%T)"
+  fi'
