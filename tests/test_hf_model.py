@@ -132,15 +132,107 @@ def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     assert (tmp_path / "sft" / "sft" / "model.safetensors").is_file()  # a Hugging Face folder, not sft.pt
     # Greedy actions (log-probs recorded at temperature 1) on 16 seeds: some answers right, some wrong
     # (seeded: the same episodes every run).
-    r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
-                        "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
-                        "--turns", "3", "--eval-samples", "8", "--run-dir", str(tmp_path / "run")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ms = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    updated = [m for m in ms if m["trained_tokens"]]
-    assert updated and all(m["first_epoch_ratio_max_dev"] < 1e-4 for m in updated)
+    def train(run: str, *extra: str) -> None:
+        r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
+                            "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
+                            "--turns", "3", "--eval-samples", "8", *extra, "--run-dir", str(tmp_path / run)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ms = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        updated = [m for m in ms if m["trained_tokens"]]
+        assert updated and all(m["first_epoch_ratio_max_dev"] < 1e-4 for m in updated)
+
+    train("run")
     before = load_checkpoint(str(tmp_path / "sft" / "sft"), device="cpu")
     after = load_checkpoint(str(tmp_path / "run" / "model"), device="cpu")
     assert isinstance(after, HFCausalLM)
     assert not torch.equal(after.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)
+    # the same run with LoRA adapters and gradient checkpointing: the first epoch's ratio is still 1, the
+    # embeddings stay frozen, the linear layers move (adapters merged into the saved folder)
+    train("lora", "--lora-rank", "4", "--gradient-checkpointing", "--lr", "1e-2")
+    lora = load_checkpoint(str(tmp_path / "lora" / "model"), device="cpu")
+    assert torch.equal(lora.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)
+    q_after, q_before = lora.hf.model.layers[0].self_attn.q_proj.weight, before.hf.model.layers[0].self_attn.q_proj.weight
+    assert not torch.equal(q_after, q_before)
+
+
+def _sft_loss(model, tok):
+    ids, mask = ChatTemplate(tok).render("Turn 1 of 3: call probe(k).", [("probe(1)", "probe(1) -> bit 1 is 0."),
+                                                                          ("answer(3)", None)])
+    x = torch.tensor([ids])
+    logits, _ = model(x[:, :-1])
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, x[:, 1:, None])[..., 0]
+    m = torch.tensor([mask[1:]], dtype=torch.float32)
+    return -(logp * m).sum() / m.sum()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tok):
+    from trainer.hf import configure_training
+
+    plain = build_llama(SIZE, tok, device="cpu", seed=3).train()
+    ckpt = configure_training(build_llama(SIZE, tok, device="cpu", seed=3), gradient_checkpointing=True).train()
+    assert ckpt.hf.is_activation_checkpointing and not plain.hf.is_activation_checkpointing
+    for m in (plain, ckpt):
+        _sft_loss(m, tok).backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
+    with torch.no_grad():  # sampling (eval mode) still gets its KV cache
+        logits, past = ckpt.eval()(torch.tensor([tok.encode("probe(1)")]))
+    assert past is not None and len(past) == SIZE.n_layers
+
+
+def test_lora_trains_only_adapters_and_the_saved_folder_is_the_merged_model(tok, tmp_path):
+    pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
+    from trainer.hf import configure_training
+
+    model = configure_training(build_llama(SIZE, tok, device="cpu", seed=4), lora_rank=4, lora_alpha=8)
+    assert model.lora
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    first = float(_sft_loss(model, tok).detach())
+    for _ in range(20):
+        opt.zero_grad()
+        _sft_loss(model, tok).backward()
+        opt.step()
+    model.eval()
+    assert float(_sft_loss(model, tok).detach()) < first - 0.5  # the adapters learned
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)  # the base did not move
+    assert configure_training(model, lora_rank=4) is model and model.lora  # adapters are kept, not stacked
+    save_checkpoint(model, str(tmp_path / "model.pt"))
+    loaded = load_checkpoint(str(tmp_path / "model"), device="cpu")
+    assert not loaded.lora and not any("lora" in n for n, _ in loaded.named_parameters())
+    x = torch.tensor([tok.encode("Turn 2 of 3: probe(2) -> bit 2 is 1.")])
+    with torch.no_grad():
+        assert torch.allclose(model(x)[0], loaded(x)[0], atol=1e-5)
+    assert model.lora  # saving merged a copy, not the model in training
+
+
+def test_lora_trains_the_rows_of_role_tokens_a_users_tokenizer_lacked(tmp_path):
+    pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from trainer.hf import configure_training
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.train_from_iterator(["probe the bits and answer"] * 20,
+                           trainers.BpeTrainer(vocab_size=280, special_tokens=["<unk>", "<s>", "</s>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                                 tie_word_embeddings=True)).save_pretrained(tmp_path)
+    fast.save_pretrained(tmp_path)
+    model = configure_training(load_folder(tmp_path, device="cpu"), lora_rank=2)
+    adapter = model.tokenizer
+    model.train()
+    end = adapter.eot_id
+    x = torch.tensor([[adapter.bos_id, adapter.user_id, *adapter.encode("probe"), end, adapter.assistant_id]])
+    logits, _ = model(x)
+    logits[0, -2, end].backward()  # the <|end|> row is reached only through the added-token embeddings
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    assert any("trainable_tokens" in n and g.abs().sum() > 0 for n, g in grads.items())

@@ -70,21 +70,81 @@ class HFCausalLM(nn.Module):
         self.config = HFModelConfig(int(hf.config.max_position_embeddings), int(hf.get_output_embeddings().weight.shape[0]))
         import inspect
 
-        # transformers 5.2x names the cache argument `cache` (`past_key_values` before, now deprecated).
-        self._cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+        # transformers 5.2x names the cache argument `cache` (`past_key_values` before, now deprecated); a
+        # peft model passes it through to its base model.
+        base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
         """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the positions ``past`` holds (None: none).
-        The ``past`` given is never modified. Raises ValueError past ``config.context`` positions."""
+        The ``past`` given is never modified. In training mode without ``past`` no cache is built (the cache
+        returned is None): gradient checkpointing recomputes activations and cannot keep one. Raises
+        ValueError past ``config.context`` positions."""
         from transformers import DynamicCache
 
         p = 0 if past is None else past[0][0].shape[2]
         if p + ids.shape[1] > self.config.context:
             raise ValueError(f"{p + ids.shape[1]} positions exceed the model context {self.config.context}")
+        if self.hf.training and past is None:
+            return self.hf(input_ids=ids, use_cache=False).logits, None
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
         out = self.hf(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
         new = out.get("cache", None) or out.get("past_key_values", None)
         return out.logits, [(layer.keys, layer.values) for layer in new.layers]
+
+    @property
+    def lora(self) -> bool:
+        """Whether the model carries LoRA adapters (:func:`configure_training`)."""
+        return hasattr(self.hf, "merge_and_unload")
+
+    def plain(self):
+        """The ``PreTrainedModel`` to save: the model itself, or with LoRA a copy with the adapters merged into
+        its weights (so a saved folder loads with ``AutoModelForCausalLM`` alone)."""
+        if not self.lora:
+            return self.hf
+        import copy
+
+        return copy.deepcopy(self.hf).merge_and_unload()
+
+
+def configure_training(model, gradient_checkpointing: bool = False, lora_rank: int = 0,
+                       lora_alpha: float = 16.0) -> "HFCausalLM":
+    """Training options of a Hugging Face policy, applied in place; returns ``model``.
+
+    Args:
+        gradient_checkpointing: recompute activations in the backward pass (``activation_checkpointing_enable``):
+            less activation memory, about one more forward pass of compute per update.
+        lora_rank: 0 trains every weight; r > 0 freezes them and trains rank-r adapters (Hu et al. 2021,
+            "LoRA", eq. 3: ``W x + (alpha / r) B A x``) on every linear layer (``peft``,
+            ``target_modules="all-linear"``), plus the embedding rows of tokens the tokenizer added (role
+            tokens a user's checkpoint lacked: frozen, their rows would stay random).
+        lora_alpha: the LoRA scale numerator (alpha).
+
+    Raises:
+        ValueError: an option on a model that is not a Hugging Face model (forkyard's ``--arch tiny``), or a
+            negative rank. A model that already has adapters keeps them.
+        ImportError: ``peft`` is missing (``pip install 'forkyard[hf]'``).
+    """
+    if not (gradient_checkpointing or lora_rank):
+        return model
+    if not isinstance(model, HFCausalLM):
+        raise ValueError("gradient checkpointing and LoRA need a Hugging Face model (--arch llama or --model FOLDER)")
+    if lora_rank < 0:
+        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+    if gradient_checkpointing:
+        hf = model.hf
+        if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_rank and not model.lora:  # a model that has its adapters keeps them (SFT then RL in one process)
+        from peft import LoraConfig, get_peft_model
+
+        added = sorted(model.tokenizer.special[t] for t in getattr(model.tokenizer, "added", ()))
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=0.0, bias="none",
+                            target_modules="all-linear", trainable_token_indices=added or None)
+        model.hf = get_peft_model(model.hf, config)
+    return model
 
 
 def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "float32", seed: int = 0) -> HFCausalLM:
@@ -105,7 +165,7 @@ def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "fl
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         hf = LlamaForCausalLM(hf_cfg)
-    return HFCausalLM(hf.to(device=resolve_device(device), dtype=getattr(torch, dtype)).eval(), tokenizer)
+    return HFCausalLM(hf.to(device=resolve_device(device), dtype=getattr(torch, dtype)), tokenizer).eval()
 
 
 def hf_tokenizer(tokenizer):
@@ -162,7 +222,7 @@ def save_folder(model: HFCausalLM, folder: str | Path, **extra: Any) -> Path:
     ``forkyard.json``. Returns the folder."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    model.hf.save_pretrained(out)
+    model.plain().save_pretrained(out)
     tok = model.tokenizer
     if isinstance(tok, HFTokenizerAdapter):
         tok.hf.save_pretrained(out)
@@ -199,4 +259,4 @@ def load_folder(folder: str | Path, device: str = "auto", dtype: str = "float32"
         tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(path, local_files_only=True))
         if tok.added or tok.vocab_size > hf.get_input_embeddings().weight.shape[0]:
             hf.resize_token_embeddings(tok.vocab_size)
-    return HFCausalLM(hf.to(device=resolve_device(device)).eval(), tok)
+    return HFCausalLM(hf.to(device=resolve_device(device)), tok).eval()

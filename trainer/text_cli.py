@@ -16,13 +16,28 @@ RL_GROUPS = ("common", "loop")
 SFT_GROUPS = ("common", "sft")
 
 
-def _sft(args) -> int:
+def _config(cls, args, command: str, **overrides):
+    """The validated config of ``command``; an invalid one exits with a line on stderr and status 2 (a usage
+    error, not a traceback)."""
+    import sys
+
     from trainer.config import from_args
+
+    cfg = from_args(cls, args, **overrides)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        print(f"forkyard {command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg
+
+
+def _sft(args) -> int:
     from trainer.text_config import TextTrainConfig
     from trainer.text_eval import evaluate
     from trainer.text_sft import sft
 
-    cfg = from_args(TextTrainConfig, args, progress=True)
+    cfg = _config(TextTrainConfig, args, "sft", progress=True)
     model, metrics = sft(cfg)
     ev = evaluate(model, cfg, samples=128)
     print(json.dumps({"final_loss": metrics[-1]["loss"], "wall_s": round(metrics[-1]["wall_s"], 1), "evaluation": ev}, indent=2))
@@ -34,23 +49,21 @@ def _sft(args) -> int:
 
 
 def _train_lm(args) -> int:
-    from trainer.config import from_args
     from trainer.text_config import TextTrainConfig
     from trainer.text_train import print_result, train_rl
 
-    print_result(train_rl(from_args(TextTrainConfig, args, progress=True)))
+    print_result(train_rl(_config(TextTrainConfig, args, "train-lm", progress=True)))
     return 0
 
 
 def _eval_lm(args) -> int:
     import torch
 
-    from trainer.config import from_args
     from trainer.lm import load_checkpoint
     from trainer.text_config import EvalConfig
     from trainer.text_eval import evaluate, exact_success
 
-    cfg = from_args(EvalConfig, args)
+    cfg = _config(EvalConfig, args, "eval-lm")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     for path in cfg.checkpoints:

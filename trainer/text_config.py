@@ -10,12 +10,29 @@ Groups (which command shows a field): ``common`` (env, model size, numerics, see
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from trainer.config import setting
 from trainer.loop import LoopConfig, env_parameters
 
+
+
+@lru_cache(maxsize=16)
+def _env_tools(env_id: str, kwargs_json: str) -> tuple[dict[str, Any], ...]:
+    from envs.features import ToolSchemas
+    from trainer.loop import make_env
+
+    env = make_env(env_id, json.loads(kwargs_json))
+    try:
+        if not isinstance(env, ToolSchemas):
+            raise ValueError(f"{env_id} declares no tool schemas (envs.features.ToolSchemas); use --tools none")
+        return tuple(env.tool_schemas())
+    finally:
+        env.close()
 
 
 def _reductions() -> tuple[str, ...]:
@@ -52,6 +69,17 @@ class TextTrainConfig(LoopConfig):
     max_obs_tokens: int | None = setting(None, group="common",
                                          help="cut observations to this many tokens for the model (SFT, sampling, "
                                               "evaluation alike; None: never). FileQA's tool outputs need it")
+    tools: str = setting("none", choices=("none", "text", "json"), group="common",
+                         help="the env's tools as JSON schemas in the prompt: none; text (demos write name(args)); json "
+                              "(demos write <tool_call> JSON). With tools, model output in any tool-call form maps "
+                              "to the env action")
+    gradient_checkpointing: bool = setting(False, group="common",
+                                           help="Hugging Face models: recompute activations in the backward pass "
+                                                "(less memory, about one more forward pass per update)")
+    lora_rank: int = setting(0, group="common",
+                             help="Hugging Face models: train rank-r LoRA adapters (peft) on every linear layer instead "
+                                  "of every weight (0: all weights); saved folders have the adapters merged")
+    lora_alpha: float = setting(16.0, group="common", help="LoRA scale numerator (the update is alpha / r * B A x)")
     threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
     # SFT
     sft_steps: int = setting(300, group="sft", help="SFT optimizer steps")
@@ -104,13 +132,30 @@ class TextTrainConfig(LoopConfig):
         from trainer.text_policy import SamplingConfig
 
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                              entropy_mode=self.fork_entropy, max_obs_tokens=self.max_obs_tokens)
+                              entropy_mode=self.fork_entropy, max_obs_tokens=self.max_obs_tokens,
+                              tools=self.env_tools())
+
+    def env_tools(self) -> tuple[dict[str, Any], ...] | None:
+        """The env's tool definitions (``env.tool_schemas()``) when ``tools`` is not ``"none"``, else None.
+
+        Raises:
+            ValueError: the env declares no tools (:class:`envs.features.ToolSchemas`).
+        """
+        if self.tools == "none":
+            return None
+        return _env_tools(self.env_id, json.dumps(self.env_kwargs(), sort_keys=True))
 
     def validate(self) -> None:
         """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""
         super().validate()
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
+        hf_model = os.path.isdir(self.checkpoint) if self.checkpoint else self.arch != "tiny"
+        if (self.lora_rank or self.gradient_checkpointing) and not hf_model:
+            raise ValueError("--lora-rank and --gradient-checkpointing need a Hugging Face model: --arch llama, or "
+                             "--model FOLDER")
 
 
 @dataclass
@@ -128,4 +173,4 @@ class EvalConfig(TextTrainConfig):
 
 #: The fields ``forkyard eval-lm`` takes.
 EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads",
-               "max_obs_tokens")
+               "max_obs_tokens", "tools")

@@ -58,7 +58,8 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     """
     env = make_env(cfg.env_id, cfg.env_kwargs())
     tok = model_tokenizer(model)
-    greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens))
+    greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
+                                                   tools=cfg.env_tools()))
     sampled = TextPolicy(model, tok, cfg.sampling())
     rng = random.Random(12345)
     out: dict[str, float] = {}

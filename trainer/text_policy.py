@@ -10,6 +10,11 @@ or :class:`trainer.tokenizer.BPETokenizer`; the special tokens are never produce
     ...
 
 The first observation (task statement) is the user turn; every later observation is a tool turn.
+With tools (``SamplingConfig.tools``, the env's JSON-schema definitions, :mod:`envs.tool_calls`) the user
+turn opens with one JSON line per tool, as :data:`trainer.hf.CHAT_TEMPLATE` renders ``tools=`` (the same
+ids, tested), and the decoded action goes through :func:`envs.tool_calls.parse_model_output`: a
+``<tool_call>`` JSON block, a bare JSON call or ``name(args)`` becomes the env's canonical action text;
+anything else goes to the env as written, which answers with its invalid-action observation.
 The policy stops an action at its end-of-turn token ``<|end|>`` (generated, so mask 1), at a stop
 string (``stop_strings``), or at ``max_new_tokens``; in the last two cases the template closes the turn
 with an ``<|end|>`` that the policy did not generate (mask 0). The action text sent to ``env.step`` is
@@ -33,6 +38,7 @@ with the step so the trainer recomputes log-probs over exactly the same window.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -40,6 +46,8 @@ from typing import Any
 
 import torch
 
+from envs.actions import ActionParseError
+from envs.tool_calls import parse_model_output
 from trainer.lm import ByteTokenizer, KVCache
 from trainer.rollout import Step
 
@@ -70,26 +78,34 @@ OBS_CUT_MARKER = " [...cut]"
 class ChatTemplate:
     """Renders observations into token deltas (see the module docstring). All methods return list[int]."""
 
-    def __init__(self, tokenizer: ByteTokenizer, max_obs_tokens: int | None = None):
+    def __init__(self, tokenizer: ByteTokenizer, max_obs_tokens: int | None = None,
+                 tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None):
         if max_obs_tokens is not None and max_obs_tokens < 1:
             raise ValueError(f"max_obs_tokens must be >= 1 (or None), got {max_obs_tokens}")
         self.tok = tokenizer
         self.max_obs_tokens = max_obs_tokens
         self._cut = tokenizer.encode(OBS_CUT_MARKER)
+        #: the first user turn's opening: one JSON line per tool (``tojson`` of the chat template)
+        self.tools_text = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tools or ())
+        self._tools_len = len(tokenizer.encode(self.tools_text)) if tools else 0
 
-    def encode_observation(self, observation: str) -> list[int]:
-        """The observation's ids, cut to ``max_obs_tokens`` with :data:`OBS_CUT_MARKER`'s ids at the end when
-        longer (the env's text is unchanged; the model reads the cut form, in SFT and in sampling alike)."""
+    def encode_observation(self, observation: str, keep: int = 0) -> list[int]:
+        """The observation's ids, cut to ``max_obs_tokens`` (plus ``keep`` tokens of a prefix that is never
+        cut) with :data:`OBS_CUT_MARKER`'s ids at the end when longer (the env's text is unchanged; the
+        model reads the cut form, in SFT and in sampling alike)."""
         ids = self.tok.encode(observation)
-        n = self.max_obs_tokens
-        if n is None or len(ids) <= n:
+        if self.max_obs_tokens is None or len(ids) <= self.max_obs_tokens + keep:
             return ids
+        n = self.max_obs_tokens + keep
         return ids[: max(n - len(self._cut), 0)] + self._cut[:n]
 
     def first(self, observation: str) -> list[int]:
-        """``<|bos|><|user|>{obs}<|end|><|assistant|>``: the prompt of turn 0."""
+        """``<|bos|><|user|>{tools}{obs}<|end|><|assistant|>``: the prompt of turn 0 (``{tools}``: one JSON
+        line per tool, when the template has tools; the user turn is encoded as one text, as
+        ``apply_chat_template`` does, and a cut never reaches into the tools)."""
         t = self.tok
-        return [t.bos_id, t.user_id, *self.encode_observation(observation), t.eot_id, t.assistant_id]
+        content = self.encode_observation(self.tools_text + observation, keep=self._tools_len)
+        return [t.bos_id, t.user_id, *content, t.eot_id, t.assistant_id]
 
     def observation(self, observation: str) -> list[int]:
         """``<|tool|>{obs}<|end|><|assistant|>``: a tool output and the next assistant header."""
@@ -136,6 +152,9 @@ class SamplingConfig:
     #: observations longer than this many tokens are cut for the model (:meth:`ChatTemplate.encode_observation`);
     #: None: never (long tool outputs, FileQA's, need it to fit a small context).
     max_obs_tokens: int | None = None
+    #: the env's tool definitions (``env.tool_schemas()``) rendered into the prompt, and model output in
+    #: tool-call forms mapped to actions (:func:`envs.tool_calls.parse_model_output`); None: neither.
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass
@@ -194,7 +213,7 @@ class TextPolicy:
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
         self.sampling = sampling or SamplingConfig()
-        self.template = ChatTemplate(self.tok, self.sampling.max_obs_tokens)
+        self.template = ChatTemplate(self.tok, self.sampling.max_obs_tokens, self.sampling.tools)
 
     @property
     def device(self) -> torch.device:
@@ -202,6 +221,17 @@ class TextPolicy:
 
     def session(self, observation: str, info: dict[str, Any]) -> "TextSession":
         return TextSession(self, self.template.first(observation), info)
+
+    def to_action(self, text: str) -> str:
+        """The env action for decoded model output: with tools, the canonical action text of a tool call in
+        any form :func:`envs.tool_calls.parse_model_output` reads; otherwise (or when it reads none) the
+        text as written, so the env answers it with its invalid-action observation."""
+        if self.sampling.tools:
+            try:
+                return parse_model_output(text, list(self.sampling.tools))
+            except ActionParseError:
+                return text
+        return text
 
 
 class TextSession:
@@ -303,7 +333,7 @@ class TextSession:
             self.ids.append(tok.eot_id)
             self.mask.append(0)
         self._next_logits = None
-        text = tok.decode([i for i in gen if i != tok.eot_id])
+        text = self.policy.to_action(tok.decode([i for i in gen if i != tok.eot_id]))
         legal = None if self.legal_actions is None else text in self.legal_actions
         record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal)
         step = Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record)

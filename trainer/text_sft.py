@@ -9,6 +9,10 @@ the action bytes and the ``<|end|>`` that closes them). The result writes valid 
 the strategy to learn (:mod:`trainer.text_train` does the RL).
 
 A new model's tokenizer is trained here too (:func:`make_tokenizer`: BPE on demonstration texts, or bytes).
+
+With ``cfg.tools`` the env's tool definitions open the prompt (:class:`trainer.text_policy.ChatTemplate`) and,
+for ``"json"``, demonstrated actions are written as ``<tool_call>`` JSON (:func:`envs.tool_calls.format_tool_call`)
+instead of ``name(args)``; the env still receives its own action text.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 
 from envs.features import Demonstrator
+from envs.tool_calls import action_to_call, format_tool_call
 from trainer.lm import ByteTokenizer, build_model, save_checkpoint
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -38,6 +43,7 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
     Raises:
         ValueError: when the env has neither ``demo_action`` nor a ``legal_actions`` menu.
     """
+    tools = cfg.env_tools()
     env = make_env(cfg.env_id, cfg.env_kwargs())
     demonstrator = isinstance(env, Demonstrator)
     rng = random.Random(seed)
@@ -55,7 +61,8 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
                 raise ValueError(f"{cfg.env_id} has no demo_action and no legal_actions menu to demonstrate from")
             obs, r, te, tr, info = env.step(action)
             done = te or tr
-            turns.append((action, None if done else obs))
+            shown = format_tool_call(action_to_call(action, list(tools))) if cfg.tools == "json" else action
+            turns.append((shown, None if done else obs))
             if done:
                 break
         episodes.append((first, turns))
@@ -72,8 +79,9 @@ def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
     if cfg.tokenizer != "bpe":
         raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {cfg.tokenizer!r}")
     texts = []
+    tools_text = ChatTemplate(ByteTokenizer(), tools=cfg.env_tools()).tools_text
     for first, turns in demo_episodes(cfg, n_episodes, cfg.seed + 7):
-        texts.append(first)
+        texts.append(tools_text + first)
         for action, obs in turns:
             texts.append(action)
             if obs is not None:
@@ -85,13 +93,21 @@ def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) 
     """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
 
     Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""
-    template = ChatTemplate(tokenizer or ByteTokenizer(), cfg.max_obs_tokens)
+    template = ChatTemplate(tokenizer or ByteTokenizer(), cfg.max_obs_tokens, cfg.env_tools())
     rows, masks = [], []
     for first, turns in demo_episodes(cfg, n_episodes, seed):
         ids, mask = template.render(first, turns)
         rows.append(ids)
         masks.append(mask)
     return rows, masks
+
+
+def training_model(cfg: TextTrainConfig, model):
+    """``model`` with ``cfg``'s training options (gradient checkpointing, LoRA) applied in place
+    (:func:`trainer.hf.configure_training`; ValueError on a model that is no Hugging Face model)."""
+    from trainer.hf import configure_training
+
+    return configure_training(model, cfg.gradient_checkpointing, cfg.lora_rank, cfg.lora_alpha)
 
 
 def new_model(cfg: TextTrainConfig):
@@ -118,7 +134,7 @@ def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    model = model or new_model(cfg)
+    model = training_model(cfg, model or new_model(cfg))
     tok = model_tokenizer(model)
     rows, masks = demo_rows(cfg, cfg.sft_steps * cfg.sft_batch // 4 + cfg.sft_batch, cfg.seed, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)

@@ -41,7 +41,7 @@ from trainer.rollout import Rollout
 from trainer.text_config import TextTrainConfig
 from trainer.text_eval import evaluate
 from trainer.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
-from trainer.text_sft import new_model
+from trainer.text_sft import new_model, training_model
 from trainer.tokenizer import model_tokenizer
 
 
@@ -261,6 +261,7 @@ def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
     t0 = time.perf_counter()
     if model is None:
         model = load_checkpoint(cfg.checkpoint, cfg.device, cfg.dtype) if cfg.checkpoint else new_model(cfg)
+    model = training_model(cfg, model)
     policy = PPOTextPolicy.from_config(model, cfg)
     env = make_env(cfg.env_id, cfg.env_kwargs())
 
