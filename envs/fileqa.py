@@ -11,6 +11,10 @@ deterministically from the corpus and the reset seed, and checked by rule:
 ``log_errors``   How many lines of ``/scratch/app.log`` have level ERROR? (the log is generated per episode
                  and written into the sandbox's scratch area by the server at reset, not by a tool)
 
+Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` (``tool_schemas``, from the
+provider's tool registry) and :class:`~envs.features.Demonstrator` (``demo_action``: the menu's informative
+call, then the right answer, with probability ``skill``).
+
 Questions are made by :mod:`envs.fileqa_questions`; sandboxes come from an
 :class:`envs.sandbox.SandboxProvider` (this module knows no service or backend).
 
@@ -37,9 +41,10 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from typing import Any
 
-from envs.actions import ToolCall, bind_arguments, format_action
+from envs.actions import ToolCall, bind_arguments, format_action, parse_action
 from envs.core import EnvInfraError, IllegalActionError, Outcome, TextEnv
 from envs.fileqa_questions import LOG_PATH, QUESTION_KINDS, corpus_facts, draw_question, load_corpus, normalize_answer
 from envs.tool_calls import function_tool
@@ -319,11 +324,36 @@ class FileQAEnv(TextEnv):
         self._question = dict(state["question"])
         self._calls = list(state["calls"])
 
+    def demo_action(self, rng: random.Random, skill: float = 0.0) -> str:
+        """A demonstration action (:class:`envs.features.Demonstrator`): with probability ``skill``, the
+        scripted play, else a uniformly random action of the menu (``info["legal_actions"]``; ``skill=0``
+        draws exactly what a trainer's random-menu fallback draws).
+
+        The scripted play calls the question's informative tool (the menu's first call: ``wc`` of the file,
+        ``grep`` of the definition, constant, import or ``ERROR`` lines) when it has not run in this episode,
+        then the tools the gates still require, then answers right. The answer comes from the hidden
+        question record, but only once the informative tool's output is in the history: for ``line_count``,
+        ``defines`` and ``constant`` that output shows the answer; for ``imports`` and ``log_errors`` it
+        shows the lines to count (which an observation cut for a small model may hide). At ``max_turns``
+        of 2 or more every question is answered right at ``skill=1`` (tested).
+
+        Raises:
+            ValueError: if ``skill`` is outside [0, 1].
+        """
+        if not 0.0 <= skill <= 1.0:
+            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
+        if skill and rng.random() < skill:
+            menu = self._question.get("menu") or []
+            if menu and parse_action(menu[0]).name not in self._calls:
+                return menu[0]
+            return self.oracle_action()
+        return rng.choice(self._legal_actions())
+
     def oracle_action(self) -> str:
         """The right answer after the tool calls the gates require (uses the hidden answer: for tests)."""
-        needed = list(self.required_tools) + ["wc"] * max(0, self.min_tool_calls - len(self.required_tools))
-        if len(self._calls) < len(needed):
-            tool = needed[len(self._calls)]
+        missing = [t for t in self.required_tools if t not in self._calls]
+        if missing or len(self._calls) < self.min_tool_calls:
+            tool = missing[0] if missing else "wc"
             return format_action("grep", "x", "Lib/abc.py") if tool == "grep" else format_action(tool, "Lib/abc.py")
         return format_action("answer", self._question["answer"])
 

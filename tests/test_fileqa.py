@@ -1,5 +1,7 @@
 """FileQA-v0 on the local sandbox backend, in-process and over a real uvicorn (S11, S12, gates, fork)."""
 
+import random
+
 import gymnasium as gym
 import httpx
 import pytest
@@ -72,6 +74,40 @@ def test_the_menu_tool_reveals_the_answer_and_the_checker_accepts_it(backend, ki
             assert f"{answer} " in obs  # wc prints "LINES WORDS BYTES path"
         obs, r, te, tr, info = env.step(f"answer({answer!r})")
         assert (r, te, info["termination_reason"], info["correct"]) == (1.0, True, "answered", True)
+    env.close()
+
+
+@pytest.mark.parametrize("kind", QUESTION_KINDS)
+def test_the_scripted_demonstrator_calls_the_informative_tool_then_answers_right(kind):
+    env = make(kinds=[kind], max_turns=2)
+    rng = random.Random(0)
+    for seed in range(3):
+        obs, info = env.reset(seed=seed)
+        action = env.demo_action(rng, skill=1.0)
+        assert action == info["legal_actions"][0]  # the informative call first
+        obs, r, te, tr, info = env.step(action)
+        assert not te and info["tool_status"] == "ok"
+        obs, r, te, tr, info = env.step(env.demo_action(rng, skill=1.0))
+        assert (r, te, info["correct"]) == (1.0, True, True)
+    env.close()
+
+
+def test_the_demonstrator_at_skill_0_is_the_random_menu_and_it_passes_the_gates():
+    env = make(max_turns=5, min_tool_calls=2, required_tools=("cat",))
+    for seed in range(4):
+        obs, info = env.reset(seed=seed)
+        assert env.demo_action(random.Random(seed), 0.0) == random.Random(seed).choice(info["legal_actions"])
+    rewards = []
+    for seed in range(4):
+        env.reset(seed=seed)
+        rng, done = random.Random(seed), False
+        while not done:
+            obs, r, te, tr, info = env.step(env.demo_action(rng, 1.0))
+            done = te or tr
+        rewards.append((r, info["termination_reason"], info.get("gate")))
+    assert rewards == [(1.0, "answered", None)] * 4
+    with pytest.raises(ValueError, match="skill"):
+        env.demo_action(random.Random(0), 1.5)
     env.close()
 
 

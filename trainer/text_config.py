@@ -86,7 +86,9 @@ class TextTrainConfig(LoopConfig):
     sft_batch: int = setting(32, group="sft", help="SFT episodes per step")
     sft_lr: float = setting(3e-3, group="sft", help="SFT AdamW learning rate")
     demo_skill: float = setting(0.0, group="sft",
-                                help="ClueProbe demonstrations: chance the demo answers from the probed bits (0: random)")
+                                help="demonstrations: chance of the env's scripted play at each action (envs.features."
+                                     "Demonstrator; ClueProbe: answers from the probed bits; FileQA: the informative "
+                                     "tool, then the answer); 0: random legal actions")
     # RL
     lr: float = setting(2e-4, group="loop",
                         help="Adam learning rate (1e-3 collapsed to invalid actions within 2 iterations, docs/results/text_policy.md)")
