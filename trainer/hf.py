@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from trainer.lm import SPECIAL_TOKENS, LMConfig, SpecialTokenIds
+from trainer.text_policy import ChatTemplate
 from trainer.update import resolve_device
 
 #: forkyard's metadata file in a model folder.
@@ -187,15 +188,110 @@ def hf_tokenizer(tokenizer):
     return fast
 
 
+#: Placeholders a tokenizer's own chat template is rendered with (Unicode private-use code points): the text
+#: around them is the template's, tokenized with its special tokens; what replaces them is content.
+_CONTENT, _ACTION = "\ue000", "\ue001"
+
+
+class HFChatTemplate(ChatTemplate):
+    """The text policy's template (:class:`trainer.text_policy.ChatTemplate`: ``first``, ``observation``,
+    ``render``, ``encode_observation``) rendered by a Hugging Face tokenizer's own chat template, with the env's
+    tools (``tools=``), for a user's checkpoint whose tokenizer has one (Qwen, Llama 3, SmolLM, ...).
+
+    The template is rendered once with placeholders (a user turn, an assistant turn, a tool turn), and the
+    text around them is tokenized with the template's special tokens; observations are tokenized as content
+    (special-token text in an observation stays text) and appended as deltas, so a session's ids only grow
+    and are never re-tokenised. The end-of-turn id (``eot_id``) is the special token that closes an assistant
+    message (``<|im_end|>`` for ChatML templates); what the template puts after it (a newline) opens the next
+    observation's delta. The decoded ids of an episode equal ``apply_chat_template`` of its messages (tested);
+    the ids may split differently at the placeholders' edges than tokenizing that text whole.
+
+    Raises:
+        ValueError: a template that re-renders earlier turns when a turn is appended (not append-only), that
+            has no tool role, or whose assistant message is not closed by a special token.
+    """
+
+    def __init__(self, tok: "HFTokenizerAdapter", max_obs_tokens: int | None = None,
+                 tools: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None):
+        super().__init__(tok, max_obs_tokens)  # the cut; tools go to the chat template, not into the user turn
+        self.tools = list(tools) if tools else None
+        hf = tok.hf
+
+        def render(messages: list[dict[str, str]], generation: bool) -> str:
+            try:
+                return hf.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                              add_generation_prompt=generation)
+            except Exception as exc:  # a template's own raise_exception (e.g. no tool role)
+                raise ValueError(f"the tokenizer's chat template cannot render this chat: {exc}") from None
+
+        self._first = self._split(render([{"role": "user", "content": _CONTENT}], True))
+        chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ACTION}]
+        closed = render(chat, False)
+        more = render(chat + [{"role": "tool", "content": _CONTENT}], True)
+        if not more.startswith(closed) or closed.count(_ACTION) != 1:
+            raise ValueError("the tokenizer's chat template re-renders earlier turns when a tool turn is appended; "
+                             "forkyard appends token deltas and needs an append-only template")
+        after = self._template(closed[closed.index(_ACTION) + 1:])
+        if not after or after[0] not in hf.all_special_ids:
+            raise ValueError("the tokenizer's chat template does not close an assistant message with a special token")
+        self.eot_id = after[0]
+        pre, post = self._split(more[len(closed):])
+        self._obs = (after[1:] + pre, post)
+
+    def _template(self, text: str) -> list[int]:
+        return self.tok.hf.encode(text, add_special_tokens=False) if text else []
+
+    def _split(self, text: str) -> tuple[list[int], list[int]]:
+        parts = text.split(_CONTENT)
+        if len(parts) != 2:
+            raise ValueError("the tokenizer's chat template did not render a message's content exactly once")
+        return self._template(parts[0]), self._template(parts[1])
+
+    def first(self, observation: str) -> list[int]:
+        """The prompt of turn 0: the template's system part and tools, the user turn, the generation prompt."""
+        return [*self._first[0], *self.encode_observation(observation), *self._first[1]]
+
+    def observation(self, observation: str) -> list[int]:
+        """What follows an action's end-of-turn id: the template's tool turn around the observation, and the
+        next generation prompt."""
+        return [*self._obs[0], *self.encode_observation(observation), *self._obs[1]]
+
+
 class HFTokenizerAdapter(SpecialTokenIds):
     """A ``transformers`` tokenizer with the text policy's tokenizer interface (``encode``, ``decode``,
-    ``vocab_size``, the role-token ids, ``suppressed_ids``). Role tokens the tokenizer lacks are added as
-    special tokens (:meth:`missing_tokens` says which, so the model's embeddings can be resized)."""
+    ``vocab_size``, ``eot_id``, ``pad_id``, ``suppressed_ids``).
+
+    A tokenizer with a chat template that can render tool turns keeps it: the policy's prompts are that
+    template's (:class:`HFChatTemplate`, :meth:`chat_template`), ``eot_id`` is the token closing its assistant
+    messages, and nothing is added. A tokenizer without one (a base model) gets forkyard's template: its role
+    tokens are added as special tokens (``added`` says which, so the model's embeddings can be resized). A
+    chat template that cannot serve (no tool role, not append-only) falls back to forkyard's with a warning
+    that says why.
+    """
 
     kind = "hf"
 
     def __init__(self, hf_tokenizer):
         self.hf = hf_tokenizer
+        self.own_template = False
+        if getattr(hf_tokenizer, "chat_template", None):
+            self.added = []
+            try:
+                eot = HFChatTemplate(self).eot_id
+            except ValueError as exc:
+                import warnings
+
+                warnings.warn(f"{exc}; using forkyard's chat template with added role tokens instead", stacklevel=2)
+            else:
+                self.own_template = True
+                self.special = {}
+                self.vocab_size = len(hf_tokenizer)
+                self.eot_id = eot
+                pad = hf_tokenizer.pad_token_id
+                self.pad_id = eot if pad is None else pad
+                self.bos_id = self.user_id = self.assistant_id = self.tool_id = None
+                self.suppressed_ids = tuple(sorted(set(hf_tokenizer.all_special_ids) - {eot}))
+                return
         vocab = hf_tokenizer.get_vocab()
         self.added = [t for t in SPECIAL_TOKENS if t not in vocab]
         if self.added:
@@ -215,6 +311,11 @@ class HFTokenizerAdapter(SpecialTokenIds):
     def decode(self, ids: list[int]) -> str:
         """Ids -> text, special ids dropped."""
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    def chat_template(self, max_obs_tokens: int | None = None, tools=None):
+        """The policy's template for this tokenizer: :class:`HFChatTemplate` when it keeps its own chat
+        template, else forkyard's :class:`trainer.text_policy.ChatTemplate` over the added role tokens."""
+        return (HFChatTemplate if self.own_template else ChatTemplate)(self, max_obs_tokens, tools)
 
 
 def save_folder(model: HFCausalLM, folder: str | Path, **extra: Any) -> Path:

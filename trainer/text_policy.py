@@ -136,6 +136,13 @@ class ChatTemplate:
         return ids, mask
 
 
+def chat_template(tokenizer, max_obs_tokens: int | None = None, tools=None):
+    """The template for ``tokenizer``: its own (``tokenizer.chat_template``, a user checkpoint's:
+    :class:`trainer.hf.HFChatTemplate`), else :class:`ChatTemplate` (same arguments)."""
+    own = getattr(tokenizer, "chat_template", None)
+    return own(max_obs_tokens, tools) if own is not None else ChatTemplate(tokenizer, max_obs_tokens, tools)
+
+
 @dataclass
 class SamplingConfig:
     """How actions are sampled. ``temperature == 0`` means greedy (argmax; log-probs recorded at T=1)."""
@@ -213,7 +220,7 @@ class TextPolicy:
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
         self.sampling = sampling or SamplingConfig()
-        self.template = ChatTemplate(self.tok, self.sampling.max_obs_tokens, self.sampling.tools)
+        self.template = chat_template(self.tok, self.sampling.max_obs_tokens, self.sampling.tools)
 
     @property
     def device(self) -> torch.device:

@@ -30,7 +30,7 @@ from envs.tool_calls import action_to_call, format_tool_call
 from trainer.lm import ByteTokenizer, build_model, save_checkpoint
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
-from trainer.text_policy import ChatTemplate, pad_rows, token_logprobs
+from trainer.text_policy import ChatTemplate, chat_template, pad_rows, token_logprobs
 from trainer.tokenizer import BPETokenizer, model_tokenizer
 from trainer.update import resolve_device
 
@@ -93,7 +93,7 @@ def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) 
     """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
 
     Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""
-    template = ChatTemplate(tokenizer or ByteTokenizer(), cfg.max_obs_tokens, cfg.env_tools())
+    template = chat_template(tokenizer or ByteTokenizer(), cfg.max_obs_tokens, cfg.env_tools())
     rows, masks = [], []
     for first, turns in demo_episodes(cfg, n_episodes, seed):
         ids, mask = template.render(first, turns)
