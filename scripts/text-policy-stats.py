@@ -14,7 +14,13 @@ the exact metric over seeds 5-17 (primary), and over 0-17 where ARM has them, th
 sampled metric (secondary); draws the per-seed figure. The tests are :func:`trainer.stats.paired_comparison`'s
 (its docstring names them and their assumptions); the figures are drawn by :mod:`trainer.plot`.
 
+With ``--parity`` it reports section 0b instead: ``text_policy_runs/parity/eval.jsonl`` (the same
+evaluation of the Hugging Face Llama's runs, ``parity/{arm}_seed{s}.metrics.jsonl`` their metrics,
+``parity/eval_sft.jsonl`` both SFT checkpoints), the pre-registered test of tree_entropy - traj on the
+Llama, and each Llama arm against forkyard's transformer on the same seeds (section 0a's committed runs).
+
 Usage: .venv/bin/python scripts/text-policy-stats.py [--arm tree|tree_entropy] [--png PATH] [--curves PATH]
+       .venv/bin/python scripts/text-policy-stats.py --parity [--png PATH] [--curves PATH]
 """
 
 from __future__ import annotations
@@ -82,12 +88,77 @@ def curves(arms, png: str, grid_step: int = 240) -> None:
     print("wrote", png)
 
 
+def _print_test(label: str, r: Paired, arm: str, base: str) -> None:
+    print(f"{label}: n={r.n} mean diff {r.mean:+.4f} (s.d. {r.sd:.4f}), 95% CI ({r.lo:+.4f}, {r.hi:+.4f}); "
+          f"one-sided t={r.t:.2f} p={r.p_t:.4f}; {arm} > {base} on {r.wins}/{r.n} (sign p={r.p_sign:.4f})")
+
+
+def parity(args) -> None:
+    """Section 0b: the Llama runs' table and tests (module docstring)."""
+    own = load()
+    hf: dict[tuple[str, int], dict[str, float]] = {}
+    for line in open(RUNS / "parity" / "eval.jsonl"):
+        ev = json.loads(line)
+        m = re.search(r"/(traj|tree_entropy)_seed(\d+)/model$", ev["checkpoint"])
+        hf[(m[1], int(m[2]))] = {"exact": ev["exact_success"], "coverage": ev["exact_coverage"],
+                                 "sampled": ev["sampled_accuracy"], "greedy": ev["greedy_accuracy"],
+                                 "probes": ev["sampled_distinct_probes"], "invalid": ev["sampled_invalid_share"]}
+    for line in open(RUNS / "parity" / "eval_sft.jsonl"):
+        ev = json.loads(line)
+        print(f"SFT {ev['checkpoint']}: exact {ev['exact_success']:.4f} (coverage {ev['exact_coverage']:.3f}), sampled "
+              f"{ev['sampled_accuracy']:.3f}, greedy {ev['greedy_accuracy']:.3f}, invalid {ev['sampled_invalid_share']:.3f}")
+    seeds = sorted(s for (a, s) in hf if a == "traj" and ("tree_entropy", s) in hf)
+    print("| seed | Llama traj | Llama tree_entropy | difference | forkyard traj | forkyard tree_entropy |")
+    print("|---|---|---|---|---|---|")
+    for s in seeds:
+        a, b = hf[("traj", s)], hf[("tree_entropy", s)]
+        print(f"| {s} | {a['exact']:.3f} | {b['exact']:.3f} | {b['exact'] - a['exact']:+.3f} | "
+              f"{own[('traj', s)]['exact']:.3f} | {own[('tree_entropy', s)]['exact']:.3f} |")
+    for name in ("traj", "tree_entropy"):
+        for k in ("exact", "sampled", "greedy", "probes", "invalid", "coverage"):
+            v = [hf[(name, s)][k] for s in seeds]
+            print(f"Llama {name} {k}: mean {np.mean(v):.4f} (s.d. {sample_sd(v):.4f})")
+        print(f"forkyard {name} exact on these seeds: {np.mean([own[(name, s)]['exact'] for s in seeds]):.4f}")
+    _print_test(f"PRIMARY Llama exact, seeds {seeds[0]}-{seeds[-1]}", paired(hf, seeds, "exact", "tree_entropy"),
+                "tree_entropy", "traj")
+    _print_test("Llama sampled", paired(hf, seeds, "sampled", "tree_entropy"), "tree_entropy", "traj")
+    for name in ("traj", "tree_entropy"):
+        r = paired_comparison([hf[(name, s)]["exact"] for s in seeds], [own[(name, s)]["exact"] for s in seeds])
+        _print_test(f"{name}: Llama - forkyard transformer, exact", r, "Llama", "forkyard")
+    if args.curves:
+        def metrics(pattern: str) -> list[list[dict]]:
+            return [[json.loads(line) for line in path.read_text().splitlines()]
+                    for path in sorted(RUNS.glob(pattern)) if int(re.search(r"seed(\d+)", path.name)[1]) in seeds]
+        plot_budget_curves(
+            {"Llama traj": metrics("parity/traj_seed*.metrics.jsonl"),
+             "Llama tree_entropy": metrics("parity/tree_entropy_seed*.metrics.jsonl"),
+             "forkyard traj": metrics("confirm_traj_seed*.metrics.jsonl"),
+             "forkyard tree_entropy": metrics("confirm_tree_entropy_seed*.metrics.jsonl")},
+            args.curves, budget=14_400, grid_step=240, trailing=10, eval_key="eval_sampled_accuracy",
+            ylabels=("training reward (trailing mean of 10 iterations)", "held-out sampled accuracy (128 ep.)"),
+            title="ClueProbe T=4: transformers Llama vs forkyard's transformer, same size and seeds (±1 s.e.)")
+        print("wrote", args.curves)
+    if args.png:
+        rows = {**{(f"Llama {a}", s): v for (a, s), v in hf.items()},
+                **{(f"forkyard {a}", s): v for (a, s), v in own.items() if a != "tree"}}
+        plot_per_seed(rows, seeds, args.png,
+                      arms=(("Llama traj", "o"), ("Llama tree_entropy", "^"), ("forkyard traj", "x"),
+                            ("forkyard tree_entropy", "v")),
+                      panels=(("exact", "exact expected success (lower bound)"),
+                              ("sampled", "sampled accuracy, 1,000 held-out seeds")),
+                      xlabel="training seed", title="Section 0b: the 0a test on the transformers Llama")
+        print("wrote", args.png)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arm", default="tree", choices=ARMS[1:], help="the tree arm tested against traj")
     ap.add_argument("--png", default=None)
     ap.add_argument("--curves", default=None, help="PNG of training curves vs env calls, seeds 5-17, per arm")
+    ap.add_argument("--parity", action="store_true", help="section 0b (module docstring)")
     args = ap.parse_args()
+    if args.parity:
+        return parity(args)
     rows = load()
     arm = args.arm
     pair = ("traj", arm)
