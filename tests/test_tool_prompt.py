@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.docker_support import ROOT
+from tests.test_plugins import CoinEnv
 from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -126,3 +127,21 @@ def test_sft_on_tool_call_json_then_evaluation_plays_the_env_through_the_mapping
     assert a["sampled_invalid_share"] < 0.05
     # without the tools the model sees another prompt and its JSON reaches the env unmapped: invalid
     assert b["sampled_invalid_share"] > 0.5
+
+
+class CoinTurns(CoinEnv):
+    """test_plugins' coin env with the ``max_turns`` parameter the text trainer passes, and no tool schemas."""
+
+    def __init__(self, max_turns: int = 2, render_mode: str | None = None):
+        super().__init__(render_mode)
+
+
+def test_tools_on_an_env_without_tool_schemas_are_refused_before_any_work():
+    import envs
+
+    envs.register_env("forkyard-test/CoinTurns-v0", "tests.test_tool_prompt:CoinTurns")
+    cfg = TextTrainConfig(env_id="forkyard-test/CoinTurns-v0", turns=2)
+    cfg.validate()  # without --tools it is fine
+    cfg.tools = "json"
+    with pytest.raises(ValueError, match="declares no tool schemas"):
+        cfg.validate()

@@ -154,6 +154,7 @@ class TextTrainConfig(LoopConfig):
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
+        self.env_tools()  # --tools on an env without tool schemas: refused here, before any work
         hf_model = os.path.isdir(self.checkpoint) if self.checkpoint else self.arch != "tiny"
         if (self.lora_rank or self.gradient_checkpointing) and not hf_model:
             raise ValueError("--lora-rank and --gradient-checkpointing need a Hugging Face model: --arch llama, or "
