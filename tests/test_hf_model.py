@@ -250,7 +250,7 @@ CHATML = (
 
 
 def _chat_folder(tmp_path, template):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -261,6 +261,7 @@ def _chat_folder(tmp_path, template):
                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    unk_token="<unk>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.add_tokens([AddedToken("<|start_header_id|>", special=True)])  # as Llama 3 declares its headers
     fast.chat_template = template
     LlamaForCausalLM(LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
@@ -278,6 +279,8 @@ def test_a_users_chat_template_renders_the_prompt_with_the_env_tools(tmp_path):
     assert tok.own_template and tok.added == [] and model.config.vocab_size == len(fast)  # nothing added
     assert tok.eot_id == fast.convert_tokens_to_ids("<|im_end|>")
     assert fast.convert_tokens_to_ids("<|im_start|>") in tok.suppressed_ids  # a policy cannot open a turn
+    header = fast.convert_tokens_to_ids("<|start_header_id|>")  # special, though not a named special token
+    assert header not in fast.all_special_ids and header in tok.suppressed_ids
     cfg = TextTrainConfig(turns=3, tools="json")
     tools = list(cfg.env_tools())
     template = tok.chat_template(None, tools)
@@ -315,3 +318,38 @@ def test_a_chat_template_without_a_tool_role_falls_back_to_forkyards_with_a_warn
         model = load_folder(tmp_path, device="cpu")
     assert not model.tokenizer.own_template and len(model.tokenizer.added) == 6
     assert isinstance(model.tokenizer.chat_template(), ChatTemplate)
+
+
+def test_a_chat_template_that_cannot_render_tools_is_kept_and_refuses_tools_by_name(tmp_path):
+    no_tools = CHATML.replace("{%- if tools %}", "{%- if tools %}{{ raise_exception('tools not supported') }}")
+    _chat_folder(tmp_path, no_tools)
+    tok = load_folder(tmp_path, device="cpu").tokenizer
+    assert tok.own_template and not tok.tools_ok
+    tok.chat_template()  # without tools it serves
+    with pytest.raises(ValueError, match="cannot render tools"):
+        tok.chat_template(None, [{"type": "function", "function": {"name": "probe"}}])
+
+
+def test_sampling_from_a_model_in_training_mode_fails_loudly(model, tok):
+    pol = TextPolicy(model.train(), tok, SamplingConfig(max_new_tokens=4))
+    try:
+        session = pol.session("Turn 1 of 3: call probe(k).", {})
+        with pytest.raises(RuntimeError, match="eval mode"):
+            session.act(random.Random(0))
+    finally:
+        model.eval()
+
+
+def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
+    pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
+    from trainer.hf import configure_training
+    from trainer.text_eval import exact_policy_gradient
+
+    torch.manual_seed(0)
+    lora = configure_training(build_llama(SIZE, tok, device="cpu", seed=5), lora_rank=2)
+    # an untrained model writes a legal action with tiny probability: no pruning, so the paths are walked
+    _, grads = exact_policy_gradient(lora, TextTrainConfig(turns=2, max_new_tokens=8), min_path_prob=0.0)
+    named = [(n, p.requires_grad) for n, p in lora.named_parameters()]
+    assert all(not g.any() for (n, trainable), g in zip(named, grads) if not trainable)
+    # B starts at zero, so the gradient reaches B (not yet A)
+    assert any(g.any() for (n, trainable), g in zip(named, grads) if trainable and "lora_B" in n)

@@ -61,12 +61,15 @@ def test_the_prompt_with_tools_is_the_hf_chat_template_with_tools(tok):
     assert written.count("<tool_call>") == len(turns) and '"name": "answer"' in written
 
 
-def test_a_cut_never_reaches_into_the_tools(tok):
-    template = ChatTemplate(tok, max_obs_tokens=12, tools=TOOLS)
+@pytest.mark.parametrize("n", [12, 2, 1])  # 2 and 1: fewer tokens than the cut marker itself
+def test_a_cut_never_reaches_into_the_tools(tok, n):
+    template = ChatTemplate(tok, max_obs_tokens=n, tools=TOOLS)
     long_obs = "Turn 1 of 3: " + "x y z " * 200
     text = tok.decode(template.first(long_obs))
-    assert text.startswith(template.tools_text) and text.endswith(" [...cut]")
-    assert len(template.first(long_obs)) <= len(tok.encode(template.tools_text)) + 12 + 4
+    assert text.startswith(template.tools_text)
+    assert len(template.first(long_obs)) <= len(tok.encode(template.tools_text)) + n + 4
+    if n == 12:
+        assert text.endswith(" [...cut]")
 
 
 @pytest.mark.parametrize("written, action", [
@@ -145,3 +148,9 @@ def test_tools_on_an_env_without_tool_schemas_are_refused_before_any_work():
     cfg.tools = "json"
     with pytest.raises(ValueError, match="declares no tool schemas"):
         cfg.validate()
+
+
+def test_exact_evaluation_of_a_json_tool_call_policy_is_refused_with_a_reason(tmp_path):
+    out = subprocess.run([*CLI, "eval-lm", str(tmp_path / "none.pt"), "--exact", "--tools", "json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--exact scores name(args)" in out.stderr

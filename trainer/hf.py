@@ -14,6 +14,10 @@ tokenizer and metadata). A folder written elsewhere (a user's Qwen, Llama or Smo
 the same path; its tokenizer is used through :class:`HFTokenizerAdapter`, which adds the template's role
 tokens when the tokenizer lacks them (and resizes the embeddings). Nothing is downloaded: folders are local
 paths and tests build their models from configs (:func:`build_llama`).
+
+Why one file: it is everything forkyard does with ``transformers`` (the optional ``hf`` extra: nothing else
+imports it), and the model, the tokenizer adapter, the chat templates and the folders share one convention
+for special tokens; split, each part would need the others to be read.
 """
 
 from __future__ import annotations
@@ -117,8 +121,10 @@ def configure_training(model, gradient_checkpointing: bool = False, lora_rank: i
             less activation memory, about one more forward pass of compute per update.
         lora_rank: 0 trains every weight; r > 0 freezes them and trains rank-r adapters (Hu et al. 2021,
             "LoRA", eq. 3: ``W x + (alpha / r) B A x``) on every linear layer (``peft``,
-            ``target_modules="all-linear"``), plus the embedding rows of tokens the tokenizer added (role
-            tokens a user's checkpoint lacked: frozen, their rows would stay random).
+            ``target_modules="all-linear"``, which leaves out the output layer), plus the input embedding
+            rows of tokens the tokenizer added (role tokens a user's checkpoint lacked: frozen, they would
+            keep their resize init). On a model with untied output embeddings the output rows of those
+            tokens stay at their init; a tokenizer with its own chat template adds none.
         lora_alpha: the LoRA scale numerator (alpha).
 
     Raises:
@@ -130,8 +136,8 @@ def configure_training(model, gradient_checkpointing: bool = False, lora_rank: i
         return model
     if not isinstance(model, HFCausalLM):
         raise ValueError("gradient checkpointing and LoRA need a Hugging Face model (--arch llama or --model FOLDER)")
-    if lora_rank < 0:
-        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+    if lora_rank < 0 or not lora_alpha > 0:
+        raise ValueError(f"lora_rank must be >= 0 and lora_alpha > 0, got {lora_rank} and {lora_alpha}")
     if gradient_checkpointing:
         hf = model.hf
         if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
@@ -193,6 +199,11 @@ def hf_tokenizer(tokenizer):
 _CONTENT, _ACTION = "\ue000", "\ue001"
 
 
+#: A tool definition a template is tried with, to learn whether it renders ``tools=``.
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "d", "parameters": {
+    "type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}}}
+
+
 class HFChatTemplate(ChatTemplate):
     """The text policy's template (:class:`trainer.text_policy.ChatTemplate`: ``first``, ``observation``,
     ``render``, ``encode_observation``) rendered by a Hugging Face tokenizer's own chat template, with the env's
@@ -203,12 +214,16 @@ class HFChatTemplate(ChatTemplate):
     (special-token text in an observation stays text) and appended as deltas, so a session's ids only grow
     and are never re-tokenised. The end-of-turn id (``eot_id``) is the special token that closes an assistant
     message (``<|im_end|>`` for ChatML templates); what the template puts after it (a newline) opens the next
-    observation's delta. The decoded ids of an episode equal ``apply_chat_template`` of its messages (tested);
-    the ids may split differently at the placeholders' edges than tokenizing that text whole.
+    observation's delta. For a template that inserts message content verbatim (ChatML, Qwen) the decoded ids
+    of an episode equal ``apply_chat_template`` of its messages (tested); one that transforms content (Llama 3
+    trims it) gets the content untransformed, and a template whose text depends on the day (``strftime_now``)
+    fixes it at construction. The ids may split differently at the placeholders' edges than tokenizing that
+    text whole.
 
     Raises:
         ValueError: a template that re-renders earlier turns when a turn is appended (not append-only), that
-            has no tool role, or whose assistant message is not closed by a special token.
+            has no tool role, whose assistant turn opens with another header than its generation prompt, or
+            whose assistant message is not closed by a special token.
     """
 
     def __init__(self, tok: "HFTokenizerAdapter", max_obs_tokens: int | None = None,
@@ -224,10 +239,16 @@ class HFChatTemplate(ChatTemplate):
             except Exception as exc:  # a template's own raise_exception (e.g. no tool role)
                 raise ValueError(f"the tokenizer's chat template cannot render this chat: {exc}") from None
 
-        self._first = self._split(render([{"role": "user", "content": _CONTENT}], True))
-        chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ACTION}]
+        prompt = render([{"role": "user", "content": _CONTENT}], True)
+        self._first = self._split(prompt)
+        chat = [{"role": "user", "content": _CONTENT}, {"role": "assistant", "content": _ACTION}]
         closed = render(chat, False)
-        more = render(chat + [{"role": "tool", "content": _CONTENT}], True)
+        if not closed.startswith(prompt + _ACTION):
+            raise ValueError("the tokenizer's chat template renders an assistant turn with another header than its "
+                             "generation prompt")
+        # the user turn's placeholder becomes plain text, so only the tool turn's is left to split at
+        closed = closed.replace(_CONTENT, "u", 1)
+        more = render(chat + [{"role": "tool", "content": _CONTENT}], True).replace(_CONTENT, "u", 1)
         if not more.startswith(closed) or closed.count(_ACTION) != 1:
             raise ValueError("the tokenizer's chat template re-renders earlier turns when a tool turn is appended; "
                              "forkyard appends token deltas and needs an append-only template")
@@ -239,7 +260,7 @@ class HFChatTemplate(ChatTemplate):
         self._obs = (after[1:] + pre, post)
 
     def _template(self, text: str) -> list[int]:
-        return self.tok.hf.encode(text, add_special_tokens=False) if text else []
+        return self.tok.encode_template(text)
 
     def _split(self, text: str) -> tuple[list[int], list[int]]:
         parts = text.split(_CONTENT)
@@ -266,14 +287,23 @@ class HFTokenizerAdapter(SpecialTokenIds):
     messages, and nothing is added. A tokenizer without one (a base model) gets forkyard's template: its role
     tokens are added as special tokens (``added`` says which, so the model's embeddings can be resized). A
     chat template that cannot serve (no tool role, not append-only) falls back to forkyard's with a warning
-    that says why.
+    that says why; one that serves but cannot render ``tools=`` is kept, and asking it for tools raises
+    ValueError (``tools_ok`` says which).
+
+    ``suppressed_ids``: every added token marked special (not only the named ones: Llama 3's header tokens
+    are among them) except ``eot_id``, so a policy cannot write a turn of its own. Added tokens that are not
+    special (Qwen's ``<tool_call>``) stay writable, and observation text containing them becomes those ids.
+    Encoding holds a lock: ``transformers`` switches special-token splitting on the shared Rust tokenizer.
     """
 
     kind = "hf"
 
     def __init__(self, hf_tokenizer):
+        import threading
+
         self.hf = hf_tokenizer
-        self.own_template = False
+        self.lock = threading.Lock()
+        self.own_template = self.tools_ok = False
         if getattr(hf_tokenizer, "chat_template", None):
             self.added = []
             try:
@@ -290,7 +320,12 @@ class HFTokenizerAdapter(SpecialTokenIds):
                 pad = hf_tokenizer.pad_token_id
                 self.pad_id = eot if pad is None else pad
                 self.bos_id = self.user_id = self.assistant_id = self.tool_id = None
-                self.suppressed_ids = tuple(sorted(set(hf_tokenizer.all_special_ids) - {eot}))
+                self.suppressed_ids = self._special_ids(eot)
+                try:
+                    HFChatTemplate(self, tools=[_PROBE_TOOL])
+                    self.tools_ok = True
+                except ValueError:
+                    pass
                 return
         vocab = hf_tokenizer.get_vocab()
         self.added = [t for t in SPECIAL_TOKENS if t not in vocab]
@@ -301,12 +336,23 @@ class HFTokenizerAdapter(SpecialTokenIds):
         self.vocab_size = len(hf_tokenizer)
         self.pad_id, self.bos_id, self.user_id = ids["<|pad|>"], ids["<|bos|>"], ids["<|user|>"]
         self.assistant_id, self.tool_id, self.eot_id = ids["<|assistant|>"], ids["<|tool|>"], ids["<|end|>"]
-        self.suppressed_ids = tuple(sorted(set(hf_tokenizer.all_special_ids) - {self.eot_id}))
+        self.suppressed_ids = self._special_ids(self.eot_id)
+
+    def _special_ids(self, eot: int) -> tuple[int, ...]:
+        hf = self.hf
+        special = set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items() if t.special}
+        return tuple(sorted(special - {eot}))
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids, special-token text left as text (an observation cannot forge a role token)."""
-        return self.hf.encode(text.encode("utf-8", errors="replace").decode("utf-8"), add_special_tokens=False,
-                              split_special_tokens=True)
+        with self.lock:
+            return self.hf.encode(text.encode("utf-8", errors="replace").decode("utf-8"), add_special_tokens=False,
+                                  split_special_tokens=True)
+
+    def encode_template(self, text: str) -> list[int]:
+        """A chat template's own text -> ids, its special tokens parsed as such."""
+        with self.lock:
+            return self.hf.encode(text, add_special_tokens=False, split_special_tokens=False) if text else []
 
     def decode(self, ids: list[int]) -> str:
         """Ids -> text, special ids dropped."""
@@ -314,7 +360,10 @@ class HFTokenizerAdapter(SpecialTokenIds):
 
     def chat_template(self, max_obs_tokens: int | None = None, tools=None):
         """The policy's template for this tokenizer: :class:`HFChatTemplate` when it keeps its own chat
-        template, else forkyard's :class:`trainer.text_policy.ChatTemplate` over the added role tokens."""
+        template, else forkyard's :class:`trainer.text_policy.ChatTemplate` over the added role tokens.
+        Raises ValueError for tools its own template cannot render."""
+        if tools and self.own_template and not self.tools_ok:
+            raise ValueError("this tokenizer's chat template cannot render tools=; train with --tools none")
         return (HFChatTemplate if self.own_template else ChatTemplate)(self, max_obs_tokens, tools)
 
 

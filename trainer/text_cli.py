@@ -21,12 +21,13 @@ def _config(cls, args, command: str, **overrides):
     error, not a traceback)."""
     import sys
 
+    from envs.core import EnvInfraError
     from trainer.config import from_args
 
     cfg = from_args(cls, args, **overrides)
     try:
         cfg.validate()
-    except ValueError as exc:
+    except (ValueError, EnvInfraError) as exc:  # EnvInfraError: the env (its tools) could not be built
         print(f"forkyard {command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     return cfg

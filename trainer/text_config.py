@@ -152,8 +152,8 @@ class TextTrainConfig(LoopConfig):
         super().validate()
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
+        if self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(f"lora_rank must be >= 0 and lora_alpha > 0, got {self.lora_rank} and {self.lora_alpha}")
         self.env_tools()  # --tools on an env without tool schemas: refused here, before any work
         hf_model = os.path.isdir(self.checkpoint) if self.checkpoint else self.arch != "tiny"
         if (self.lora_rank or self.gradient_checkpointing) and not hf_model:
@@ -172,6 +172,14 @@ class EvalConfig(TextTrainConfig):
     checkpoints: list[str] = setting(default_factory=list, positional=True, help="model.pt / sft.pt files")
     samples: int = setting(1000, help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
     exact: bool = setting(False, help="also the exact expected success over every accepted action path (trainer/text_eval.py)")
+
+    def validate(self) -> None:
+        """:meth:`TextTrainConfig.validate`, and no ``exact`` with ``tools="json"`` (the exact metric scores the
+        env's ``name(args)`` texts, not the ``<tool_call>`` JSON such a policy writes). Raises ValueError."""
+        super().validate()
+        if self.exact and self.tools == "json":
+            raise ValueError("--exact scores name(args) action texts; a policy trained with --tools json writes "
+                             "<tool_call> JSON, so its exact success would read near 0. Evaluate it sampled")
 
 
 #: The fields ``forkyard eval-lm`` takes.

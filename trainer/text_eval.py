@@ -231,19 +231,21 @@ def exact_policy_gradient(model, cfg, resets: list[tuple[int | None, dict | None
 
     Returns:
         ``(totals, grads)``: the dict of :func:`exact_success` and one float tensor per parameter of
-        ``model.parameters()`` (its shape; zeros for parameters the policy does not use). The model's own
+        ``model.parameters()`` (its shape; zeros for parameters the policy does not use and for frozen
+        ones). The model's own
         ``.grad`` fields are left as they were.
     """
     nodes: list = []
     total, policy = _walk_tree(model, cfg, resets, min_path_prob, max_paths, nodes)
     params = list(model.parameters())
     grads = [torch.zeros_like(p) for p in params]
+    live = [i for i, p in enumerate(params) if p.requires_grad]  # frozen weights (LoRA's base) keep zeros
     for reach, ids, candidates, q in nodes:
         if reach == 0.0 or not any(q):
             continue
         probs = action_probabilities(policy, ids, candidates, differentiable=True)
         value = reach * (probs * torch.tensor(q, dtype=probs.dtype, device=probs.device)).sum()
-        for g, d in zip(grads, torch.autograd.grad(value, params, allow_unused=True)):
+        for i, d in zip(live, torch.autograd.grad(value, [params[i] for i in live], allow_unused=True)):
             if d is not None:
-                g += d
+                grads[i] += d
     return total, grads

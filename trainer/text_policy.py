@@ -34,6 +34,10 @@ the first on-policy epoch. With top_p = 1 (default) the two are the same distrib
 Context: when ``len(history) + max_new_tokens`` exceeds the model context C, the turn's prompt window
 starts at ``window_start = len(history) + max_new_tokens - C`` (left truncation); the start is recorded
 with the step so the trainer recomputes log-probs over exactly the same window.
+
+Why one file: the template, the sampler and the log-prob recomputation share one invariant (the ids a
+session sampled are the ids the trainer scores, under the same suppression and window); split, a change to
+one could break it unseen by the others.
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ class ChatTemplate:
         if self.max_obs_tokens is None or len(ids) <= self.max_obs_tokens + keep:
             return ids
         n = self.max_obs_tokens + keep
-        return ids[: max(n - len(self._cut), 0)] + self._cut[:n]
+        body = ids[: max(n - len(self._cut), keep)]
+        return body + self._cut[: n - len(body)]
 
     def first(self, observation: str) -> list[int]:
         """``<|bos|><|user|>{tools}{obs}<|end|><|assistant|>``: the prompt of turn 0 (``{tools}``: one JSON
@@ -363,6 +368,9 @@ class TextSession:
         new = self.ids[ws + self._cached:]
         with torch.no_grad():
             out, self._past = model(torch.tensor([new], device=self.policy.device), self._past)
+        if self._past is None:
+            raise RuntimeError("the model returned no KV cache (a Hugging Face model in training mode): sample in "
+                               "eval mode, model.eval()")
         self._cached += len(new)
         self._next_logits = out[0, -1]
         return self._next_logits

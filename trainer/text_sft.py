@@ -45,6 +45,13 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
     """
     tools = cfg.env_tools()
     env = make_env(cfg.env_id, cfg.env_kwargs())
+    try:
+        return _play_demos(cfg, env, tools, n_episodes, seed)
+    finally:
+        env.close()
+
+
+def _play_demos(cfg: TextTrainConfig, env, tools, n_episodes: int, seed: int):
     demonstrator = isinstance(env, Demonstrator)
     rng = random.Random(seed)
     episodes = []
@@ -57,7 +64,6 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
             elif info.get("legal_actions"):
                 action = rng.choice(info["legal_actions"])
             else:
-                env.close()
                 raise ValueError(f"{cfg.env_id} has no demo_action and no legal_actions menu to demonstrate from")
             obs, r, te, tr, info = env.step(action)
             done = te or tr
@@ -66,7 +72,6 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
             if done:
                 break
         episodes.append((first, turns))
-    env.close()
     return episodes
 
 
