@@ -353,3 +353,32 @@ def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
     assert all(not g.any() for (n, trainable), g in zip(named, grads) if not trainable)
     # B starts at zero, so the gradient reaches B (not yet A)
     assert any(g.any() for (n, trainable), g in zip(named, grads) if trainable and "lora_B" in n)
+
+
+def test_the_kl_reference_of_a_lora_model_is_its_base_without_a_copy(tok):
+    pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
+    import copy
+
+    from trainer.estimators import Assigned
+    from trainer.hf import configure_training
+    from trainer.losses import PPOConfig
+    from trainer.text_train import PPOTextPolicy
+
+    base = build_llama(SIZE, tok, device="cpu", seed=6)
+    before = copy.deepcopy(base)
+    torch.manual_seed(0)
+    lora = configure_training(base, lora_rank=2)
+    pol = PPOTextPolicy(lora, tok, SamplingConfig(max_new_tokens=6), lr=5e-2, ppo=PPOConfig(kl_coef=0.5),
+                        ppo_epochs=2, max_grad_norm=1.0)
+    assert pol.ref is None  # no second copy of the weights
+    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    ro = tree_rollout(env, pol, 2, 3, [0, 1], random.Random(0))
+    out = pol.update(ro, Assigned(ro.steps, [(-1.0) ** i for i in range(len(ro.steps))], len(ro.episodes), {}))
+    assert out["trained_tokens"] > 0
+    step = ro.steps[0].data
+    ids = torch.tensor([step.context + step.action_ids])
+    with torch.no_grad():
+        with lora.hf.disable_adapter():
+            ref = token_logprobs(lora, ids, 1.0, tok.suppressed_ids)[0]
+        assert torch.allclose(ref, token_logprobs(before, ids, 1.0, tok.suppressed_ids)[0], atol=1e-5)
+        assert not torch.allclose(token_logprobs(lora, ids, 1.0, tok.suppressed_ids)[0], ref, atol=1e-4)

@@ -137,7 +137,7 @@ class PPOTextPolicy(TextPolicy):
         tokenizer, sampling: as :class:`TextPolicy`.
         lr: Adam learning rate.
         ppo: the loss settings (:class:`trainer.losses.PPOConfig`); ``kl_coef > 0`` keeps a frozen copy
-            of ``model`` as the KL reference.
+            of ``model`` as the KL reference (a LoRA model: itself with its adapters disabled, no copy).
         ppo_epochs: full-batch epochs per update (>= 1).
         max_grad_norm: gradient-norm clip.
     """
@@ -149,7 +149,10 @@ class PPOTextPolicy(TextPolicy):
         self.ppo_epochs = ppo_epochs
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        self.ref = copy.deepcopy(model).eval() if ppo.kl_coef else None
+        # the KL reference: a frozen copy, or for a LoRA model the same model with its adapters disabled (the
+        # base weights are the starting model's and never move), which costs no second copy
+        self._ref_is_base = bool(ppo.kl_coef) and getattr(model, "lora", False)
+        self.ref = copy.deepcopy(model).eval() if ppo.kl_coef and not self._ref_is_base else None
         model.eval()
 
     @classmethod
@@ -200,6 +203,9 @@ class PPOTextPolicy(TextPolicy):
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp = token_logprobs(self.ref, batch.ids, temperature, suppress)[0]
+        elif self._ref_is_base:
+            with torch.no_grad(), model.hf.disable_adapter():
+                ref_logp = token_logprobs(model, batch.ids, temperature, suppress)[0]
         out: dict[str, float] = {}
         for epoch in range(self.ppo_epochs):
             logp, ent, _ = token_logprobs(model, batch.ids, temperature, suppress)
