@@ -227,6 +227,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_http_ok(url: str, timeout_s: float = 120.0, proc: subprocess.Popen | None = None,
+                 log: Path | None = None) -> bool:
+    """Poll ``GET url`` until it answers 200 (True) or ``timeout_s`` seconds pass (False). With ``proc``, a
+    server process that exits meanwhile fails the test with the tail of ``log``."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            time.sleep(0.5)
+        if proc is not None:
+            assert proc.poll() is None, log.read_text()[-2000:] if log else f"the server exited ({proc.returncode})"
+    return False
+
+
 class UvicornThread:
     """A real uvicorn server on loopback in a background thread."""
 

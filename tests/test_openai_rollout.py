@@ -11,15 +11,13 @@ import json
 import os
 import random
 import subprocess
-import time
 
-import httpx
 import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
 pytest.importorskip("fastapi")
 
-from tests.docker_support import ROOT, free_port  # noqa: E402
+from tests.docker_support import ROOT, free_port, wait_http_ok  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.openai_rollout import OpenAIPolicy, ServerRecord, require_token_ids  # noqa: E402
 from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
@@ -42,15 +40,7 @@ def served(tmp_path_factory):
                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.5)
-        assert proc.poll() is None, (run / "serve.log").read_text()[-2000:]
-    else:
+    if not wait_http_ok(f"{url}/health", 120, proc, run / "serve.log"):
         proc.kill()
         pytest.fail("transformers serve did not answer /health in 120 s")
     yield f"{url}/v1", folder

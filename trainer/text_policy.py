@@ -79,6 +79,12 @@ def policy_log_softmax(logits: torch.Tensor, temperature: float = 1.0,
 OBS_CUT_MARKER = " [...cut]"
 
 
+def tools_text(tools) -> str:
+    """The first user turn's opening for ``tools``: one JSON line each, as ``tojson`` renders them in the
+    chat template (:data:`trainer.hf.CHAT_TEMPLATE`); ``""`` for none."""
+    return "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tools or ())
+
+
 class ChatTemplate:
     """Renders observations into token deltas (see the module docstring). All methods return list[int]."""
 
@@ -90,7 +96,7 @@ class ChatTemplate:
         self.max_obs_tokens = max_obs_tokens
         self._cut = tokenizer.encode(OBS_CUT_MARKER)
         #: the first user turn's opening: one JSON line per tool (``tojson`` of the chat template)
-        self.tools_text = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tools or ())
+        self.tools_text = tools_text(tools)
         self._tools_len = len(tokenizer.encode(self.tools_text)) if tools else 0
 
     def encode_observation(self, observation: str, keep: int = 0) -> list[int]:

@@ -30,7 +30,7 @@ from envs.tool_calls import action_to_call, format_tool_call
 from trainer.lm import ByteTokenizer, build_model, save_checkpoint
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
-from trainer.text_policy import ChatTemplate, chat_template, pad_rows, token_logprobs
+from trainer.text_policy import chat_template, pad_rows, token_logprobs, tools_text
 from trainer.tokenizer import BPETokenizer, model_tokenizer
 from trainer.update import resolve_device
 
@@ -84,9 +84,9 @@ def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
     if cfg.tokenizer != "bpe":
         raise ValueError(f"tokenizer must be 'bpe' or 'byte', got {cfg.tokenizer!r}")
     texts = []
-    tools_text = ChatTemplate(ByteTokenizer(), tools=cfg.env_tools()).tools_text
+    prefix = tools_text(cfg.env_tools())
     for first, turns in demo_episodes(cfg, n_episodes, cfg.seed + 7):
-        texts.append(tools_text + first)
+        texts.append(prefix + first)
         for action, obs in turns:
             texts.append(action)
             if obs is not None:
