@@ -1,5 +1,7 @@
 """The base class of every forkyard environment: multi-turn text in and out, with fork and snapshot.
 
+Why one file: :class:`TextEnv`'s state, its stepping, fork, snapshot and restore are one class over one state.
+
 An episode is a sequence of *turns*. On each turn the agent sends one action (a tool call in the format
 of :mod:`envs.actions`) and receives one observation (text). ``step`` returns the Gymnasium 5-tuple
 ``(observation, reward, terminated, truncated, info)`` and ``info`` always carries:
@@ -290,6 +292,11 @@ class TextEnv(gym.Env):
     def history(self) -> list[tuple[str, str]]:
         """A copy of the visible history: ``[(action, observation), ...]`` since ``reset``."""
         return list(self._history)
+
+    @property
+    def last_observation(self) -> str:
+        """The latest observation: the last step's, else the first one after ``reset`` (``""`` before)."""
+        return self._history[-1][1] if self._history else self._first_observation
 
     @property
     def done(self) -> bool:

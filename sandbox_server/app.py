@@ -43,10 +43,12 @@ from sandbox_server.env_sessions import EnvSessions, reaper
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, SMALL_BODY_BYTES
 from sandbox_server.routes import envs as env_routes
-from sandbox_server.routes import health, snapshots, tools
+from sandbox_server.routes import health, openenv, snapshots, tools
 from sandbox_server.routes import sandboxes as sandbox_routes
 from sandbox_server.service import SandboxService
+from sandbox_server.session_host import SessionHost
 from sandbox_server.settings import ServerSettings, ServiceConfig
+from sandbox_server.snapshot_tokens import SnapshotSealer
 
 _DESCRIPTION = ("A pool of snapshot-cloneable sandboxes with a read-only tool whitelist and per-turn timeouts, and "
                 "env sessions (/v1/envs) for every registered forkyard env. Every error answer is an ErrorBody "
@@ -98,6 +100,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     sessions = EnvSessions(ttl_s=cfg.env_ttl_s, max_sessions=cfg.max_env_sessions, sandbox_provider=sandbox_provider)
+    key = ServerSettings().snapshot_key
+    host = SessionHost(sessions, SnapshotSealer(key.get_secret_value() if key is not None else None))
     backend_error: list[str] = []
 
     def build() -> SandboxService | None:
@@ -157,9 +161,12 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.state.service = None
     app.state.backend_error = None
     app.state.env_sessions = sessions
+    app.state.env_host = host
+    app.state.openenv_owners = {}  # session id -> the OpenEnv connection responsible for it (routes/openenv.py)
     http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable if sandboxes else None)
     app.include_router(env_routes.router)
+    app.include_router(openenv.router)
     if sandboxes:
         for router in (sandbox_routes.router, snapshots.router, tools.router, health.router):
             app.include_router(router)

@@ -9,6 +9,7 @@ Use the ``Annotated`` aliases as parameter types::
   (with ``Retry-After``) instead of calling the handler.
 * :data:`MaybeService`: the service or None (health and metrics routes, which answer either way).
 * :data:`Sessions`: the app's :class:`EnvSessions`.
+* :data:`Host`: the app's :class:`SessionHost` (the env-session operations every transport shares).
 
 The app (:func:`sandbox_server.app.create_app`) keeps them on ``app.state``: ``service`` (None until its
 lifespan built one, or when the backend is down), ``backend_error`` and ``env_sessions``. The
@@ -24,6 +25,7 @@ from fastapi import Depends, Request
 from sandbox_server.env_sessions import NO_BACKEND_RETRY_S, EnvSessions
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.service import SandboxService
+from sandbox_server.session_host import SessionHost
 
 
 async def get_service(request: Request) -> SandboxService:
@@ -45,8 +47,14 @@ async def get_env_sessions(request: Request) -> EnvSessions:
     return request.app.state.env_sessions
 
 
+async def get_env_host(request: Request) -> SessionHost:
+    """The app's env-session host (the operations every transport shares)."""
+    return request.app.state.env_host
+
+
 Service = Annotated[SandboxService, Depends(get_service)]
 MaybeService = Annotated[SandboxService | None, Depends(get_optional_service)]
 Sessions = Annotated[EnvSessions, Depends(get_env_sessions)]
+Host = Annotated[SessionHost, Depends(get_env_host)]
 
-__all__ = ["MaybeService", "Service", "Sessions", "get_env_sessions", "get_optional_service", "get_service"]
+__all__ = ["Host", "MaybeService", "Service", "Sessions", "get_env_host", "get_env_sessions", "get_optional_service", "get_service"]

@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 import envs
 from envs.core import EnvInfraError, EpisodeFinishedError, TextEnv
-from sandbox_server.errors import SandboxError, ServiceUnavailable, ToolRefused
+from sandbox_server.errors import CapacityReached, SandboxError, ServiceUnavailable, ToolRefused
 
 T = TypeVar("T")
 
@@ -145,7 +145,7 @@ class EnvSessions:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
             if len(self._sessions) + self._reserved + n > self.max_sessions:
-                raise ServiceUnavailable(
+                raise CapacityReached(
                     f"{len(self._sessions) + self._reserved} of {self.max_sessions} env sessions are in use and "
                     f"{n} more were asked for; close some (DELETE /v1/envs/{{id}})", retry_after_s=SESSIONS_RETRY_S)
             self._reserved += n

@@ -34,6 +34,10 @@ class ServiceUnavailable(SandboxError):
         self.retry_after_s = retry_after_s
 
 
+class CapacityReached(ServiceUnavailable):
+    """The env-session cap has no room for the sessions asked for (HTTP 503 with ``Retry-After``)."""
+
+
 class EngineUnavailable(ServiceUnavailable):
     """The container engine did not answer or refused to start a sandbox."""
 
@@ -59,6 +63,6 @@ class LimitExceeded(ToolRefused):
     message names the limit. Nothing of the request was kept. HTTP 413, never a retry hint."""
 
 
-__all__ = ["SandboxError", "SandboxNotFound", "AgentTimeout", "AgentFailed", "ServiceUnavailable",
+__all__ = ["SandboxError", "SandboxNotFound", "AgentTimeout", "AgentFailed", "ServiceUnavailable", "CapacityReached",
            "EngineUnavailable", "IsolationUnavailable", "PoolExhausted", "SnapshotUnsupported", "LimitExceeded",
            "ToolRefused"]

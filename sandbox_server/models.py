@@ -301,6 +301,21 @@ class ForkResponse(BaseModel):
     session_ids: list[str] = Field(description="the new sessions, each at the parent's state")
 
 
+class EnvSnapshotResponse(BaseModel):
+    """``POST /v1/envs/{session_id}/snapshot``: the session's state as an opaque, authenticated token."""
+
+    session_id: str
+    snapshot: str = Field(description="a sealed token (sandbox_server/snapshot_tokens.py): the client can store "
+                                      "and return it to POST /v1/envs/restore, but neither read nor alter it")
+
+
+class RestoreEnvRequest(RequestModel):
+    """``POST /v1/envs/restore``: a new session at the state a snapshot token holds."""
+
+    snapshot: str = Field(description="a token from POST /v1/envs/{session_id}/snapshot (or the OpenEnv "
+                                      "transport's snapshot message) of this server, or of one with the same key")
+
+
 class SessionInfo(BaseModel):
     """An env session's state."""
 
@@ -513,7 +528,7 @@ class EnvHealth(BaseModel):
 __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest", "WriteFilesRequest",
            "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest", "CloneResponse",
            "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo", "CreateEnvRequest",
-           "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse", "SessionInfo", "EnvHealth",
+           "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse", "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth",
            "MAX_CLONES", "MAX_TOOL_NAME_CHARS", "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem",
            "BatchRequest", "BatchCreateRequest", "BatchResetItem", "BatchResetRequest", "BatchStepItem", "BatchStepRequest",
            "BatchForkItem", "BatchForkRequest", "BatchSessionItem", "BatchDeleteRequest", "BatchResetResult",

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from cryptography.fernet import Fernet
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Most bytes of per-episode files one write may carry.
@@ -94,7 +95,7 @@ def default_max_body_bytes() -> int:
 class ServerSettings(BaseSettings):
     """How a server runs: ``FORKYARD_HOST``, ``FORKYARD_PORT``, ``FORKYARD_BACKEND``, ``FORKYARD_SERVER_NAME``,
     ``FORKYARD_SANDBOX_IMAGE``, ``FORKYARD_MAX_BODY_BYTES``, ``FORKYARD_CORPUS``, ``FORKYARD_LOG_LEVEL``,
-    ``FORKYARD_RAY``.
+    ``FORKYARD_RAY``, ``FORKYARD_SNAPSHOT_KEY``.
 
     Raises ``pydantic.ValidationError`` on a value of the wrong type.
     """
@@ -121,6 +122,20 @@ class ServerSettings(BaseSettings):
     #: A Ray cluster (``auto``, an address, ``local``) whose nodes hold the sandboxes of the server's env
     #: sessions (:class:`sandbox_server.ray_sandboxes.RayProvider`); None: the server's own pool.
     ray: str | None = None
+    #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`); None:
+    #: a key drawn per server process (tokens restore only on the server that made them, until it restarts).
+    snapshot_key: SecretStr | None = None
+
+    @field_validator("snapshot_key")
+    @classmethod
+    def _fernet_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            try:
+                Fernet(key.get_secret_value())
+            except ValueError:
+                raise ValueError("FORKYARD_SNAPSHOT_KEY must be a Fernet key: 32 random bytes in URL-safe base64 "
+                                 "(44 characters)") from None
+        return key
 
 
 def cache_dir() -> Path:

@@ -37,7 +37,7 @@ import pytest
 
 from tests.docker_support import IN_CI, ROOT, docker_reason
 
-DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md"]
+DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md", "docs/integrations.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
@@ -55,6 +55,26 @@ class Entry(NamedTuple):
     sandbox_routes: bool = False  # follow-ups: needs the sandbox routes (not run against an env-only server)
 
 
+OPENENV_BLOCK = '''\
+from openenv.core.generic_client import GenericEnvClient
+
+with GenericEnvClient(base_url="http://127.0.0.1:8000/openenv/forkyard/ClueProbe-v0").sync() as env:
+    result = env.reset(seed=0, kwargs={"turns": 4})   # kwargs: the env's constructor kwargs
+    result = env.step({"action": "probe(0)"})          # result.observation: {"text", "info", ...}
+    print(result.observation["text"], result.reward, result.done)
+'''
+FORK_BLOCK = '''\
+from envs.openenv_client import ForkyardEnvClient
+
+base = "http://127.0.0.1:8000/openenv/forkyard/ClueProbe-v0"
+with ForkyardEnvClient(base_url=base).sync() as env:
+    env.reset(seed=0)
+    env.step({"action": "probe(0)"})
+    children = env.fork(4)
+    with ForkyardEnvClient(base_url=base).sync() as branch:
+        branch.attach(children[0])
+        branch.step({"action": "probe(1)"})
+'''
 ENV_API_BLOCK = '''\
 import gymnasium as gym
 import envs  # registers forkyard/* ids (or write gymnasium.make("envs:forkyard/ClueProbe-v0"))
@@ -139,6 +159,10 @@ TABLE: dict[str, Entry] = {
     "docker compose down": Entry(STOP, "run as written to stop the detached server of ./scripts/compose-up.sh"),
     SANDBOX_CLIENT_BLOCK: Entry(FOLLOW_UP, ".venv/bin/python -c BLOCK against every sandbox server above",
                                 sandbox_routes=True),
+    # docs/integrations.md: OpenEnv's client and the fork extension against every server above
+    OPENENV_BLOCK: Entry(FOLLOW_UP, "OpenEnv's GenericEnvClient plays a turn at /openenv/forkyard/ClueProbe-v0",
+                         check=lambda out: "bit 0 of the target" in out),
+    FORK_BLOCK: Entry(FOLLOW_UP, "fork(4) over the OpenEnv transport, one child attached by a second connection"),
     # docs/reliability.md
     "FORKYARD_RELIABILITY_OUT=/tmp/forkyard-reliability.json .venv/bin/python -m pytest -q -s "
     "tests/test_reliability.py tests/test_schema_fuzz.py": Entry(

@@ -41,13 +41,11 @@ the client was not told of; a failed request leaves existing sessions as they we
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from contextlib import ExitStack
 from typing import Any, Awaitable, Callable
 
 import anyio
-import gymnasium as gym
 import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
@@ -55,7 +53,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
 from envs.core import TextEnv
-from sandbox_server.deps import Sessions
+from sandbox_server.deps import Host, Sessions
 from sandbox_server.env_sessions import EnvRecipe, EnvSession, EnvSessions, close_quietly, env_class, env_failure, run_env
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, STATUS_WORDS, classify, retry_after
@@ -64,9 +62,10 @@ from sandbox_server.models import (
     MAX_BATCH_ITEMS, BatchCreateRequest, BatchDeleteRequest, BatchDeleteResponse, BatchForkRequest,
     BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse,
     CreateEnvRequest, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
-    SessionInfo, StepRequest, StepResponse, ToolsResponse,
+    EnvSnapshotResponse, RestoreEnvRequest, SessionInfo, StepRequest, StepResponse, ToolsResponse,
 )
 from sandbox_server.routes import V1
+from sandbox_server.session_host import build, check_action, ended
 
 PREFIX = f"{V1}/envs"
 #: JSON bytes one code point of an action may take at most (``"\ud83d\ude00"``: 12 bytes, 1 code point).
@@ -95,6 +94,8 @@ def body_limit(sessions: EnvSessions, path: str) -> tuple[int, str] | None:
     if path.startswith(BATCH_PREFIX + "/"):
         return batch_body_limit(path[len(BATCH_PREFIX) + 1:])
     parts = path[len(PREFIX):].split("/")  # "", session id, "step"
+    if parts == ["", "restore"]:  # a snapshot token carries the env's sandbox files
+        return ENV_BATCH_BODY_BYTES, "a snapshot token of at most this many bytes"
     s = sessions.peek(parts[1]) if len(parts) == 3 and parts[2] == "step" else None
     if s is None:
         return ENV_BODY_BYTES, ""
@@ -132,14 +133,6 @@ def max_served_action_length() -> int:
     return n or TextEnv.max_action_length
 
 
-def _too_long(action: str, limit: int) -> HTTPException:
-    return HTTPException(413, f"the action has {len(action)} characters; this env accepts at most {limit}")
-
-
-def _ended() -> HTTPException:
-    return HTTPException(409, "the episode has ended; reset the session (or fork before the end)")
-
-
 def _reset_response(sid: str, env: Any, obs: str, info: dict) -> ResetResponse:
     return ResetResponse(
         session_id=sid, observation=obs, info=info,
@@ -154,33 +147,24 @@ async def list_envs() -> list[EnvSpecInfo]:
 
 @router.post("", response_model=ResetResponse, status_code=201, summary="Start an env session (and reset it)",
              responses=R(404, 413, 422, 503))
-async def create(request: Request, req: CreateEnvRequest, sessions: Sessions) -> ResetResponse:
-    recipe = sessions.recipe(req.env_id, req.kwargs)
-    blocking = recipe.blocking
-    with sessions.reserve(1) as slots:
-        def build() -> Any:
-            env = recipe.cls(**recipe.kwargs, **recipe.extra)
-            spec = gym.envs.registry.get(req.env_id)
-            if spec is not None:  # as gymnasium.make sets it (the kwargs the env was made with)
-                env.spec = dataclasses.replace(spec, kwargs=dict(recipe.kwargs))
-            return env
+async def create(request: Request, req: CreateEnvRequest, host: Host) -> ResetResponse:
+    made = await host.create(req.env_id, req.kwargs, req.seed, req.options, still_wanted=_connected(request))
+    return _reset_response(made.session_id, made.env, made.observation, made.info)
 
-        try:
-            env = await run_env(blocking, build)
-        except Exception as exc:
-            raise env_failure(exc, f"cannot make {req.env_id} with kwargs {req.kwargs}", True)
-        try:
-            try:
-                obs, info = await run_env(blocking, lambda: env.reset(seed=req.seed, options=req.options))
-            except Exception as exc:
-                raise env_failure(exc, "reset", True)
-            if await request.is_disconnected():  # nobody will learn of this session: keep nothing
-                raise ServiceUnavailable("the client closed the connection before its session was made")
-            sid = slots.commit(req.env_id, [env], blocking)[0]
-        except BaseException:
-            await run_env(blocking, lambda: close_quietly(env))
-            raise
-    return _reset_response(sid, env, obs, info)
+
+@router.post("/restore", response_model=ResetResponse, status_code=201, responses=R(404, 413, 422, 503),
+             summary="Start an env session at the state of a snapshot token")
+async def restore(request: Request, req: RestoreEnvRequest, host: Host) -> ResetResponse:
+    """The env id and kwargs come from the token (sealed by this server: never readable nor alterable by
+    the client); the answer's observation is the latest one of the restored episode."""
+    made = await host.restore(req.snapshot, still_wanted=_connected(request))
+    return _reset_response(made.session_id, made.env, made.observation, made.info)
+
+
+def _connected(request: Request) -> Callable[[], Awaitable[bool]]:
+    async def still_wanted() -> bool:
+        return not await request.is_disconnected()
+    return still_wanted
 
 
 # ------------------------------------------------------------------------------------- batched routes
@@ -276,10 +260,12 @@ async def _per_session(sessions: EnvSessions, items: list[Any], results: list[It
 
 def _step_op(s: EnvSession, item: Any) -> Item:
     env, action = s.env, item.action
-    if len(action) > env.action_space.max_length:
-        return item_error(_too_long(action, env.action_space.max_length))
-    if env.done:
-        return item_error(_ended())
+    try:
+        check_action(env, action)
+        if env.done:
+            raise ended()
+    except HTTPException as exc:
+        return item_error(exc)
     try:
         obs, reward, term, trunc, info = env.step(action)
     except Exception as exc:
@@ -305,10 +291,7 @@ def _reset_op(s: EnvSession, item: Any) -> Item:
 def _make_env(recipe: EnvRecipe, req: CreateEnvRequest) -> tuple[Any, str, dict]:
     """Build and reset one env as ``POST /v1/envs`` does (errors mapped as there; a failed reset closes it)."""
     try:
-        env = recipe.cls(**recipe.kwargs, **recipe.extra)
-        spec = gym.envs.registry.get(req.env_id)
-        if spec is not None:
-            env.spec = dataclasses.replace(spec, kwargs=dict(recipe.kwargs))
+        env = build(recipe)
     except Exception as exc:
         raise env_failure(exc, f"cannot make {req.env_id} with kwargs {req.kwargs}", True)
     try:
@@ -481,63 +464,39 @@ async def tools(session_id: str, sessions: Sessions) -> ToolsResponse:
 
 @router.post("/{session_id}/reset", response_model=ResetResponse, summary="Reset a session's env",
              responses=R(404, 413, 422, 503))
-async def reset(session_id: str, req: ResetRequest, sessions: Sessions) -> ResetResponse:
-    s = sessions.get(session_id)
-    async with s.lock:
-        try:
-            obs, info = await run_env(s.blocking, lambda: s.env.reset(seed=req.seed, options=req.options))
-        except Exception as exc:
-            raise env_failure(exc, "reset", True)
+async def reset(session_id: str, req: ResetRequest, host: Host) -> ResetResponse:
+    s, obs, info = await host.reset(session_id, req.seed, req.options)
     return _reset_response(session_id, s.env, obs, info)
 
 
 @router.post("/{session_id}/step", response_model=StepResponse, summary="Take one action",
              responses=R(404, 409, 413, 422, 503))
 async def step(session_id: str, req: StepRequest, request: Request) -> Response:
-    # The hot path takes the sessions from the app directly: FastAPI's dependency resolution of
-    # ``Sessions`` cost ~50 us of CPU per request here, a tenth of the whole request (measured).
-    s = request.app.state.env_sessions.get(session_id)
-    limit = s.env.action_space.max_length
-    if len(req.action) > limit:
-        raise _too_long(req.action, limit)
-    async with s.lock:
-        if s.env.done:
-            raise _ended()
-        try:
-            obs, reward, term, trunc, info = await run_env(s.blocking, lambda: s.env.step(req.action))
-        except Exception as exc:
-            raise env_failure(exc, "step", False)
+    # The hot path takes the host from the app directly: FastAPI's dependency resolution cost ~50 us of CPU
+    # per request here, a tenth of the whole request (measured).
+    obs, reward, term, trunc, info = await request.app.state.env_host.step(session_id, req.action)
     # The hot path: serialise directly (the schema above documents the same fields) instead of
     # validating a StepResponse, which costs more than the ClueProbe step itself.
-    return Response(orjson.dumps({"session_id": session_id, "observation": obs, "reward": float(reward),
-                                  "terminated": bool(term), "truncated": bool(trunc), "info": info}),
+    return Response(orjson.dumps({"session_id": session_id, "observation": obs, "reward": reward,
+                                  "terminated": term, "truncated": trunc, "info": info}),
                     media_type="application/json")
 
 
 @router.post("/{session_id}/fork", response_model=ForkResponse, summary="Fork a session into n copies",
              responses=R(404, 413, 422, 503))
-async def fork(request: Request, session_id: str, req: ForkRequest, sessions: Sessions) -> ForkResponse:
-    s = sessions.get(session_id)
-    async with s.lock:
-        with sessions.reserve(req.n) as slots:  # room for all n first: all or none
-            try:
-                children = await run_env(s.blocking, lambda: s.env.fork(req.n))
-            except Exception as exc:
-                raise env_failure(exc, "fork", False)
-            try:
-                if await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
-                    raise ServiceUnavailable("the client closed the connection before its forks were made")
-                sids = slots.commit(s.env_id, list(children), s.blocking)
-            except BaseException:
-                await run_env(s.blocking, lambda: [close_quietly(c) for c in children])
-                raise
+async def fork(request: Request, session_id: str, req: ForkRequest, host: Host) -> ForkResponse:
+    sids = await host.fork(session_id, req.n, still_wanted=_connected(request))
     return ForkResponse(session_id=session_id, session_ids=sids)
 
 
+@router.post("/{session_id}/snapshot", response_model=EnvSnapshotResponse, responses=R(404, 503),
+             summary="The session's state as an opaque, authenticated token (restore with POST /v1/envs/restore)")
+async def snapshot(session_id: str, host: Host) -> EnvSnapshotResponse:
+    return EnvSnapshotResponse(session_id=session_id, snapshot=await host.snapshot(session_id))
+
+
 @router.delete("/{session_id}", status_code=204, summary="Close a session", responses=R(404))
-async def delete(session_id: str, sessions: Sessions) -> Response:
-    s = sessions.pop(session_id)
-    if s is None:
+async def delete(session_id: str, host: Host) -> Response:
+    if not (await host.delete([session_id]))[0]:
         raise HTTPException(404, f"no env session {session_id!r}")
-    await anyio.to_thread.run_sync(lambda: close_quietly(s.env))
     return Response(status_code=204)

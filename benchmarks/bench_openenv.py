@@ -1,0 +1,147 @@
+"""forkyard's OpenEnv transport side by side with OpenEnv's own server, in one run, on loopback.
+
+Starts two servers in subprocesses: OpenEnv's (``openenv.core.env_server.create_app``, openenv-core 0.3.0)
+over a trivial env (a step returns a fixed observation, reward 0, never done), and forkyard's
+(``python -m sandbox_server --no-sandboxes``) serving ClueProbe with 400 turns (a step parses the action and
+reads one bit: close to trivial). Both are driven over their WebSocket ``/ws`` by the same client code (the
+``websockets`` package, one connection per session, one message per step), and by OpenEnv's own
+``GenericEnvClient`` for one session. Prints steps/s and the ratio forkyard / OpenEnv for each row. Run:
+
+    .venv/bin/python benchmarks/bench_openenv.py [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+from websockets.asyncio.client import connect
+
+OPENENV_SERVER = textwrap.dedent("""
+    import sys, uvicorn
+    from openenv.core.env_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class TextAction(Action):
+        action: str
+
+    class TextObservation(Observation):
+        text: str = ""
+
+    class Trivial(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self):
+            super().__init__()
+            self._state = State(step_count=0)
+
+        def reset(self, seed=None, episode_id=None, **kw):
+            self._state = State(step_count=0)
+            return TextObservation(text="start", reward=None, done=False)
+
+        def step(self, action, timeout_s=None, **kw):
+            self._state.step_count += 1
+            return TextObservation(text="bit 0 of the target is 1.", reward=0.0, done=False)
+
+        @property
+        def state(self):
+            return self._state
+
+    app = create_app(Trivial, TextAction, TextObservation, env_name="trivial", max_concurrent_envs=64)
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], health: str) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(health, timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{cmd} did not start")
+
+
+async def session(ws_url: str, reset: dict, seconds: float) -> int:
+    """Steps one session for ``seconds``: how many steps it took (resetting when an episode ends)."""
+    steps = 0
+    async with connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "reset", "data": reset}))
+        await ws.recv()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            await ws.send('{"type": "step", "data": {"action": "probe(0)"}}')
+            answer = json.loads(await ws.recv())
+            assert answer["type"] == "observation", answer
+            steps += 1
+            if answer["data"]["done"]:
+                await ws.send(json.dumps({"type": "reset", "data": reset}))
+                await ws.recv()
+    return steps
+
+
+async def concurrent(ws_url: str, reset: dict, n: int, seconds: float) -> float:
+    counts = await asyncio.gather(*(session(ws_url, reset, seconds) for _ in range(n)))
+    return sum(counts) / seconds
+
+
+def generic_client(base: str, reset: dict, seconds: float) -> float:
+    from openenv.core.generic_client import GenericEnvClient
+
+    with GenericEnvClient(base_url=base).sync() as env:
+        env.reset(**reset)
+        steps, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            if env.step({"action": "probe(0)"}).done:
+                env.reset(**reset)
+            steps += 1
+    return steps / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0)
+    args = ap.parse_args()
+    p_open, p_fork = free_port(), free_port()
+    openenv = start([sys.executable, "-c", OPENENV_SERVER, str(p_open)], f"http://127.0.0.1:{p_open}/health")
+    forkyard = start([sys.executable, "-m", "sandbox_server", "--no-sandboxes", "--port", str(p_fork),
+                      "--log-level", "warning"], f"http://127.0.0.1:{p_fork}/healthz")
+    try:
+        bases = {"OpenEnv": (f"http://127.0.0.1:{p_open}", {}),
+                 "forkyard": (f"http://127.0.0.1:{p_fork}/openenv/forkyard/ClueProbe-v0", {"kwargs": {"turns": 400}})}
+        rows = []
+        for label, n in [("1 session, websockets client", 1), ("32 sessions, websockets client", 32)]:
+            figs = {k: asyncio.run(concurrent(b.replace("http", "ws") + "/ws", r, n, args.seconds))
+                    for k, (b, r) in bases.items()}
+            rows.append((label, figs))
+        figs = {k: generic_client(b, r, args.seconds) for k, (b, r) in bases.items()}
+        rows.append(("1 session, OpenEnv's GenericEnvClient", figs))
+        print(f"{'steps/s':40s} {'OpenEnv':>10s} {'forkyard':>10s} {'ratio':>7s}")
+        for label, f in rows:
+            print(f"{label:40s} {f['OpenEnv']:10.0f} {f['forkyard']:10.0f} {f['forkyard'] / f['OpenEnv']:6.2f}x")
+    finally:
+        for proc in (openenv, forkyard):
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

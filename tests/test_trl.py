@@ -1,0 +1,262 @@
+"""forkyard envs in TRL's real ``GRPOTrainer`` (trl pinned in the ``integrations`` extra) with
+``envs.trl.environment_factory``: in this process and on a server over HTTP, ClueProbe and FileQA (local
+backend). The policy is a tiny Qwen3 built from a config with a byte-level BPE trained here, carrying the
+Qwen3 chat template TRL recognises; a few seconds of SFT on scripted tool calls (the env's own
+``demo_action``) gets it calling tools. Each run is 2 GRPO steps on the CPU; the tests assert that tool calls
+reached the env, that the env's reward was computed, and that no session (nor sandbox) is left."""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import re
+
+import gymnasium as gym
+import pytest
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+from trl.chat_template_utils import qwen3_chat_template, supports_tool_calling
+
+import envs  # noqa: F401 - registers the forkyard ids
+from envs.clueprobe import ClueProbeEnv
+from envs.tool_calls import action_to_call
+from envs.trl import EPISODE_OVER, environment_factory
+from trainer.trl_rollout import TreeForkRollout
+from sandbox_server.app import create_env_app
+from tests.docker_support import UvicornThread, require_bwrap
+
+CLUE = "forkyard/ClueProbe-v0"
+FILEQA = "forkyard/FileQA-v0"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+           "</tool_response>", "<think>", "</think>"]
+PROMPT = "Use the tools to solve the task."
+
+
+def demo_chats(env_id: str, kwargs: dict, n: int) -> tuple[list[list[dict]], list[dict]]:
+    """``n`` demonstration conversations (the env's ``demo_action`` as tool calls) and the env's tools."""
+    env = gym.make(env_id, **kwargs).unwrapped
+    tools, rng, chats = env.tool_schemas(), random.Random(0), []
+    try:
+        for seed in range(n):
+            obs, _ = env.reset(seed=seed)
+            chat = [{"role": "user", "content": PROMPT + obs}]
+            done = False
+            while not done:
+                action = env.demo_action(rng, 0.5)
+                call = action_to_call(action, tools)
+                chat.append({"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": call}]})
+                obs, _, term, trunc, _ = env.step(action)
+                chat.append({"role": "tool", "name": call["name"], "content": obs})
+                done = term or trunc
+            chats.append(chat)
+    finally:
+        env.close()
+    return chats, tools
+
+
+def tiny_policy(chats: list[list[dict]], tools: list[dict], steps: int = 300, batch: int = 8, lr: float = 3e-3,
+                max_loss: float = 0.5):
+    """A tiny Qwen3 (hidden 64, 2 layers) and its tokenizer, SFT'd on ``chats`` (``steps`` Adam steps of
+    ``batch`` conversations, loss on the assistant turns only) until its loss is under ``max_loss``."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    tok.chat_template = qwen3_chat_template
+    texts = [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in chats]
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = qwen3_chat_template
+    assert supports_tool_calling(tok)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=2048, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    rows = [assistant_labels(tok, t) for t in texts]
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        picked = [rows[(step * batch + i) % len(rows)] for i in range(batch)]
+        ids = torch.nn.utils.rnn.pad_sequence([r[0] for r in picked], batch_first=True, padding_value=0)
+        labels = torch.nn.utils.rnn.pad_sequence([r[1] for r in picked], batch_first=True, padding_value=-100)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r[0]) for r in picked], batch_first=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < max_loss, loss.item()
+    return model.eval(), tok
+
+
+def assistant_labels(tok, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of ``text`` and labels that keep only the assistant turns (the tool calls and their end)."""
+    enc = tok(text, return_offsets_mapping=True)
+    spans = [(m.start(1), m.end(1)) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", text, re.S)]
+    labels = [i if any(a <= s0 < b for a, b in spans) else -100 for i, (s0, _) in zip(enc["input_ids"],
+                                                                                    enc["offset_mapping"])]
+    return torch.tensor(enc["input_ids"]), torch.tensor(labels)
+
+
+def grpo(tmp_path, model, tok, factory, seeds: list[int], max_completion_length: int = 256,
+         **trainer_kwargs) -> GRPOTrainer:
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}], "seed": s} for s in seeds])
+    args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=2, per_device_train_batch_size=4,
+                      num_generations=4, max_completion_length=max_completion_length, learning_rate=1e-4,
+                      logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, beta=0.0,
+                      max_tool_calling_iterations=4, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, processing_class=tok, args=args, train_dataset=rows,
+                          environment_factory=factory, **trainer_kwargs)
+    trainer.train()
+    return trainer
+
+
+def check_run(trainer: GRPOTrainer, name: str) -> None:
+    pool = trainer._environment_pool[None]
+    assert pool and sum(e.env.turn for e in pool) > 0, "no tool call reached the env"
+    logged = [h for h in trainer.state.log_history if f"rewards/{name}/mean" in h]
+    assert len(logged) == 2, trainer.state.log_history
+    assert all(isinstance(h[f"rewards/{name}/mean"], float) for h in logged)
+
+
+@pytest.fixture(scope="module")
+def clue_policy():
+    chats, tools = demo_chats(CLUE, {"turns": 2}, 48)
+    return tiny_policy(chats, tools)
+
+
+def test_environment_factory_tools_follow_the_schemas():
+    from transformers.utils import get_json_schema
+
+    Env = environment_factory(CLUE, turns=2)
+    env = Env()
+    schema = get_json_schema(env.probe)["function"]
+    assert schema["name"] == "probe" and schema["parameters"]["properties"]["k"]["type"] == "integer"
+    assert schema["parameters"]["required"] == ["k"]
+    public = sorted(m for m in dir(Env) if not m.startswith("_") and callable(getattr(Env, m)))
+    assert public == ["answer", "get_reward", "probe", "reset"]  # TRL offers every other public method as a tool
+    first = env.reset(seed=3, prompt="ignored")
+    again = Env()
+    assert again.reset(seed=3) == first  # a GRPO group (one seed) shares one task
+    assert "Invalid action" in env.probe(k="x") and env.env.turn == 1  # the env's invalid-action observation
+    env.answer(c=0)
+    assert env.done and env.get_reward() in (0.0, 1.0) and env.probe(k=0) == EPISODE_OVER
+    gym.register("forkyard-test/NoTools-v0", entry_point=NoTools)
+    try:
+        with pytest.raises(ValueError, match="no tool schemas"):
+            environment_factory("forkyard-test/NoTools-v0")
+    finally:
+        gym.registry.pop("forkyard-test/NoTools-v0")
+
+
+class NoTools(ClueProbeEnv):
+    """ClueProbe without its ToolSchemas feature."""
+
+    tool_schemas = None
+
+
+def test_grpo_trains_on_clueprobe_in_process(tmp_path, clue_policy):
+    model, tok = clue_policy
+    trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, turns=2), list(range(4)))
+    check_run(trainer, "ClueProbev0")
+
+
+def test_grpo_trains_on_clueprobe_over_http_and_leaves_no_session(tmp_path, clue_policy):
+    model, tok = clue_policy
+    srv = UvicornThread(create_env_app()).start()
+    try:
+        trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, turns=2, server_url=srv.url), list(range(4)))
+        check_run(trainer, "ClueProbev0")
+        sessions = srv.server.config.app.state.env_sessions
+        assert len(sessions) == len(trainer._environment_pool[None])
+        del trainer
+        gc.collect()
+        assert len(sessions) == 0  # TRL never closes its envs: the factory's instances did, when dropped
+    finally:
+        srv.stop()
+
+
+def test_grpo_trains_on_fileqa_local_backend(tmp_path):
+    require_bwrap()
+    from sandbox_server.embedded import shared_provider
+
+    kwargs = {"backend": "local", "kinds": ["line_count"], "max_turns": 3}
+    chats, tools = demo_chats(FILEQA, kwargs, 8)
+    model, tok = tiny_policy(chats, tools, steps=150, batch=2, lr=5e-3, max_loss=1.0)  # prompts of ~1,700 tokens
+    trainer = grpo(tmp_path, model, tok, environment_factory(FILEQA, **kwargs), list(range(4)), 384)
+    check_run(trainer, "FileQAv0")
+    del trainer
+    gc.collect()
+    assert shared_provider("local").list() == []  # every env gave its sandbox back
+    assert json.dumps(tools)  # the tools TRL rendered were the env's own schemas
+
+
+# ------------------------------------------------------------------------------------ tree-fork rollout_func
+def runs(mask: list[int]) -> list[int]:
+    """Lengths of the runs of equal values in ``mask`` (model reply, env reply, model reply, ...)."""
+    out: list[int] = []
+    for i, m in enumerate(mask):
+        if i and m == mask[i - 1]:
+            out[-1] += 1
+        else:
+            out.append(1)
+    return out
+
+
+def check_tree(rollout: TreeForkRollout, rows: dict, g: int = 4) -> None:
+    """Each group of g rows is one tree: one prompt, one fork turn, and the branches repeat the base's tokens
+    up to the fork turn (the prefix played once), each then sampling its own continuation."""
+    eps = rollout.episodes
+    assert len(eps) == len(rows["completion_ids"]) and len(eps) % g == 0
+    for j in range(0, len(eps), g):
+        group = eps[j:j + g]
+        assert [e.branch for e in group] == list(range(g)) and len({e.seed for e in group}) == 1
+        assert all(rows["prompt_ids"][j + i] == rows["prompt_ids"][j] for i in range(g))
+        t = group[0].fork_turn
+        assert t is not None and all(e.fork_turn == t for e in group[1:])
+        assert all(e.steps[0].turn == t for e in group[1:])  # a branch's own steps start at the fork turn
+        base_runs = runs(rows["env_mask"][j])
+        prefix = sum(base_runs[:2 * t])  # t model replies and the t env replies after them
+        for i in range(1, g):
+            assert rows["completion_ids"][j + i][:prefix] == rows["completion_ids"][j][:prefix]
+        for i in range(g):
+            c, lp, m = rows["completion_ids"][j + i], rows["logprobs"][j + i], rows["env_mask"][j + i]
+            assert len(c) == len(lp) == len(m) and m[0] == 1
+            assert all(x == 0.0 for x, k in zip(lp, m) if k == 0) and all(x <= 0.0 for x in lp)
+
+
+class Recording(TreeForkRollout):
+    """The rollout_func under test, keeping what it returned to TRL."""
+
+    def __call__(self, prompts, trainer):
+        self.rows = super().__call__(prompts, trainer)
+        return self.rows
+
+
+@pytest.mark.parametrize("fork_turn", ["uniform", "entropy"])
+def test_tree_fork_rollout_func_in_grpo(tmp_path, clue_policy, fork_turn):
+    model, tok = clue_policy
+    rollout = Recording(CLUE, turns=3, fork_turn=fork_turn, max_new_tokens=48)
+    trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
+    check_tree(rollout, rollout.rows)
+    assert rollout.env_calls >= 4 * 2  # every branch acted at least once (4 rows per step, 2 steps)
+    logged = [h for h in trainer.state.log_history if "rewards/reward/mean" in h]
+    assert len(logged) == 2
+
+
+def test_tree_fork_rollout_func_forks_on_a_server_and_leaves_no_session(tmp_path, clue_policy):
+    model, tok = clue_policy
+    srv = UvicornThread(create_env_app()).start()
+    try:
+        rollout = Recording(CLUE, turns=3, max_new_tokens=48, server_url=srv.url)
+        grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
+        check_tree(rollout, rollout.rows)
+        assert len(srv.server.config.app.state.env_sessions) == 0
+    finally:
+        srv.stop()

@@ -1,0 +1,238 @@
+"""Tree-fork rollouts inside TRL: a ``rollout_func`` for ``GRPOTrainer`` that forks the env within each group.
+
+TRL (1.16) hands ``rollout_func(prompts, trainer)`` its batch with each prompt ``num_generations`` (G) times
+in a row and expects one completion per row: ``prompt_ids``, ``completion_ids``, ``logprobs`` and, for
+multi-turn rollouts, ``env_mask`` (1 on the model's tokens, 0 on the env's). :class:`TreeForkRollout` plays
+each group as one forkyard tree (:func:`trainer.rollout.tree_rollout` with one base and G branches): the
+base episode runs to its end, then G-1 branches restart from a fork of the env (and of the token
+context) at the fork turn and each samples its own continuation. So the G completions of a group share
+their prefix and differ from the fork turn on: siblings that really share a state (the tree-fork
+argument; GiGPO, arXiv:2505.10978, groups steps by shared state, which independent rollouts rarely give
+it). TRL's group-normalised advantage then compares the branches; the shared prefix, the same tokens in
+every row of the group, gets the group's summed advantage, zero.
+
+Each turn: the model's reply is sampled with ``temperature`` from the chat-template context (prompt, the
+env's first observation appended to the last user message as TRL's ``environment_factory`` does, and the
+tools' JSON schemas) until the tokenizer's EOS, read by :func:`envs.tool_calls.parse_model_output` (any
+other text reaches the env as written: its invalid-action observation), and stepped; the env's reply is
+appended as a tool message, laid out token for token as TRL's own tool loop lays it out. Token ids are
+kept as generated, never re-tokenised; ``logprobs`` are the sampling distribution's (natural log, 0.0 on
+env tokens). ``env_reward`` (each branch's summed env reward, None when the infrastructure lost it) goes
+to :meth:`TreeForkRollout.reward`, the reward function to pass in ``reward_funcs``::
+
+    rollout = TreeForkRollout("forkyard/ClueProbe-v0", turns=4)          # server_url=... for a server
+    trainer = GRPOTrainer(model=model, processing_class=tok, args=config, train_dataset=rows,
+                          reward_funcs=[rollout.reward], rollout_func=rollout)
+
+Each group's env is reset with a seed drawn from ``seed``, the trainer's step and the group's index; the
+fork turn is uniform over the turns the base took or, with ``fork_turn="entropy"``, the turn where the
+next-token entropy at the start of the model's reply was highest (ARPO, arXiv:2507.19849).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from envs.actions import ActionParseError
+from envs.tool_calls import parse_model_output
+from trainer.rollout import Episode, Step, tree_rollout
+
+
+class ChatSession:
+    """One branch's token context (prompt + completion so far) for :func:`trainer.rollout.tree_rollout`.
+
+    Attributes:
+        completion: token ids after the prompt (the model's and the env's).
+        logprobs: per completion token, the sampling log-prob (0.0 on env tokens).
+        mask: per completion token, 1 for the model's, 0 for the env's.
+    """
+
+    def __init__(self, policy: "ChatPolicy", prompt: list[int], turn: int = 0):
+        self.policy, self.prompt, self.turn = policy, prompt, turn
+        self.completion: list[int] = []
+        self.logprobs: list[float] = []
+        self.mask: list[int] = []
+        self.anchor_key = ""
+
+    def act(self, rng: random.Random) -> Step:
+        new, logps, entropy = self.policy.sample(self.prompt + self.completion, rng)
+        self.completion += new
+        self.logprobs += logps
+        self.mask += [1] * len(new)
+        text = self.policy.tokenizer.decode(new, skip_special_tokens=True)
+        try:
+            action = parse_model_output(text, self.policy.tools)
+        except ActionParseError:
+            action = text.strip()  # the env answers with its invalid-action observation
+        step = Step(self.turn, self.anchor_key, action, float(sum(logps)), entropy, data=self)
+        self.turn += 1
+        return step
+
+    def observe(self, observation: str, info: dict[str, Any]) -> None:
+        suffix = self.policy.tool_suffix(observation)
+        self.completion += suffix
+        self.logprobs += [0.0] * len(suffix)
+        self.mask += [0] * len(suffix)
+        self.anchor_key = info.get("anchor_key", "")
+
+    def fork(self) -> "ChatSession":
+        twin = ChatSession(self.policy, self.prompt, self.turn)
+        twin.completion, twin.logprobs, twin.mask = list(self.completion), list(self.logprobs), list(self.mask)
+        twin.anchor_key = self.anchor_key
+        return twin
+
+    def entropy(self) -> float:
+        return self.policy.next_token_entropy(self.prompt + self.completion)
+
+
+class ChatPolicy:
+    """A causal LM and its chat template as the :class:`trainer.rollout.Actor` of one group's tree.
+
+    Args:
+        model: a ``transformers`` causal LM (its device is used).
+        tokenizer: its tokenizer, with a chat template that renders ``tools=`` and tool messages.
+        messages: the group's prompt (chat messages).
+        tools: the env's JSON-schema tools.
+        temperature: sampling temperature (> 0).
+        max_new_tokens: most tokens of one reply.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, messages: list[dict], tools: list[dict], temperature: float,
+                 max_new_tokens: int):
+        self.model, self.tokenizer, self.messages, self.tools = model, tokenizer, messages, tools
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.device = next(model.parameters()).device
+        self._suffixes: dict[str, list[int]] = {}
+
+    def session(self, observation: str, info: dict[str, Any]) -> ChatSession:
+        last = self.messages[-1]
+        messages = self.messages[:-1] + [{**last, "content": last["content"] + observation}]
+        prompt = self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True,
+                                                    tokenize=True, return_dict=False)
+        session = ChatSession(self, list(prompt))
+        session.anchor_key = info.get("anchor_key", "")
+        return session
+
+    @torch.no_grad()
+    def sample(self, ids: list[int], rng: random.Random) -> tuple[list[int], list[float], float]:
+        """One reply after ``ids``: (new token ids up to and including EOS, their log-probs, first-token entropy)."""
+        x = torch.tensor([ids], device=self.device)
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(rng.randrange(2**63))
+            out = self.model.generate(
+                input_ids=x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
+                top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id, output_logits=True, return_dict_in_generate=True)
+        new = out.sequences[0, len(ids):]
+        logp = torch.log_softmax(torch.stack(out.logits)[:, 0].float() / self.temperature, dim=-1)
+        picked = logp[torch.arange(len(new)), new]
+        entropy = float(-(logp[0].exp() * logp[0]).sum())
+        return new.tolist(), picked.tolist(), entropy
+
+    @torch.no_grad()
+    def next_token_entropy(self, ids: list[int]) -> float:
+        """Entropy (nats) of the sampling distribution of the reply's first token after ``ids``."""
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, -1].float()
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        return float(-(logp.exp() * logp).sum())
+
+    def tool_suffix(self, content: str) -> list[int]:
+        """Token ids of a tool message carrying ``content`` and the next generation prompt, after the
+        assistant's EOS: the delta of two renderings of a short conversation (as TRL's tool loop computes it)."""
+        if content not in self._suffixes:
+            tok = self.tokenizer
+            dummy = [{"role": "user", "content": "dummy"},
+                     {"role": "assistant", "content": "",
+                      "tool_calls": [{"type": "function", "function": {"name": "tool", "arguments": {}}}]}]
+            prefix = list(tok.apply_chat_template(dummy, tokenize=True, return_dict=False))
+            full = list(tok.apply_chat_template(dummy + [{"role": "tool", "name": "tool", "content": content}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=False))
+            ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
+            prefix = prefix[:ends[-1] + 1] if ends else prefix
+            if full[:len(prefix)] != prefix:
+                raise ValueError("the chat template does not append a tool message to a conversation")
+            self._suffixes[content] = full[len(prefix):]
+        return self._suffixes[content]
+
+
+class TreeForkRollout:
+    """TRL's ``rollout_func`` playing each group of G rows as one tree-fork rollout (module docstring).
+
+    Args:
+        env_id: a registered env id; the env must offer ``tool_schemas()``.
+        fork_turn: ``"uniform"`` or ``"entropy"``.
+        seed: base of the groups' reset seeds.
+        temperature: sampling temperature.
+        max_new_tokens: most tokens of one reply.
+        **env_kwargs: the env's kwargs (``server_url=...`` runs it on a forkyard server, forks included).
+
+    Attributes:
+        env_calls: env steps taken so far (every branch's).
+        episodes: the :class:`trainer.rollout.Episode` list of the last call, row for row.
+
+    Raises (on call):
+        ValueError: rows not in groups of ``trainer.num_generations`` identical prompts.
+    """
+
+    def __init__(self, env_id: str, *, fork_turn: str = "uniform", seed: int = 0, temperature: float = 1.0,
+                 max_new_tokens: int = 64, **env_kwargs: Any):
+        self.env_id, self.env_kwargs, self.fork_turn, self.seed = env_id, env_kwargs, fork_turn, seed
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.env_calls = 0
+        self.episodes: list[Episode] = []
+
+    def __call__(self, prompts: list[list[dict]], trainer: Any) -> dict[str, list]:
+        g = trainer.num_generations
+        if len(prompts) % g or any(prompts[i] != prompts[i - i % g] for i in range(len(prompts))):
+            raise ValueError(f"rollout_func expects each prompt {g} times in a row (num_generations); got "
+                             f"{len(prompts)} rows")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                "env_reward": []}
+        self.episodes = []
+        try:
+            for j in range(len(prompts) // g):
+                self._group(model, trainer.processing_class, prompts[j * g], g,
+                            self.seed * 1_000_003 + trainer.state.global_step * 1009 + j, out)
+        finally:
+            model.train(was_training)
+        return out
+
+    def _group(self, model: Any, tok: Any, messages: list[dict], g: int, seed: int, out: dict[str, list]) -> None:
+        env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+        try:
+            try:
+                tools = env.tool_schemas()
+            except gym.error.ResetNeeded:  # a RemoteEnv learns its session's tools at its first reset
+                env.reset(seed=seed)
+                tools = env.tool_schemas()
+            policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens)
+            rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
+        finally:
+            env.close()
+        self.env_calls += rollout.env_calls
+        fallback = None
+        for ep in rollout.episodes:
+            session: ChatSession | None = ep.steps[-1].data if ep.steps else None
+            if session is None and fallback is None:  # lost before its first action: a row TRL can still hold
+                fallback = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False))
+            out["prompt_ids"].append(session.prompt if session is not None else fallback)
+            out["completion_ids"].append(session.completion if session else [tok.eos_token_id])
+            out["logprobs"].append(session.logprobs if session else [0.0])
+            out["env_mask"].append(session.mask if session else [0])
+            out["env_reward"].append(None if ep.infra_failure or session is None else float(ep.reward))
+            self.episodes.append(ep)
+
+    def reward(self, completions: list, env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+        """The reward function for ``reward_funcs``: each row's env reward (None: lost to the infrastructure)."""
+        return list(env_reward)
+
+
+__all__ = ["ChatPolicy", "ChatSession", "TreeForkRollout"]
