@@ -1,14 +1,16 @@
-"""forkyard envs in TRL's real ``GRPOTrainer`` (trl pinned in the ``integrations`` extra) with
-``envs.trl.environment_factory``: in this process and on a server over HTTP, ClueProbe and FileQA (local
-backend). The policy is a tiny Qwen3 built from a config with a byte-level BPE trained here, carrying the
+"""forkyard envs in TRL's real ``GRPOTrainer`` (trl pinned in the ``integrations`` extra): with
+``envs.trl.environment_factory`` (ClueProbe in this process and on a server over HTTP, FileQA on the local
+backend) and with the tree-fork ``rollout_func`` ``trainer.trl_rollout.TreeForkRollout`` (ClueProbe with
+uniform and entropy fork turns, in-process and forked on a server; FileQA forked on a server, sandboxes
+included). The policy is a tiny Qwen3 built from a config with a byte-level BPE trained here, carrying the
 Qwen3 chat template TRL recognises; a few seconds of SFT on scripted tool calls (the env's own
 ``demo_action``) gets it calling tools. Each run is 2 GRPO steps on the CPU; the tests assert that tool calls
-reached the env, that the env's reward was computed, and that no session (nor sandbox) is left."""
+reached the env, that the env's reward was computed, that each group is one tree (one prompt, one fork
+turn, the prefix's tokens shared, env tokens masked) and that no session (nor sandbox) is left."""
 
 from __future__ import annotations
 
 import gc
-import json
 import random
 import re
 
@@ -182,19 +184,26 @@ def test_grpo_trains_on_clueprobe_over_http_and_leaves_no_session(tmp_path, clue
         srv.stop()
 
 
-def test_grpo_trains_on_fileqa_local_backend(tmp_path):
+FILEQA_KWARGS = {"kinds": ["line_count"], "max_turns": 3}
+
+
+@pytest.fixture(scope="module")
+def fileqa_policy():
     require_bwrap()
+    chats, tools = demo_chats(FILEQA, {"backend": "local", **FILEQA_KWARGS}, 8)
+    return tiny_policy(chats, tools, steps=150, batch=2, lr=5e-3, max_loss=1.0)  # prompts of ~1,700 tokens
+
+
+def test_grpo_trains_on_fileqa_local_backend(tmp_path, fileqa_policy):
     from sandbox_server.embedded import shared_provider
 
-    kwargs = {"backend": "local", "kinds": ["line_count"], "max_turns": 3}
-    chats, tools = demo_chats(FILEQA, kwargs, 8)
-    model, tok = tiny_policy(chats, tools, steps=150, batch=2, lr=5e-3, max_loss=1.0)  # prompts of ~1,700 tokens
-    trainer = grpo(tmp_path, model, tok, environment_factory(FILEQA, **kwargs), list(range(4)), 384)
+    model, tok = fileqa_policy
+    factory = environment_factory(FILEQA, backend="local", **FILEQA_KWARGS)
+    trainer = grpo(tmp_path, model, tok, factory, list(range(4)), 384)
     check_run(trainer, "FileQAv0")
     del trainer
     gc.collect()
     assert shared_provider("local").list() == []  # every env gave its sandbox back
-    assert json.dumps(tools)  # the tools TRL rendered were the env's own schemas
 
 
 # ------------------------------------------------------------------------------------ tree-fork rollout_func
@@ -260,3 +269,19 @@ def test_tree_fork_rollout_func_forks_on_a_server_and_leaves_no_session(tmp_path
         assert len(srv.server.config.app.state.env_sessions) == 0
     finally:
         srv.stop()
+
+
+def test_tree_fork_rollout_func_on_fileqa_forks_sandboxes_on_a_server(tmp_path, fileqa_policy):
+    from sandbox_server.embedded import shared_provider
+
+    model, tok = fileqa_policy
+    provider = shared_provider("local")
+    srv = UvicornThread(create_env_app(sandbox_provider=provider)).start()
+    try:
+        rollout = Recording(FILEQA, max_new_tokens=48, server_url=srv.url, **FILEQA_KWARGS)
+        grpo(tmp_path, model, tok, None, list(range(4)), 384, reward_funcs=[rollout.reward], rollout_func=rollout)
+        check_tree(rollout, rollout.rows)
+        assert len(srv.server.config.app.state.env_sessions) == 0
+    finally:
+        srv.stop()
+    assert provider.list() == []  # every session (forks included) gave its sandbox back

@@ -63,7 +63,8 @@ class ChatSession:
         self.completion += new
         self.logprobs += logps
         self.mask += [1] * len(new)
-        text = self.policy.tokenizer.decode(new, skip_special_tokens=True)
+        eos = self.policy.tokenizer.eos_token_id
+        text = self.policy.tokenizer.decode(new[:-1] if new and new[-1] == eos else new)
         try:
             action = parse_model_output(text, self.policy.tools)
         except ActionParseError:
@@ -99,11 +100,14 @@ class ChatPolicy:
         tools: the env's JSON-schema tools.
         temperature: sampling temperature (> 0).
         max_new_tokens: most tokens of one reply.
+        chat_template: the template to render with (None: the tokenizer's own). TRL renders with its training
+            template where it has one (``trainer.chat_template``), whose turns append without rewriting earlier ones.
     """
 
     def __init__(self, model: Any, tokenizer: Any, messages: list[dict], tools: list[dict], temperature: float,
-                 max_new_tokens: int):
+                 max_new_tokens: int, chat_template: str | None = None):
         self.model, self.tokenizer, self.messages, self.tools = model, tokenizer, messages, tools
+        self.chat_template = chat_template
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.device = next(model.parameters()).device
         self._suffixes: dict[str, list[int]] = {}
@@ -112,7 +116,7 @@ class ChatPolicy:
         last = self.messages[-1]
         messages = self.messages[:-1] + [{**last, "content": last["content"] + observation}]
         prompt = self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True,
-                                                    tokenize=True, return_dict=False)
+                                                    tokenize=True, return_dict=False, chat_template=self.chat_template)
         session = ChatSession(self, list(prompt))
         session.anchor_key = info.get("anchor_key", "")
         return session
@@ -148,15 +152,29 @@ class ChatPolicy:
             dummy = [{"role": "user", "content": "dummy"},
                      {"role": "assistant", "content": "",
                       "tool_calls": [{"type": "function", "function": {"name": "tool", "arguments": {}}}]}]
-            prefix = list(tok.apply_chat_template(dummy, tokenize=True, return_dict=False))
+            prefix = list(tok.apply_chat_template(dummy, tokenize=True, return_dict=False,
+                                                  chat_template=self.chat_template))
             full = list(tok.apply_chat_template(dummy + [{"role": "tool", "name": "tool", "content": content}],
-                                                add_generation_prompt=True, tokenize=True, return_dict=False))
+                                                add_generation_prompt=True, tokenize=True, return_dict=False,
+                                                chat_template=self.chat_template))
             ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
             prefix = prefix[:ends[-1] + 1] if ends else prefix
             if full[:len(prefix)] != prefix:
                 raise ValueError("the chat template does not append a tool message to a conversation")
             self._suffixes[content] = full[len(prefix):]
         return self._suffixes[content]
+
+
+def training_template(trainer: Any) -> str | None:
+    """The chat template a multi-turn rollout renders with: the trainer's (TRL swaps in a prefix-preserving
+    training template when its own tool loop runs), else TRL's training template for a tokenizer whose template
+    rewrites earlier turns (Qwen3's drops reasoning from past turns), else None (the tokenizer's own)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    if getattr(trainer, "chat_template", None) is not None:
+        return trainer.chat_template
+    tok = trainer.processing_class
+    return None if is_chat_template_prefix_preserving(tok) else get_training_chat_template(tok)
 
 
 class TreeForkRollout:
@@ -198,13 +216,14 @@ class TreeForkRollout:
         self.episodes = []
         try:
             for j in range(len(prompts) // g):
-                self._group(model, trainer.processing_class, prompts[j * g], g,
-                            self.seed * 1_000_003 + trainer.state.global_step * 1009 + j, out)
+                self._group(model, trainer.processing_class, training_template(trainer), prompts[j * g],
+                            g, self.seed * 1_000_003 + trainer.state.global_step * 1009 + j, out)
         finally:
             model.train(was_training)
         return out
 
-    def _group(self, model: Any, tok: Any, messages: list[dict], g: int, seed: int, out: dict[str, list]) -> None:
+    def _group(self, model: Any, tok: Any, template: str | None, messages: list[dict], g: int, seed: int,
+               out: dict[str, list]) -> None:
         env = gym.make(self.env_id, **self.env_kwargs).unwrapped
         try:
             try:
@@ -212,7 +231,7 @@ class TreeForkRollout:
             except gym.error.ResetNeeded:  # a RemoteEnv learns its session's tools at its first reset
                 env.reset(seed=seed)
                 tools = env.tool_schemas()
-            policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens)
+            policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
             rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
         finally:
             env.close()
@@ -222,7 +241,7 @@ class TreeForkRollout:
             session: ChatSession | None = ep.steps[-1].data if ep.steps else None
             if session is None and fallback is None:  # lost before its first action: a row TRL can still hold
                 fallback = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=False))
+                                                        return_dict=False, chat_template=template))
             out["prompt_ids"].append(session.prompt if session is not None else fallback)
             out["completion_ids"].append(session.completion if session else [tok.eos_token_id])
             out["logprobs"].append(session.logprobs if session else [0.0])
@@ -235,4 +254,4 @@ class TreeForkRollout:
         return list(env_reward)
 
 
-__all__ = ["ChatPolicy", "ChatSession", "TreeForkRollout"]
+__all__ = ["ChatPolicy", "ChatSession", "TreeForkRollout", "training_template"]
