@@ -2,10 +2,11 @@
 
 Starts two servers in subprocesses: OpenEnv's (``openenv.core.env_server.create_app``, openenv-core 0.3.0)
 over a trivial env (a step returns a fixed observation, reward 0, never done), and forkyard's
-(``python -m sandbox_server --no-sandboxes``) serving ClueProbe with 400 turns (a step parses the action and
+(``python -m sandbox_server --no-sandboxes``) serving ClueProbe with 64 turns (a step parses the action and
 reads one bit: close to trivial). Both are driven over their WebSocket ``/ws`` by the same client code (the
 ``websockets`` package, one connection per session, one message per step), and by OpenEnv's own
-``GenericEnvClient`` for one session. Prints steps/s and the ratio forkyard / OpenEnv for each row. Run:
+``GenericEnvClient`` for one session; forkyard's ``RemoteEnv`` (HTTP ``/v1/envs``) is measured beside them.
+Prints steps/s and the ratio forkyard / OpenEnv for each row, and the client's CPU per step. Run:
 
     .venv/bin/python benchmarks/bench_openenv.py [--seconds S]
 """
@@ -67,8 +68,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], health: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()})
+def start(cmd: list[str], health: str, quiet: bool = False) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()},
+                            stderr=subprocess.DEVNULL if quiet else None)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -85,7 +87,8 @@ async def session(ws_url: str, reset: dict, seconds: float) -> int:
     steps = 0
     async with connect(ws_url) as ws:
         await ws.send(json.dumps({"type": "reset", "data": reset}))
-        await ws.recv()
+        first = json.loads(await ws.recv())
+        assert first["type"] == "observation", first
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             await ws.send('{"type": "step", "data": {"action": "probe(0)"}}')
@@ -103,17 +106,40 @@ async def concurrent(ws_url: str, reset: dict, n: int, seconds: float) -> float:
     return sum(counts) / seconds
 
 
-def generic_client(base: str, reset: dict, seconds: float) -> float:
+def generic_client(base: str, reset: dict, seconds: float) -> tuple[float, float]:
+    """OpenEnv's own sync client, one session: (steps/s, client CPU microseconds per step)."""
     from openenv.core.generic_client import GenericEnvClient
 
     with GenericEnvClient(base_url=base).sync() as env:
         env.reset(**reset)
-        steps, end = 0, time.perf_counter() + seconds
+        steps, cpu, end = 0, time.process_time(), time.perf_counter() + seconds
         while time.perf_counter() < end:
             if env.step({"action": "probe(0)"}).done:
                 env.reset(**reset)
             steps += 1
-    return steps / seconds
+        cpu = time.process_time() - cpu
+    return steps / seconds, cpu / steps * 1e6
+
+
+def remote_env(url: str, seconds: float) -> tuple[float, float]:
+    """forkyard's RemoteEnv (HTTP /v1/envs), one session: (steps/s, client CPU microseconds per step)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401 - registers the ids
+
+    env = gym.make("forkyard/ClueProbe-v0", turns=64, server_url=url).unwrapped
+    try:
+        env.reset(seed=0)
+        steps, cpu, end = 0, time.process_time(), time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            _, _, term, trunc, _ = env.step("probe(0)")
+            if term or trunc:
+                env.reset()
+            steps += 1
+        cpu = time.process_time() - cpu
+    finally:
+        env.close()
+    return steps / seconds, cpu / steps * 1e6
 
 
 def main() -> None:
@@ -121,22 +147,29 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     args = ap.parse_args()
     p_open, p_fork = free_port(), free_port()
-    openenv = start([sys.executable, "-c", OPENENV_SERVER, str(p_open)], f"http://127.0.0.1:{p_open}/health")
+    # OpenEnv's server logs a traceback for every client that leaves while it answers: kept off the output.
+    openenv = start([sys.executable, "-c", OPENENV_SERVER, str(p_open)], f"http://127.0.0.1:{p_open}/health",
+                    quiet=True)
     forkyard = start([sys.executable, "-m", "sandbox_server", "--no-sandboxes", "--port", str(p_fork),
                       "--log-level", "warning"], f"http://127.0.0.1:{p_fork}/healthz")
     try:
         bases = {"OpenEnv": (f"http://127.0.0.1:{p_open}", {}),
-                 "forkyard": (f"http://127.0.0.1:{p_fork}/openenv/forkyard/ClueProbe-v0", {"kwargs": {"turns": 400}})}
+                 "forkyard": (f"http://127.0.0.1:{p_fork}/openenv/forkyard/ClueProbe-v0", {"kwargs": {"turns": 64}})}
         rows = []
         for label, n in [("1 session, websockets client", 1), ("32 sessions, websockets client", 32)]:
             figs = {k: asyncio.run(concurrent(b.replace("http", "ws") + "/ws", r, n, args.seconds))
                     for k, (b, r) in bases.items()}
             rows.append((label, figs))
-        figs = {k: generic_client(b, r, args.seconds) for k, (b, r) in bases.items()}
-        rows.append(("1 session, OpenEnv's GenericEnvClient", figs))
-        print(f"{'steps/s':40s} {'OpenEnv':>10s} {'forkyard':>10s} {'ratio':>7s}")
+        clients = {k: generic_client(b, r, args.seconds) for k, (b, r) in bases.items()}
+        rows.append(("1 session, OpenEnv's GenericEnvClient", {k: v[0] for k, v in clients.items()}))
+        remote = remote_env(f"http://127.0.0.1:{p_fork}", args.seconds)
+        print(f"{'steps/s':44s} {'OpenEnv':>10s} {'forkyard':>10s} {'ratio':>7s}")
         for label, f in rows:
-            print(f"{label:40s} {f['OpenEnv']:10.0f} {f['forkyard']:10.0f} {f['forkyard'] / f['OpenEnv']:6.2f}x")
+            print(f"{label:44s} {f['OpenEnv']:10.0f} {f['forkyard']:10.0f} {f['forkyard'] / f['OpenEnv']:6.2f}x")
+        print(f"{'1 session, forkyard RemoteEnv (HTTP /v1/envs)':44s} {clients['OpenEnv'][0]:10.0f} {remote[0]:10.0f} "
+              f"{remote[0] / clients['OpenEnv'][0]:6.2f}x  (against GenericEnvClient on OpenEnv)")
+        print("client CPU per step (us): GenericEnvClient on OpenEnv %.0f, GenericEnvClient on forkyard %.0f, "
+              "RemoteEnv %.0f" % (clients["OpenEnv"][1], clients["forkyard"][1], remote[1]))
     finally:
         for proc in (openenv, forkyard):
             proc.terminate()
