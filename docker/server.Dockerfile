@@ -6,11 +6,12 @@ ARG BASE_IMAGE=python:3.12-slim
 FROM ${BASE_IMAGE}
 ARG SRC_SHA=dev
 LABEL org.opencontainers.image.title="forkyard-server" forkyard.src_sha="${SRC_SHA}"
+# Either way the list is pyproject.toml's dependencies and server extra (the one declaration).
 COPY docker/vendor/ /opt/forkyard/vendor/
+COPY pyproject.toml /opt/forkyard/pyproject.toml
 RUN if [ -d /opt/forkyard/vendor/site-packages ]; then echo "using vendored packages"; \
-    else python3 -m pip install --no-cache-dir 'fastapi>=0.110' 'uvicorn>=0.29' 'docker>=7.0' \
-         'prometheus-client>=0.20' 'pydantic>=2.6,<3' 'pydantic-settings>=2.3' 'httpx>=0.27,<1' 'gymnasium>=1.0,<2' \
-         numpy orjson; fi
+    else python3 -c "import subprocess, sys, tomllib; p = tomllib.load(open('/opt/forkyard/pyproject.toml', 'rb'))['project']; \
+subprocess.check_call([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', *p['dependencies'], *p['optional-dependencies']['server']])"; fi
 COPY sandbox_server /opt/forkyard/src/sandbox_server
 # The env sessions (/v1/envs) host forkyard's envs in the server process.
 COPY envs /opt/forkyard/src/envs

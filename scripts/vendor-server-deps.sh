@@ -5,25 +5,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 "$PY" - <<'PYEOF'
-import os, re, shutil
+import shutil, tomllib
 from importlib import metadata
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 dest = Path("docker/vendor/site-packages")
-want = ["fastapi", "uvicorn", "uvloop", "httptools", "docker", "prometheus-client", "pydantic", "httpx", "gymnasium", "numpy", "orjson", "pydantic-settings"]
-seen, todo = set(), list(want)
+# The one list: pyproject.toml's dependencies and its server extra (extras such as uvicorn[standard] followed).
+project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+todo = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["server"]]
+seen: set[str] = set()
+extras_of: dict[str, set[str]] = {}
 while todo:
-    name = re.split(r"[\s;<>=!~\[(]", todo.pop(), 1)[0].lower().replace("_", "-")
-    if not name or name in seen:
+    req = todo.pop()
+    name = req.name.lower().replace("_", "-")
+    new_extras = set(req.extras) - extras_of.get(name, set())
+    if name in seen and not new_extras:
         continue
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         continue
     seen.add(name)
-    for req in dist.requires or []:
-        if "extra ==" not in req:
-            todo.append(req)
+    extras_of.setdefault(name, set()).update(req.extras)
+    for r in map(Requirement, dist.requires or []):
+        if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras_of[name] | {""}):
+            todo.append(r)
 stamp = dest / ".stamp"
 key = ",".join(sorted(f"{n}=={metadata.version(n)}" for n in seen))
 if stamp.exists() and stamp.read_text() == key:
