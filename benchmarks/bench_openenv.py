@@ -6,7 +6,9 @@ over a trivial env (a step returns a fixed observation, reward 0, never done), a
 reads one bit: close to trivial). Both are driven over their WebSocket ``/ws`` by the same client code (the
 ``websockets`` package, one connection per session, one message per step), and by OpenEnv's own
 ``GenericEnvClient`` for one session; forkyard's ``RemoteEnv`` (HTTP ``/v1/envs``) is measured beside them.
-Prints steps/s and the ratio forkyard / OpenEnv for each row, and the client's CPU per step. Run:
+Prints steps/s and the ratio forkyard / OpenEnv for each row, and the client's CPU per step; then, on
+forkyard, the cost of getting 4 sessions at a state L steps into an episode by fork + batch delete against
+replaying the prefix 4 times. Run:
 
     .venv/bin/python benchmarks/bench_openenv.py [--seconds S]
 """
@@ -106,6 +108,33 @@ async def concurrent(ws_url: str, reset: dict, n: int, seconds: float) -> float:
     return sum(counts) / seconds
 
 
+async def fork_against_replay(ws_url: str, prefix: int, n: int = 4, repeats: int = 50) -> tuple[float, float]:
+    """Milliseconds to get ``n`` sessions at a state ``prefix`` steps into an episode, over one connection:
+    (``fork {n}`` + ``delete`` of the n children in one message, n replays of reset + ``prefix`` steps)."""
+    async with connect(ws_url) as ws:
+        async def ask(msg: dict) -> dict:
+            await ws.send(json.dumps(msg))
+            return json.loads(await ws.recv())
+
+        reset = {"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 64}}}
+        await ask(reset)
+        for _ in range(prefix):
+            await ask({"type": "step", "data": {"action": "probe(0)"}})
+        t = time.perf_counter()
+        for _ in range(repeats):
+            ids = (await ask({"type": "fork", "data": {"n": n}}))["data"]["session_ids"]
+            await ask({"type": "delete", "data": {"session_ids": ids}})
+        fork_ms = (time.perf_counter() - t) / repeats * 1e3
+        t = time.perf_counter()
+        for _ in range(repeats):
+            for _ in range(n):
+                await ask({"type": "reset", "data": {"seed": 1}})
+                for _ in range(prefix):
+                    await ask({"type": "step", "data": {"action": "probe(0)"}})
+        replay_ms = (time.perf_counter() - t) / repeats * 1e3
+    return fork_ms, replay_ms
+
+
 def generic_client(base: str, reset: dict, seconds: float) -> tuple[float, float]:
     """OpenEnv's own sync client, one session: (steps/s, client CPU microseconds per step)."""
     from openenv.core.generic_client import GenericEnvClient
@@ -170,6 +199,12 @@ def main() -> None:
               f"{remote[0] / clients['OpenEnv'][0]:6.2f}x  (against GenericEnvClient on OpenEnv)")
         print("client CPU per step (us): GenericEnvClient on OpenEnv %.0f, GenericEnvClient on forkyard %.0f, "
               "RemoteEnv %.0f" % (clients["OpenEnv"][1], clients["forkyard"][1], remote[1]))
+        ws_fork = bases["forkyard"][0].replace("http", "ws") + "/ws"
+        print("\n4 sessions at a state L steps in, forkyard over /ws (ms): fork(4) + delete in one message "
+              "against 4 x (reset + L steps)")
+        for prefix in (0, 1, 2, 4, 8):
+            f, r = asyncio.run(fork_against_replay(ws_fork, prefix))
+            print(f"  L={prefix}: fork {f:.2f}, replay {r:.2f} ({r / f:.1f}x)")
     finally:
         for proc in (openenv, forkyard):
             proc.terminate()

@@ -22,7 +22,8 @@ until ``done``, appending the returned ``observations`` (chat messages) to the c
 * ``step`` returns the observation as one ``user`` message (none once done), the env's reward, ``done``
   (terminated or truncated) and the env's ``info`` as metadata. It never sets ``postprocessed_action``: the
   model's own tokens stay what is trained on. Unparseable output reaches the env as written, which answers
-  with its invalid-action observation (reward ``0.0``).
+  with its invalid-action observation (reward ``0.0``). An infrastructure failure ends the episode
+  (``done``, reward 0, ``metadata["termination_reason"] == "infra_error"``) instead of raising.
 * ``fork(n)``: n adapters at this env's state (the forkyard fork, sandbox included).
 
 The SkyRL trainer itself (``skyrl`` 0.4) needs Python 3.12 or later; ``skyrl-gym`` installs on 3.11.
@@ -37,6 +38,7 @@ from skyrl_gym import register, registry
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from envs.actions import ActionParseError
+from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
 
 #: The id forkyard's adapter is registered under in SkyRL-gym's registry.
@@ -80,9 +82,12 @@ class ForkyardTextEnv(BaseTextEnv):
         self.info: dict[str, Any] = {}
 
     def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        obs, self.info = self.env.reset(seed=self.seed)
-        schemas = getattr(self.env, "tool_schemas", None)
-        self.tools = list(schemas()) if schemas is not None and self.use_tools else []
+        try:
+            obs, self.info = self.env.reset(seed=self.seed)
+            schemas = getattr(self.env, "tool_schemas", None)
+            self.tools = list(schemas()) if schemas is not None and self.use_tools else []
+        except EnvInfraError as exc:  # lost: the first step ends the episode (termination_reason infra_error)
+            obs, self.info, self.tools = f"The environment failed: {exc}", {"termination_reason": "infra_error"}, []
         prompt = [dict(m) for m in prompt]
         if prompt and prompt[-1].get("role") == "user" and isinstance(prompt[-1].get("content"), str):
             prompt[-1]["content"] += ("\n" if prompt[-1]["content"] else "") + obs
@@ -92,14 +97,20 @@ class ForkyardTextEnv(BaseTextEnv):
         return prompt, {"tools": self.tools}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
+        if self.info.get("termination_reason") == "infra_error":
+            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=dict(self.info))
         text = action
         if self.tools:
             try:
                 text = parse_model_output(action, self.tools)
             except ActionParseError:
                 pass  # the env answers with its invalid-action observation
-        obs, reward, terminated, truncated, self.info = self.env.step(text)
         self.turns += 1
+        try:
+            obs, reward, terminated, truncated, self.info = self.env.step(text)
+        except EnvInfraError:
+            self.info = {"termination_reason": "infra_error"}
+            return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata=dict(self.info))
         done = bool(terminated or truncated)
         return BaseTextEnvStepOutput(observations=[] if done else [{"role": "user", "content": obs}],
                                      reward=float(reward), done=done, metadata=dict(self.info))

@@ -73,10 +73,15 @@ class ForkyardToolEnv:
         self.info: dict[str, Any] = {}
 
     def reset(self, **row: Any) -> str:
-        """Start an episode seeded by ``row[seed_column]`` (None: unseeded); returns the first observation."""
+        """Start an episode seeded by ``row[seed_column]`` (None: unseeded); returns the first observation. An
+        infrastructure failure ends the episode at once (``get_reward()`` is None) and returns a notice."""
         seed = row.get(self._seed_column)
-        obs, self.info = self.env.reset(seed=None if seed is None else int(seed))
         self.rewards, self.done = [], False
+        try:
+            obs, self.info = self.env.reset(seed=None if seed is None else int(seed))
+        except EnvInfraError as exc:  # the episode is lost: get_reward() is None, tool calls answer that
+            self.done, self.info = True, {"termination_reason": "infra_error"}
+            return f"The environment failed: {exc}"
         return obs
 
     def get_reward(self) -> float | None:

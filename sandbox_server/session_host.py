@@ -66,15 +66,18 @@ class SessionHost:
         recipe = self.sessions.recipe(env_id, kwargs)
         return await self._open(recipe, lambda env: env.reset(seed=seed, options=options), still_wanted)
 
-    async def restore(self, token: str, still_wanted: StillWanted = None) -> Opened:
+    async def restore(self, token: str, still_wanted: StillWanted = None, env_id: str | None = None) -> Opened:
         """A new session at the state sealed in ``token`` (what :meth:`snapshot` returned, on this server or
-        one with the same key): the env id and kwargs come from the token, never from the client."""
+        one with the same key and the same corpus): the env id and kwargs come from the token, never from the
+        client. ``env_id``: refuse (422, before any env is built) a token of another env id."""
         try:
-            snap = self.sealer.open(token)
+            snap = await anyio.to_thread.run_sync(self.sealer.open, token)
         except ValueError as exc:  # SnapshotTokenError, or a token whose content is not a snapshot
             raise HTTPException(422, f"cannot restore: {exc}") from None
         if snap.env_id is None:
             raise HTTPException(422, "cannot restore: the snapshot names no env id")
+        if env_id is not None and snap.env_id != env_id:
+            raise HTTPException(422, f"cannot restore: the snapshot is of {snap.env_id}, not of {env_id}")
         kwargs = {k: v for k, v in snap.kwargs.items() if k not in SERVER_DECIDED_KWARGS}
         recipe = self.sessions.recipe(snap.env_id, kwargs)
 
@@ -100,7 +103,8 @@ class SessionHost:
                     raise ServiceUnavailable("the client closed the connection before its session was made")
                 sid = slots.commit(recipe.env_id, [env], recipe.blocking)[0]
             except BaseException:
-                await run_env(recipe.blocking, lambda: close_quietly(env))
+                with anyio.CancelScope(shield=True):  # closed even when the request is being cancelled
+                    await run_env(recipe.blocking, lambda: close_quietly(env))
                 raise
         return Opened(sid, env, obs, info)
 
@@ -143,7 +147,8 @@ class SessionHost:
                         raise ServiceUnavailable("the client closed the connection before its forks were made")
                     return slots.commit(s.env_id, list(children), s.blocking)
                 except BaseException:
-                    await run_env(s.blocking, lambda: [close_quietly(c) for c in children])
+                    with anyio.CancelScope(shield=True):  # closed even when the request is being cancelled
+                        await run_env(s.blocking, lambda: [close_quietly(c) for c in children])
                     raise
 
     async def snapshot(self, sid: str) -> str:
@@ -156,7 +161,7 @@ class SessionHost:
                 raise env_failure(exc, "snapshot", False)
         if snap.env_id is None:
             snap = snap.model_copy(update={"env_id": s.env_id})
-        return self.sealer.seal(snap)
+        return await anyio.to_thread.run_sync(self.sealer.seal, snap)
 
     async def delete(self, sids: list[str]) -> list[bool]:
         """Close the sessions ``sids`` (their envs in worker threads when closing blocks); ``[i]``: whether
@@ -167,7 +172,8 @@ class SessionHost:
         for env in inline:
             close_quietly(env)
         if threaded:
-            await anyio.to_thread.run_sync(lambda: [close_quietly(e) for e in threaded])
+            with anyio.CancelScope(shield=True):  # popped above: closed now or never
+                await anyio.to_thread.run_sync(lambda: [close_quietly(e) for e in threaded])
         return [s is not None for s in gone]
 
 

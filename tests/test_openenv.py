@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 from dataclasses import dataclass
 
@@ -280,8 +281,6 @@ def raw_session(srv, env_id: str = CLUE):
 
 
 def ask(ws, text: str) -> dict:
-    import json
-
     ws.send(text)
     return json.loads(ws.recv())
 
@@ -384,3 +383,31 @@ def test_fileqa_over_the_openenv_transport_with_forks():
     finally:
         srv.stop()
     assert provider.list() == []  # every session gave its sandbox back
+
+
+def test_a_connection_outlives_its_session_and_keeps_its_kwargs(server):
+    with raw_session(server) as ws:
+        first = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 3}}}')["data"]["observation"]
+        sid = first["session_id"]
+        assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 204  # deleted elsewhere
+        again = ask(ws, '{"type": "reset", "data": {"seed": 1}}')
+        assert again["type"] == "observation" and again["data"]["observation"]["session_id"] != sid
+        assert again["data"]["observation"]["text"] == first["text"]  # a new session with the same kwargs
+        made = httpx.post(f"{server.url}/v1/envs", json={"env_id": CLUE, "kwargs": {"turns": 7}}).json()
+        assert ask(ws, json.dumps({"type": "attach", "data": {"session_id": made["session_id"]}}))["type"] == \
+            "observation"
+        back = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 3}}}')["data"]["observation"]
+        assert back["session_id"] != made["session_id"] and back["text"] == first["text"]  # turns=3, not 7
+        gone = ask(ws, json.dumps({"type": "delete", "data": {"session_ids": [back["session_id"]] * 2}}))
+        assert gone["data"] == {"deleted": [back["session_id"]], "missing": []}
+    wait_sessions(server, 0)
+
+
+def test_a_snapshot_of_another_env_is_refused_before_anything_is_built(server):
+    with ForkyardEnvClient(base_url=base(server)).sync() as env:
+        env.reset(seed=0)
+        token = env.snapshot()
+    with raw_session(server, FILEQA) as ws:  # this env-only server could not even build FileQA
+        got = ask(ws, json.dumps({"type": "reset", "data": {"snapshot": token}}))
+        assert got["data"]["http_status"] == 422 and f"is of {CLUE}" in got["data"]["message"]
+    wait_sessions(server, 0)

@@ -25,6 +25,7 @@ from trl.chat_template_utils import qwen3_chat_template, supports_tool_calling
 
 import envs  # noqa: F401 - registers the forkyard ids
 from envs.clueprobe import ClueProbeEnv
+from envs.core import EnvInfraError
 from envs.tool_calls import action_to_call
 from envs.trl import EPISODE_OVER, environment_factory
 from trainer.trl_rollout import TreeForkRollout
@@ -245,6 +246,7 @@ class Recording(TreeForkRollout):
 
     def __call__(self, prompts, trainer):
         self.rows = super().__call__(prompts, trainer)
+        self.calls = getattr(self, "calls", []) + [(self.rows, self.episodes)]
         return self.rows
 
 
@@ -285,3 +287,28 @@ def test_tree_fork_rollout_func_on_fileqa_forks_sandboxes_on_a_server(tmp_path, 
     finally:
         srv.stop()
     assert provider.list() == []  # every session (forks included) gave its sandbox back
+
+
+class FlakyClueProbe(ClueProbeEnv):
+    """ClueProbe whose reset fails through the infrastructure for even seeds."""
+
+    def _reset_task(self, options):
+        if self._np_random_seed % 2 == 0:
+            raise EnvInfraError("no sandbox for even seeds")
+        return super()._reset_task(options)
+
+
+def test_a_group_lost_at_its_reset_keeps_its_rows_and_gets_no_reward(tmp_path, clue_policy):
+    model, tok = clue_policy
+    gym.register("forkyard-test/Flaky-v0", entry_point=FlakyClueProbe)
+    try:
+        rollout = Recording("forkyard-test/Flaky-v0", turns=2, max_new_tokens=48)
+        trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward],
+                       rollout_func=rollout)
+    finally:
+        gym.registry.pop("forkyard-test/Flaky-v0")
+    (lost, lost_eps), (ran, _) = rollout.calls  # one group per step: seed 0 (lost at its reset), then 1009
+    assert len(lost["completion_ids"]) == 4 and lost["env_reward"] == [None] * 4
+    assert all(e.infra_failure for e in lost_eps) and all(m == [0] for m in lost["env_mask"])
+    assert len(ran["completion_ids"]) == 4 and all(r is not None for r in ran["env_reward"])
+    assert len([h for h in trainer.state.log_history if "rewards/reward/mean" in h]) == 2

@@ -36,10 +36,12 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from transformers import GenerationConfig
 
 from envs.actions import ActionParseError
+from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
-from trainer.rollout import Episode, Step, tree_rollout
+from trainer.rollout import Episode, Rollout, Step, tree_rollout
 
 
 class ChatSession:
@@ -64,7 +66,12 @@ class ChatSession:
         self.logprobs += logps
         self.mask += [1] * len(new)
         eos = self.policy.tokenizer.eos_token_id
-        text = self.policy.tokenizer.decode(new[:-1] if new and new[-1] == eos else new)
+        ended = bool(new) and new[-1] == eos
+        if not ended:  # cut at max_new_tokens: the turn is closed for the context, not by the model (mask 0)
+            self.completion.append(eos)
+            self.logprobs.append(0.0)
+            self.mask.append(0)
+        text = self.policy.tokenizer.decode(new[:-1] if ended else new)
         try:
             action = parse_model_output(text, self.policy.tools)
         except ActionParseError:
@@ -127,10 +134,13 @@ class ChatPolicy:
         x = torch.tensor([ids], device=self.device)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(rng.randrange(2**63))
-            out = self.model.generate(
-                input_ids=x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
-                top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id, output_logits=True, return_dict_in_generate=True)
+            # A config of its own: a checkpoint's generation_config (repetition penalty, top-k) would make the
+            # sampled distribution differ from the one whose log-probs are recorded.
+            config = GenerationConfig(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
+                                      max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+                                      pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                                      return_dict_in_generate=True)
+            out = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
         new = out.sequences[0, len(ids):]
         logp = torch.log_softmax(torch.stack(out.logits)[:, 0].float() / self.temperature, dim=-1)
         picked = logp[torch.arange(len(new)), new]
@@ -193,7 +203,8 @@ class TreeForkRollout:
         episodes: the :class:`trainer.rollout.Episode` list of the last call, row for row.
 
     Raises (on call):
-        ValueError: rows not in groups of ``trainer.num_generations`` identical prompts.
+        ValueError: rows not in groups of ``trainer.num_generations`` (``num_generations_eval`` in evaluation)
+            identical prompts.
     """
 
     def __init__(self, env_id: str, *, fork_turn: str = "uniform", seed: int = 0, temperature: float = 1.0,
@@ -204,7 +215,7 @@ class TreeForkRollout:
         self.episodes: list[Episode] = []
 
     def __call__(self, prompts: list[list[dict]], trainer: Any) -> dict[str, list]:
-        g = trainer.num_generations
+        g = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         if len(prompts) % g or any(prompts[i] != prompts[i - i % g] for i in range(len(prompts))):
             raise ValueError(f"rollout_func expects each prompt {g} times in a row (num_generations); got "
                              f"{len(prompts)} rows")
@@ -233,11 +244,15 @@ class TreeForkRollout:
                 tools = env.tool_schemas()
             policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
             rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
+        except EnvInfraError:  # lost before its tree started: every row of the group is lost (below)
+            rollout = Rollout("tree", [])
         finally:
             env.close()
         self.env_calls += rollout.env_calls
         fallback = None
-        for ep in rollout.episodes:
+        lost = [Episode(seed=seed, base=0, branch=j, infra_failure=True, reason="infra_error")
+                for j in range(len(rollout.episodes), g)]  # a base lost at its reset: no branch was started
+        for ep in rollout.episodes + lost:
             session: ChatSession | None = ep.steps[-1].data if ep.steps else None
             if session is None and fallback is None:  # lost before its first action: a row TRL can still hold
                 fallback = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,

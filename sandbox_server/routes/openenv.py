@@ -214,16 +214,22 @@ class Connection:
             if req.kwargs is not None or req.seed is not None or req.options is not None:
                 raise HTTPException(422, "a reset with a snapshot takes no kwargs, seed or options: the snapshot "
                                          "holds the env's kwargs and state")
-            made = await self.host.restore(req.snapshot)
-            if made.env.spec is not None and made.env.spec.id != self.env_id:
-                await self.host.delete([made.session_id])
-                raise HTTPException(422, f"the snapshot is of {made.env.spec.id}, not of {self.env_id}")
-        elif self.sid is None or (req.kwargs is not None and req.kwargs != self.kwargs):
-            made = await self.host.create(self.env_id, req.kwargs or {}, req.seed, req.options)
-            self.kwargs = req.kwargs or {}
-        else:
-            s, obs, info = await self.host.reset(self.sid, req.seed, req.options)
-            return _observation(self.sid, obs, info, None, False, False)
+            made = await self.host.restore(req.snapshot, env_id=self.env_id)
+            self.kwargs = None  # the token's kwargs: a later reset with kwargs makes a new session
+            await self._replace(made.session_id)
+            return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done)
+        if self.sid is not None and (req.kwargs is None or req.kwargs == self.kwargs):
+            try:
+                s, obs, info = await self.host.reset(self.sid, req.seed, req.options)
+                return _observation(self.sid, obs, info, None, False, False)
+            except HTTPException as exc:
+                if exc.status_code != 404:
+                    raise
+                self.owners.pop(self.sid, None)  # deleted elsewhere or expired: a new one below
+                self.sid = None
+        kwargs = req.kwargs if req.kwargs is not None else (self.kwargs or {})
+        made = await self.host.create(self.env_id, kwargs, req.seed, req.options)
+        self.kwargs = kwargs
         await self._replace(made.session_id)
         return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done)
 
@@ -263,6 +269,7 @@ class Connection:
         if owner is not None:
             owner.forks.discard(req.session_id)
         self.episode_id = uuid.uuid4().hex
+        self.kwargs = None  # made elsewhere: a later reset with kwargs makes a new session
         await self._replace(req.session_id)
         env = s.env
         return _observation(req.session_id, env.last_observation, env.current_info(), None, False, False, env.done)
@@ -272,6 +279,7 @@ class Connection:
 
     async def delete(self, data: dict) -> dict[str, Any]:
         req = DeleteData.model_validate(data)
+        req.session_ids = list(dict.fromkeys(req.session_ids))  # each id answered once
         for sid in req.session_ids:
             owner = self.owners.get(sid)
             if owner is not None and owner is not self and owner.sid == sid:
@@ -282,7 +290,7 @@ class Connection:
             if owner is not None:
                 owner.forks.discard(sid)
                 if owner.sid == sid:
-                    owner.sid = None
+                    owner.sid, owner.kwargs = None, None
         return {"type": "deleted", "data": {"deleted": [s for s, h in zip(req.session_ids, held) if h],
                                             "missing": [s for s, h in zip(req.session_ids, held) if not h]}}
 
