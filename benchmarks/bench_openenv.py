@@ -150,13 +150,14 @@ def generic_client(base: str, reset: dict, seconds: float) -> tuple[float, float
     return steps / seconds, cpu / steps * 1e6
 
 
-def remote_env(url: str, seconds: float) -> tuple[float, float]:
-    """forkyard's RemoteEnv (HTTP /v1/envs), one session: (steps/s, client CPU microseconds per step)."""
+def remote_env(url: str, seconds: float, transport: str) -> tuple[float, float]:
+    """forkyard's RemoteEnv over ``transport`` (``http``: /v1/envs; ``ws``: the OpenEnv transport), one
+    session: (steps/s, client CPU microseconds per step)."""
     import gymnasium as gym
 
     import envs  # noqa: F401 - registers the ids
 
-    env = gym.make("forkyard/ClueProbe-v0", turns=64, server_url=url).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", turns=64, server_url=url, transport=transport).unwrapped
     try:
         env.reset(seed=0)
         steps, cpu, end = 0, time.process_time(), time.perf_counter() + seconds
@@ -191,14 +192,17 @@ def main() -> None:
             rows.append((label, figs))
         clients = {k: generic_client(b, r, args.seconds) for k, (b, r) in bases.items()}
         rows.append(("1 session, OpenEnv's GenericEnvClient", {k: v[0] for k, v in clients.items()}))
-        remote = remote_env(f"http://127.0.0.1:{p_fork}", args.seconds)
+        remote = {t: remote_env(f"http://127.0.0.1:{p_fork}", args.seconds, t) for t in ("http", "ws")}
         print(f"{'steps/s':44s} {'OpenEnv':>10s} {'forkyard':>10s} {'ratio':>7s}")
         for label, f in rows:
             print(f"{label:44s} {f['OpenEnv']:10.0f} {f['forkyard']:10.0f} {f['forkyard'] / f['OpenEnv']:6.2f}x")
-        print(f"{'1 session, forkyard RemoteEnv (HTTP /v1/envs)':44s} {clients['OpenEnv'][0]:10.0f} {remote[0]:10.0f} "
-              f"{remote[0] / clients['OpenEnv'][0]:6.2f}x  (against GenericEnvClient on OpenEnv)")
+        for t, (steps, _) in remote.items():
+            label = f"1 session, forkyard RemoteEnv transport={t}"
+            print(f"{label:44s} {clients['OpenEnv'][0]:10.0f} {steps:10.0f} {steps / clients['OpenEnv'][0]:6.2f}x  "
+                  "(against GenericEnvClient on OpenEnv)")
         print("client CPU per step (us): GenericEnvClient on OpenEnv %.0f, GenericEnvClient on forkyard %.0f, "
-              "RemoteEnv %.0f" % (clients["OpenEnv"][1], clients["forkyard"][1], remote[1]))
+              "RemoteEnv http %.0f, RemoteEnv ws %.0f" % (clients["OpenEnv"][1], clients["forkyard"][1],
+                                                          remote["http"][1], remote["ws"][1]))
         ws_fork = bases["forkyard"][0].replace("http", "ws") + "/ws"
         print("\n4 sessions at a state L steps in, forkyard over /ws (ms): fork(4) + delete in one message "
               "against 4 x (reset + L steps)")

@@ -5,18 +5,31 @@ returns a :class:`RemoteEnv`: ``reset`` opens a session on the server (or resets
 the action, ``fork(n)`` forks the server-side session and returns n ``RemoteEnv``s sharing this one's
 HTTP connection pool, ``close`` deletes the session. The server runs the env (and its sandbox).
 
-Transport: one ``httpx.Client`` with keep-alive, a timeout per request (``timeout_s``) and retries on
-connection errors only (a request that reached the server is never repeated, so a step is never
-applied twice). Server and network failures raise :class:`~envs.core.EnvInfraError` (trainers drop
-such episodes); a step after the episode ended raises :class:`~envs.core.EpisodeFinishedError`.
+Transports (``transport=``):
+
+* ``"http"`` (default): ``/v1/envs``, one ``httpx.Client`` with keep-alive, a timeout per request
+  (``timeout_s``) and retries on connection errors only (a request that reached the server is never
+  repeated, so a step is never applied twice).
+* ``"ws"``: the server's OpenEnv transport, one WebSocket connection per session
+  (``/openenv/{env_id}/ws``; ``sandbox_server/routes/openenv.py``), about half the client CPU per step of
+  an HTTP request. The session lives as long as the connection: ``close`` (or a dropped connection)
+  ends it. A fork's children each open their own connection and attach their session. Nothing is
+  retried once the connection is open.
+
+Server and network failures raise :class:`~envs.core.EnvInfraError` (trainers drop such episodes); a
+step after the episode ended raises :class:`~envs.core.EpisodeFinishedError`; a value the server refuses
+raises ``ValueError``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gymnasium as gym
 import httpx
+from websockets.exceptions import WebSocketException
+from websockets.sync.client import ClientConnection, connect
 
 from envs.core import EnvInfraError, EpisodeFinishedError
 from envs.text_space import TextSpace
@@ -30,12 +43,21 @@ class RemoteEnv(gym.Env):
         server_url: base URL of the server, e.g. ``http://localhost:8000``.
         timeout_s: seconds to wait for any one request (sandbox tool calls included), default 60.
         connect_retries: retries of a failed connection (not of a request that was sent), default 3.
+        transport: ``"http"`` (``/v1/envs``) or ``"ws"`` (the OpenEnv WebSocket transport).
         **kwargs: the env's constructor kwargs, sent to the server.
+
+    Raises:
+        ValueError: an unknown ``transport``.
     """
 
     metadata = {"render_modes": [], "render_fps": 1, "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
-    def __init__(self, env_id: str, server_url: str, timeout_s: float = 60.0, connect_retries: int = 3, **kwargs: Any):
+    def __init__(self, env_id: str, server_url: str, timeout_s: float = 60.0, connect_retries: int = 3,
+                 transport: str = "http", **kwargs: Any):
+        if transport not in ("http", "ws"):
+            raise ValueError(f"transport must be 'http' or 'ws', got {transport!r}")
+        self.transport, self.timeout_s = transport, float(timeout_s)
+        self._socket: ClientConnection | None = None
         self.env_id = env_id
         self.server_url = server_url.rstrip("/")
         self.kwargs = kwargs
@@ -70,9 +92,40 @@ class RemoteEnv(gym.Env):
         self.observation_space = TextSpace(data["observation_max_length"])
         self.action_space = TextSpace(data["action_max_length"])
 
+    def _ask(self, kind: str, data: dict) -> dict:
+        """One message over this env's WebSocket (opened at first use); the answer's data."""
+        try:
+            if self._socket is None:
+                url = "ws" + self.server_url[4:] if self.server_url.startswith("http") else self.server_url
+                self._socket = connect(f"{url}/openenv/{self.env_id}/ws", open_timeout=self.timeout_s,
+                                       max_size=None).__enter__()  # entered as a context; closed by close()
+            self._socket.send(json.dumps({"type": kind, "data": data}))
+            answer = json.loads(self._socket.recv(timeout=self.timeout_s))
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
+        if answer.get("type") != "error":
+            return answer["data"]
+        err = answer["data"]
+        status, text = err.get("http_status", 500), f"{kind}: {err.get('code')}: {err.get('message')}"
+        if status == 409 and kind == "step":
+            raise EpisodeFinishedError(err.get("message", "the episode has ended"))
+        if status >= 500 or status == 404:
+            raise EnvInfraError(text)
+        raise ValueError(text)
+
+    def _ws_result(self, data: dict) -> tuple[str, dict[str, Any]]:
+        o = data["observation"]
+        self.session_id = o["session_id"]
+        if "observation_max_length" in o:
+            self._adopt(o)
+        self.turn, self.done = o["info"]["turn"], bool(data["done"])
+        return o["text"], o["info"]
+
     # ------------------------------------------------------------------ Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        if self.transport == "ws":
+            return self._ws_result(self._ask("reset", {"seed": seed, "options": options, "kwargs": self.kwargs}))
         if self.session_id is None:
             data = self._request("POST", "/v1/envs", {"env_id": self.env_id, "kwargs": self.kwargs, "seed": seed, "options": options})
             self.session_id = data["session_id"]
@@ -85,6 +138,11 @@ class RemoteEnv(gym.Env):
     def step(self, action: str):
         if self.session_id is None:
             raise gym.error.ResetNeeded("call reset() before step()")
+        if self.transport == "ws":
+            data = self._ask("step", {"action": action})
+            o = data["observation"]
+            self.turn, self.done = o["info"]["turn"], bool(data["done"])
+            return o["text"], data["reward"], o["terminated"], o["truncated"], o["info"]
         data = self._request("POST", f"/v1/envs/{self.session_id}/step", {"action": action})
         self.turn = data["info"]["turn"]
         self.done = data["terminated"] or data["truncated"]
@@ -98,17 +156,27 @@ class RemoteEnv(gym.Env):
         return self._request("GET", f"/v1/envs/{self.session_id}/tools")["tools"]
 
     def fork(self, n: int = 1) -> list["RemoteEnv"]:
-        """n remote envs at this env's state (server-side fork: env, history and sandbox)."""
+        """n remote envs at this env's state (server-side fork: env, history and sandbox).
+
+        Raises:
+            EnvInfraError: the server or the connection failed (with ``"ws"``, children attached before the
+                failure stay open until they are closed or garbage-collected).
+        """
         if self.session_id is None:
             raise gym.error.ResetNeeded("call reset() before fork()")
-        data = self._request("POST", f"/v1/envs/{self.session_id}/fork", {"n": n})
+        if self.transport == "ws":
+            sids = self._ask("fork", {"n": n})["session_ids"]
+        else:
+            sids = self._request("POST", f"/v1/envs/{self.session_id}/fork", {"n": n})["session_ids"]
         children = []
-        for sid in data["session_ids"]:
+        for sid in sids:
             child = object.__new__(RemoteEnv)
             child.__dict__.update(self.__dict__)
-            child.session_id = sid
+            child.session_id, child._socket = sid, None
             self._client_refs[0] += 1
             children.append(child)
+            if self.transport == "ws":  # its own connection; the parent's drops the children it still owns
+                child._ws_result(child._ask("attach", {"session_id": sid}))
         return children
 
     def close(self) -> None:
@@ -117,6 +185,12 @@ class RemoteEnv(gym.Env):
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        if self._socket is not None:  # the server ends the session with its connection
+            try:
+                self._socket.close()
+            except (OSError, WebSocketException):
+                pass
+            self._socket, self.session_id = None, None
         if self.session_id is not None:
             try:
                 self._client.delete(f"/v1/envs/{self.session_id}")

@@ -411,3 +411,32 @@ def test_a_snapshot_of_another_env_is_refused_before_anything_is_built(server):
         got = ask(ws, json.dumps({"type": "reset", "data": {"snapshot": token}}))
         assert got["data"]["http_status"] == 422 and f"is of {CLUE}" in got["data"]["message"]
     wait_sessions(server, 0)
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+def test_remote_env_plays_alike_over_both_transports(server, transport):
+    import gymnasium as gym
+
+    from envs.core import EpisodeFinishedError
+
+    env = gym.make(CLUE, turns=4, server_url=server.url, transport=transport).unwrapped
+    local = ClueProbeEnv(turns=4)
+    assert env.reset(seed=3) == local.reset(seed=3)
+    assert env.observation_space.max_length == local.observation_space.max_length
+    assert env.step("probe(0)") == local.step("probe(0)")
+    kids, twins = env.fork(2), local.fork(2)
+    for kid, twin, k in zip(kids, twins, (1, 2)):
+        assert kid.step(f"probe({k})") == twin.step(f"probe({k})")
+    assert env.step("probe(2)") == local.step("probe(2)")  # the parent goes on alone
+    assert sessions(server) == 3
+    with pytest.raises(ValueError, match="at most"):
+        env.step("x" * 10_000)
+    for _ in range(2):
+        env.step("probe(1)")
+    with pytest.raises(EpisodeFinishedError):
+        env.step("probe(1)")
+    for e in kids + [env]:
+        e.close()
+    wait_sessions(server, 0)
+    with pytest.raises(ValueError, match="transport"):
+        gym.make(CLUE, server_url=server.url, transport="carrier-pigeon")

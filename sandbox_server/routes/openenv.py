@@ -24,7 +24,8 @@ WebSocket messages (``{"type": ..., "data": {...}}``, answered in order, one ans
   idle TTL is the backstop).
 
 An observation answer's ``data`` is ``{"observation": {"text", "info", "terminated", "truncated",
-"session_id"}, "reward": float | null, "done": bool}``; ``info`` is forkyard's (``turn``, ``anchor_key``,
+"session_id"}, "reward": float | null, "done": bool}`` (resets and attaches add the env's
+``observation_max_length`` and ``action_max_length``); ``info`` is forkyard's (``turn``, ``anchor_key``,
 ``legal_actions``, ``termination_reason`` at the end). An error answer's ``data`` is ``{"message", "code",
 "status", "http_status", "retry_after_s"?}``: ``code`` is OpenEnv's (``VALIDATION_ERROR``,
 ``UNKNOWN_TYPE``, ``INVALID_JSON``, ``CAPACITY_REACHED``, ``SESSION_ERROR``, ``EXECUTION_ERROR``), the others
@@ -91,6 +92,8 @@ class TextObservation(BaseModel):
     terminated: bool
     truncated: bool
     session_id: str
+    observation_max_length: int | None = Field(default=None, description="resets and attaches: max code points")
+    action_max_length: int | None = Field(default=None, description="resets and attaches: max code points")
 
 
 class EnvState(BaseModel):
@@ -150,10 +153,14 @@ def error_message(exc: BaseException) -> dict[str, Any]:
 
 
 def _observation(sid: str, obs: str, info: dict, reward: float | None, term: bool, trunc: bool,
-                 done: bool | None = None) -> dict[str, Any]:
-    return {"type": "observation", "data": {
-        "observation": {"text": obs, "info": info, "terminated": term, "truncated": trunc, "session_id": sid},
-        "reward": reward, "done": (term or trunc) if done is None else done}}
+                 done: bool | None = None, env: Any = None) -> dict[str, Any]:
+    """An observation answer; with ``env`` (resets and attaches) it carries the env's text-space sizes."""
+    o = {"text": obs, "info": info, "terminated": term, "truncated": trunc, "session_id": sid}
+    if env is not None:
+        o["observation_max_length"] = env.observation_space.max_length
+        o["action_max_length"] = env.action_space.max_length
+    return {"type": "observation", "data": {"observation": o, "reward": reward,
+                                            "done": (term or trunc) if done is None else done}}
 
 
 # ------------------------------------------------------------------------------------ one connection
@@ -217,11 +224,12 @@ class Connection:
             made = await self.host.restore(req.snapshot, env_id=self.env_id)
             self.kwargs = None  # the token's kwargs: a later reset with kwargs makes a new session
             await self._replace(made.session_id)
-            return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done)
+            return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done,
+                                made.env)
         if self.sid is not None and (req.kwargs is None or req.kwargs == self.kwargs):
             try:
                 s, obs, info = await self.host.reset(self.sid, req.seed, req.options)
-                return _observation(self.sid, obs, info, None, False, False)
+                return _observation(self.sid, obs, info, None, False, False, env=s.env)
             except HTTPException as exc:
                 if exc.status_code != 404:
                     raise
@@ -231,7 +239,8 @@ class Connection:
         made = await self.host.create(self.env_id, kwargs, req.seed, req.options)
         self.kwargs = kwargs
         await self._replace(made.session_id)
-        return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done)
+        return _observation(made.session_id, made.observation, made.info, None, False, False, made.env.done,
+                            made.env)
 
     async def step(self, data: dict) -> dict[str, Any]:
         action = data.get("action")
@@ -272,7 +281,8 @@ class Connection:
         self.kwargs = None  # made elsewhere: a later reset with kwargs makes a new session
         await self._replace(req.session_id)
         env = s.env
-        return _observation(req.session_id, env.last_observation, env.current_info(), None, False, False, env.done)
+        return _observation(req.session_id, env.last_observation, env.current_info(), None, False, False, env.done,
+                            env)
 
     async def snapshot(self, data: dict) -> dict[str, Any]:
         return {"type": "snapshot", "data": {"snapshot": await self.host.snapshot(self._session())}}
