@@ -213,6 +213,8 @@ NOT_IN_CLIENT: dict[tuple[str, str], str] = {
     ("POST", "/v1/envs/{session_id}/step"): _ENV_API,
     ("POST", "/v1/envs/{session_id}/fork"): _ENV_API,
     ("GET", "/v1/envs/{session_id}/tools"): _ENV_API,
+    ("POST", "/v1/envs/{session_id}/snapshot"): _ENV_API,
+    ("POST", "/v1/envs/restore"): _ENV_API,
     **{("POST", f"/v1/envs/batch/{r}"): _ENV_BATCH_API for r in ("create", "reset", "step", "fork", "delete")},
 }
 
