@@ -122,7 +122,12 @@ class RemoteEnv(gym.Env):
         return o["text"], o["info"]
 
     # ------------------------------------------------------------------ Gymnasium API
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise gym.error.ClosedEnvironmentError("this RemoteEnv is closed (its session ended): make a new one")
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._check_open()
         super().reset(seed=seed)
         if self.transport == "ws":
             return self._ws_result(self._ask("reset", {"seed": seed, "options": options, "kwargs": self.kwargs}))
@@ -136,6 +141,7 @@ class RemoteEnv(gym.Env):
         return data["observation"], data["info"]
 
     def step(self, action: str):
+        self._check_open()
         if self.session_id is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         if self.transport == "ws":
@@ -162,6 +168,7 @@ class RemoteEnv(gym.Env):
             EnvInfraError: the server or the connection failed (with ``"ws"``, children attached before the
                 failure stay open until they are closed or garbage-collected).
         """
+        self._check_open()
         if self.session_id is None:
             raise gym.error.ResetNeeded("call reset() before fork()")
         if self.transport == "ws":

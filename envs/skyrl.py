@@ -16,7 +16,7 @@ until ``done``, appending the returned ``observations`` (chat messages) to the c
 * ``env_config`` (a dict or an OmegaConf config): ``env_id``, ``kwargs`` (the env's), ``server_url``
   (optional: the env runs on a forkyard server), ``tools`` (default True: the model's output is read as a
   tool call in any form :func:`envs.tool_calls.parse_model_output` accepts, when the env has tool schemas).
-* ``extras`` (per row): ``seed`` (or ``extra_info.seed``) seeds the episode.
+* ``extras`` (per row): ``seed`` (or ``extra_info.seed``) seeds the episode (:func:`envs.trl.row_seed`).
 * ``init`` appends the env's first observation to the prompt's last user message (a user message is added
   when the prompt ends otherwise) and returns ``{"tools": [...]}`` as metadata for the chat template.
 * ``step`` returns the observation as one ``user`` message (none once done), the env's reward, ``done``
@@ -40,17 +40,17 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from envs.actions import ActionParseError
 from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
+from envs.trl import row_seed
 
 #: The id forkyard's adapter is registered under in SkyRL-gym's registry.
 SKYRL_ENV_ID = "forkyard"
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    if isinstance(config, dict):
-        return config.get(key, default)
-    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+def _plain(config: Any) -> Any:
+    """``config`` as plain Python containers (an OmegaConf config, as SkyRL passes one, converted whole)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else config
 
 
 class ForkyardTextEnv(BaseTextEnv):
@@ -66,17 +66,21 @@ class ForkyardTextEnv(BaseTextEnv):
 
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None):
         super().__init__()
-        env_id = _get(env_config, "env_id")
-        if not env_id:
+        env_config, extras = _plain(env_config) or {}, _plain(extras) or {}
+        if not isinstance(env_config, dict) or not env_config.get("env_id"):
             raise ValueError("env_config needs env_id, e.g. {'env_id': 'forkyard/ClueProbe-v0'}")
-        kwargs = dict(_get(env_config, "kwargs", None) or {})
-        if _get(env_config, "server_url"):
-            kwargs["server_url"] = _get(env_config, "server_url")
+        env_id = env_config["env_id"]
+        kwargs = env_config.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"env_config.kwargs must be a mapping of the env's kwargs, got {kwargs!r}")
+        kwargs = dict(kwargs)
+        if env_config.get("server_url"):
+            kwargs["server_url"] = env_config["server_url"]
         self.env = gym.make(env_id, **kwargs).unwrapped
-        self.use_tools = bool(_get(env_config, "tools", True))
-        extras = extras or {}
-        seed = extras.get("seed", _get(extras.get("extra_info"), "seed"))
-        self.seed = None if seed is None else int(seed)
+        self.use_tools = bool(env_config.get("tools", True))
+        info = extras.get("extra_info") if isinstance(extras.get("extra_info"), dict) else {}
+        seed = extras.get("seed") if extras.get("seed") is not None else info.get("seed")
+        self.seed = row_seed(seed, "extras.seed")
         self.max_turns = int(getattr(self.env, "max_turns", 1))
         self.tools: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {}

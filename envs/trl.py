@@ -75,10 +75,10 @@ class ForkyardToolEnv:
     def reset(self, **row: Any) -> str:
         """Start an episode seeded by ``row[seed_column]`` (None: unseeded); returns the first observation. An
         infrastructure failure ends the episode at once (``get_reward()`` is None) and returns a notice."""
-        seed = row.get(self._seed_column)
+        seed = row_seed(row.get(self._seed_column), self._seed_column)
         self.rewards, self.done = [], False
         try:
-            obs, self.info = self.env.reset(seed=None if seed is None else int(seed))
+            obs, self.info = self.env.reset(seed=seed)
         except EnvInfraError as exc:  # the episode is lost: get_reward() is None, tool calls answer that
             self.done, self.info = True, {"termination_reason": "infra_error"}
             return f"The environment failed: {exc}"
@@ -111,6 +111,21 @@ class ForkyardToolEnv:
         self.rewards.append(float(reward))
         self.done = bool(terminated or truncated)
         return obs
+
+
+def row_seed(value: Any, where: str = "seed") -> int | None:
+    """A dataset row's seed: None, a non-negative int, or a str of decimal digits (as CSV columns arrive).
+
+    Raises:
+        ValueError: anything else (a bool, a float, a negative number, other text), naming ``where``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where} must be a non-negative integer (or None), got {value!r}")
+    return value
 
 
 def environment_factory(env_id: str, *, seed_column: str = "seed", **kwargs: Any) -> type[ForkyardToolEnv]:
@@ -198,4 +213,4 @@ def _close_quietly(env: Any) -> None:
         pass
 
 
-__all__ = ["EPISODE_OVER", "JSON_TYPES", "ForkyardToolEnv", "environment_factory"]
+__all__ = ["EPISODE_OVER", "JSON_TYPES", "ForkyardToolEnv", "environment_factory", "row_seed"]

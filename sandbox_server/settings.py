@@ -100,7 +100,9 @@ class ServerSettings(BaseSettings):
     Raises ``pydantic.ValidationError`` on a value of the wrong type.
     """
 
-    model_config = SettingsConfigDict(env_prefix="FORKYARD_", extra="forbid", validate_assignment=True)
+    # hide_input_in_errors: an error never echoes a value (FORKYARD_SNAPSHOT_KEY is a secret); it names the field.
+    model_config = SettingsConfigDict(env_prefix="FORKYARD_", extra="forbid", validate_assignment=True,
+                                      hide_input_in_errors=True)
 
     #: Address the server listens on (loopback unless told otherwise).
     host: str = "127.0.0.1"

@@ -7,6 +7,10 @@ transport) is sealed: compressed (zlib), then encrypted and authenticated with F
 HMAC-SHA256 tag, from the ``cryptography`` package). The client can store and return the token, nothing
 more: a token altered by one bit, or made under another key, is refused.
 
+What sealing does not hide: a client that restores a token may replay from it (try each answer and read
+the reward); a token does not expire while its key is in use. Sealing keeps the state's contents from the
+client, not the env's own feedback.
+
 The key is ``FORKYARD_SNAPSHOT_KEY`` (:class:`sandbox_server.settings.ServerSettings`; a Fernet key:
 32 random bytes in URL-safe base64, as ``python -c "from cryptography.fernet import Fernet;
 print(Fernet.generate_key().decode())"`` prints). Without it each server process draws its own key at start,

@@ -270,9 +270,10 @@ def test_a_shared_key_restores_on_another_server(monkeypatch):
     finally:
         one.stop()
         two.stop()
-    monkeypatch.setenv("FORKYARD_SNAPSHOT_KEY", "not-a-key")
-    with pytest.raises(ValueError, match="Fernet key"):
+    monkeypatch.setenv("FORKYARD_SNAPSHOT_KEY", "not-a-key-but-a-secret")
+    with pytest.raises(ValueError, match="Fernet key") as refused:
         create_env_app()
+    assert "not-a-key-but-a-secret" not in str(refused.value)  # an error never echoes the secret
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -440,3 +441,35 @@ def test_remote_env_plays_alike_over_both_transports(server, transport):
     wait_sessions(server, 0)
     with pytest.raises(ValueError, match="transport"):
         gym.make(CLUE, server_url=server.url, transport="carrier-pigeon")
+
+
+def test_delete_refuses_other_connections_forks_and_other_env_ids(server):
+    with raw_session(server) as a, raw_session(server) as c:
+        ask(a, '{"type": "reset", "data": {"seed": 0}}')
+        kids = ask(a, '{"type": "fork", "data": {"n": 2}}')["data"]["session_ids"]
+        ask(c, '{"type": "reset", "data": {"seed": 0}}')
+        refused = ask(c, json.dumps({"type": "delete", "data": {"session_ids": kids}}))
+        assert refused["data"]["http_status"] == 409 and sessions(server) == 4  # nothing deleted
+        other = httpx.post(f"{server.url}/v1/envs", json={"env_id": CLUE}).json()["session_id"]
+        ok = ask(c, json.dumps({"type": "delete", "data": {"session_ids": [other]}}))  # no connection holds it
+        assert ok["data"]["deleted"] == [other]
+        bad_meta = ask(c, '{"type": "step", "data": {"action": "probe(0)", "metadata": 5}}')
+        assert bad_meta["data"]["code"] == "VALIDATION_ERROR"
+        before = ask(c, '{"type": "state", "data": {}}')["data"]["episode_id"]
+        assert ask(c, '{"type": "reset", "data": {"kwargs": {"turns": "x"}}}')["type"] == "error"
+        assert ask(c, '{"type": "state", "data": {}}')["data"]["episode_id"] == before  # a failed reset changes nothing
+    wait_sessions(server, 0)
+
+
+def test_a_closed_remote_env_says_so(server):
+    import gymnasium as gym
+
+    for transport in ("http", "ws"):
+        env = gym.make(CLUE, server_url=server.url, transport=transport).unwrapped
+        env.reset(seed=0)
+        env.close()
+        with pytest.raises(gym.error.ClosedEnvironmentError):
+            env.reset(seed=0)
+        with pytest.raises(gym.error.ClosedEnvironmentError):
+            env.step("probe(0)")
+    wait_sessions(server, 0)

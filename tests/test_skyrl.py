@@ -112,3 +112,39 @@ def test_fileqa_on_the_local_backend():
     _, rewards = generate(env, [{"role": "user", "content": ""}], replies)
     assert rewards == [0.0, 1.0]
     assert shared_provider("local").list() == []
+
+
+def test_omegaconf_configs_as_skyrl_passes_them_reach_a_server_as_plain_json():
+    require_bwrap()
+    from omegaconf import OmegaConf
+
+    from sandbox_server.embedded import shared_provider
+
+    provider = shared_provider("local")
+    srv = UvicornThread(create_env_app(sandbox_provider=provider)).start()
+    try:
+        cfg = OmegaConf.create({"env_id": "forkyard/FileQA-v0", "server_url": srv.url,
+                                "kwargs": {"kinds": ["line_count"], "max_turns": 2}})
+        env = skyrl_gym.make("forkyard", env_config=cfg, extras=OmegaConf.create({"extra_info": {"seed": 4}}))
+        prompt, meta = env.init([{"role": "user", "content": ""}])
+        assert "How many lines" in prompt[-1]["content"] and meta["tools"]
+        env.close()
+        assert len(srv.server.config.app.state.env_sessions) == 0
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("extras, seed", [({"seed": 3}, 3), ({"seed": "7"}, 7), ({"seed": None, "extra_info": {"seed": 2}}, 2),
+                                          ({}, None)])
+def test_row_seeds(extras, seed):
+    env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE}, extras=extras)
+    assert env.seed == seed
+    env.close()
+
+
+@pytest.mark.parametrize("bad", [{"seed": 1.5}, {"seed": True}, {"seed": -1}, {"seed": "abc"}, {"seed": [1]}])
+def test_bad_row_seeds_are_refused_by_name(bad):
+    with pytest.raises(ValueError, match="extras.seed must be a non-negative integer"):
+        skyrl_gym.make("forkyard", env_config={"env_id": CLUE}, extras=bad)
+    with pytest.raises(ValueError, match="kwargs must be a mapping"):
+        skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": [1]}, extras={})

@@ -150,6 +150,10 @@ def test_environment_factory_tools_follow_the_schemas():
     assert "Invalid action" in env.probe(k="x") and env.env.turn == 1  # the env's invalid-action observation
     env.answer(c=0)
     assert env.done and env.get_reward() in (0.0, 1.0) and env.probe(k=0) == EPISODE_OVER
+    assert Env().reset(seed="3") == first  # a CSV column arrives as text
+    for bad in (1.5, True, -2, "abc"):
+        with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+            env.reset(seed=bad)
     gym.register("forkyard-test/NoTools-v0", entry_point=NoTools)
     try:
         with pytest.raises(ValueError, match="no tool schemas"):

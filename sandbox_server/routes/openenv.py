@@ -42,7 +42,9 @@ The fork extension (message types a client that does not know them never sends):
 * ``snapshot`` -> ``snapshot`` ``{"snapshot": token}``: the session's state sealed
   (:mod:`sandbox_server.snapshot_tokens`: opaque and authenticated); ``reset`` with it restores it.
 * ``delete`` ``{session_ids}`` -> ``deleted`` ``{"deleted": [...], "missing": [...]}``: many sessions
-  (a fork's children) closed in one message.
+  (a fork's children) closed in one message: this connection's own, or sessions no connection holds (made
+  over ``/v1/envs``), of this env id; a session another connection drives or forked is refused (409), and
+  then none is deleted.
 
 Why one file: the wire models, the WebSocket messages and the HTTP routes are one protocol, read against
 OpenEnv's own (``openenv/core/env_server/http_server.py`` and ``types.py`` of openenv-core).
@@ -216,7 +218,11 @@ class Connection:
 
     async def reset(self, data: dict) -> dict[str, Any]:
         req = ResetData.model_validate(data)
-        self.episode_id = req.episode_id or uuid.uuid4().hex
+        answer = await self._reset(req)
+        self.episode_id = req.episode_id or uuid.uuid4().hex  # only once the reset took place
+        return answer
+
+    async def _reset(self, req: ResetData) -> dict[str, Any]:
         if req.snapshot is not None:
             if req.kwargs is not None or req.seed is not None or req.options is not None:
                 raise HTTPException(422, "a reset with a snapshot takes no kwargs, seed or options: the snapshot "
@@ -244,7 +250,8 @@ class Connection:
 
     async def step(self, data: dict) -> dict[str, Any]:
         action = data.get("action")
-        if not isinstance(action, str) or not set(data) <= {"action", "metadata"}:
+        if not isinstance(action, str) or not set(data) <= {"action", "metadata"} \
+                or not isinstance(data.get("metadata", {}), dict):
             TextAction.model_validate(data)  # raises the ValidationError that names the problem
             raise HTTPException(422, "step data is {\"action\": str, \"metadata\"?: object}")
         sid = self._session()
@@ -290,10 +297,14 @@ class Connection:
     async def delete(self, data: dict) -> dict[str, Any]:
         req = DeleteData.model_validate(data)
         req.session_ids = list(dict.fromkeys(req.session_ids))  # each id answered once
-        for sid in req.session_ids:
+        for sid in req.session_ids:  # all refused or all done
             owner = self.owners.get(sid)
-            if owner is not None and owner is not self and owner.sid == sid:
-                raise HTTPException(409, f"session {sid!r} is driven by another connection")
+            if owner is not None and owner is not self:
+                raise HTTPException(409, f"session {sid!r} belongs to another connection (it drives it, or forked it "
+                                         "and nobody attached it yet)")
+            held = self.host.sessions.peek(sid)
+            if held is not None and held.env_id != self.env_id:
+                raise HTTPException(422, f"session {sid!r} is of {held.env_id}, not of {self.env_id}")
         held = await self.host.delete(req.session_ids)
         for sid in req.session_ids:
             owner = self.owners.pop(sid, None)
@@ -350,7 +361,7 @@ async def ws(websocket: WebSocket, env_id: str) -> None:
         await conn.release()
         try:
             await websocket.close()
-        except RuntimeError:
+        except (RuntimeError, WebSocketDisconnect):  # already closed, or the client is gone
             pass
 
 
