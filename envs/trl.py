@@ -113,6 +113,25 @@ class ForkyardToolEnv:
         return obs
 
 
+def env_tools(env: Any, env_id: str, seed: int | None = None) -> list[dict[str, Any]]:
+    """``env.tool_schemas()`` (a :class:`envs.features.ToolSchemas` env); a :class:`envs.remote.RemoteEnv`,
+    which learns its session's tools at its first reset, is reset first (with ``seed``).
+
+    Raises:
+        ValueError: the env declares no tool schemas.
+        EnvInfraError: that reset failed through the infrastructure.
+    """
+    schemas = getattr(env, "tool_schemas", None)
+    if schemas is None:
+        raise ValueError(f"{env_id} declares no tool schemas (envs.features.ToolSchemas): a tool-calling trainer "
+                         "needs one definition per tool")
+    try:
+        return list(schemas())
+    except gym.error.ResetNeeded:
+        env.reset(seed=seed)
+        return list(schemas())
+
+
 def row_seed(value: Any, where: str = "seed") -> int | None:
     """A dataset row's seed: None, a non-negative int, or a str of decimal digits (as CSV columns arrive).
 
@@ -145,15 +164,7 @@ def environment_factory(env_id: str, *, seed_column: str = "seed", **kwargs: Any
     """
     probe = gym.make(env_id, **kwargs).unwrapped
     try:
-        schemas = getattr(probe, "tool_schemas", None)
-        if schemas is None:
-            raise ValueError(f"{env_id} declares no tool schemas (envs.features.ToolSchemas): TRL needs one method "
-                             "per tool")
-        try:
-            tools = list(schemas())
-        except gym.error.ResetNeeded:  # a RemoteEnv learns its session's tools at its first reset
-            probe.reset()
-            tools = list(schemas())
+        tools = env_tools(probe, env_id)
     finally:
         _close_quietly(probe)
     members: dict[str, Any] = {
@@ -213,4 +224,4 @@ def _close_quietly(env: Any) -> None:
         pass
 
 
-__all__ = ["EPISODE_OVER", "JSON_TYPES", "ForkyardToolEnv", "environment_factory", "row_seed"]
+__all__ = ["EPISODE_OVER", "JSON_TYPES", "ForkyardToolEnv", "env_tools", "environment_factory", "row_seed"]

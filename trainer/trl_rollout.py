@@ -41,6 +41,7 @@ from transformers import GenerationConfig
 from envs.actions import ActionParseError
 from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
+from envs.trl import env_tools
 from trainer.rollout import Episode, Rollout, Step, tree_rollout
 
 
@@ -237,11 +238,7 @@ class TreeForkRollout:
                out: dict[str, list]) -> None:
         env = gym.make(self.env_id, **self.env_kwargs).unwrapped
         try:
-            try:
-                tools = env.tool_schemas()
-            except gym.error.ResetNeeded:  # a RemoteEnv learns its session's tools at its first reset
-                env.reset(seed=seed)
-                tools = env.tool_schemas()
+            tools = env_tools(env, self.env_id, seed)
             policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
             rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
         except EnvInfraError:  # lost before its tree started: every row of the group is lost (below)
