@@ -12,6 +12,8 @@ command without an entry fails, and so does an entry the docs no longer show. Ki
   no container with its ``forkyard.sandbox`` label;
 * ``DETACHED``: like ``SERVER`` for a command that returns once its stack is up (compose): must exit 0, the
   stack is stopped with ``docker compose down`` (which sends the server SIGTERM);
+* ``BEFORE``: a command whose output a later block reads; the entry naming it in ``needs`` runs it first
+  (``bash -c CMD``, must exit 0);
 * ``FOLLOW_UP``: run inside every ``SERVER`` / ``DETACHED`` test; ``SESSION`` is replaced with the
   ``session_id`` the create line printed (the only substitution);
 * ``TODO``: too slow to run as written in CI; fails until the docs show a cheaper command.
@@ -41,8 +43,9 @@ DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md"
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
-BY_CI, RUN, PYTHON, SERVER, DETACHED, FOLLOW_UP, STOP, TODO = (
-    "by CI", "run", "python", "server", "detached server", "follow-up", "stops the detached server", "TODO: too slow")
+BY_CI, RUN, PYTHON, SERVER, DETACHED, FOLLOW_UP, STOP, BEFORE, TODO = (
+    "by CI", "run", "python", "server", "detached server", "follow-up", "stops the detached server",
+    "run first by the entry that needs it", "TODO: too slow")
 
 
 class Entry(NamedTuple):
@@ -53,7 +56,24 @@ class Entry(NamedTuple):
     backend: str | None = None  # servers: what GET /v1/pool must report
     label: str | None = None  # servers: the forkyard.sandbox label of their sandbox containers
     sandbox_routes: bool = False  # follow-ups: needs the sandbox routes (not run against an env-only server)
+    needs: str | None = None  # a BEFORE command this one runs first (its output is this one's input)
 
+
+TRL_SFT = (".venv/bin/forkyard sft --arch llama --tools json --turns 2 --vocab 400 --d-model 64 --n-heads 2 "
+           "--context 1024 --sft-steps 150 --sft-batch 16 --run-dir runs/trl-sft")
+TRL_BLOCK = '''\
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+from envs.trl import environment_factory
+
+rows = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "seed": s} for s in range(8)])
+args = GRPOConfig(output_dir="runs/trl-grpo", max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                  max_completion_length=128, use_cpu=True, report_to=[])
+trainer = GRPOTrainer(model="runs/trl-sft/sft", args=args, train_dataset=rows,
+                      environment_factory=environment_factory("forkyard/ClueProbe-v0", turns=2))
+trainer.train()
+print("tool calls per completion:", trainer.state.log_history[-1]["tools/call_frequency"])
+'''
 
 OPENENV_BLOCK = '''\
 from openenv.core.generic_client import GenericEnvClient
@@ -147,6 +167,10 @@ TABLE: dict[str, Entry] = {
         FOLLOW_UP, "SESSION -> the created id; 4 new ids", check=lambda out: len(json.loads(out)["session_ids"]) == 4),
     "curl -s -XDELETE localhost:8000/v1/envs/SESSION": Entry(
         FOLLOW_UP, "SESSION -> the created id; 204, empty body", check=lambda out: out == ""),
+    # README, TRL: forkyard's SFT writes the folder the TRL script trains
+    TRL_SFT: Entry(BEFORE, "150 SFT steps of a tiny Llama writing JSON tool calls: about 30 s here"),
+    TRL_BLOCK: Entry(PYTHON, "2 GRPO steps on CPU in TRL's tool loop, about 10 s here", ("slow",), needs=TRL_SFT,
+                     check=lambda out: float(out.rsplit("tool calls per completion:", 1)[1]) > 0),
     # README, sandbox service
     ".venv/bin/forkyard serve --backend local": Entry(
         SERVER, "follow-ups; local pool; SIGTERM leaves no sandbox process", backend="local"),
@@ -461,6 +485,12 @@ def test_every_entry_is_documented():
     assert not gone, f"TABLE entries the docs no longer show (remove or update them): {gone}"
 
 
+def test_every_before_entry_is_needed():
+    needed = {e.needs for e in TABLE.values() if e.needs}
+    idle = [c for c, e in TABLE.items() if e.how == BEFORE and c not in needed]
+    assert not idle, f"BEFORE entries no entry needs (so nothing runs them): {idle}"
+
+
 def test_only_what_ci_runs_is_marked_by_ci():
     claimed = {c for c, e in TABLE.items() if e.how == BY_CI}
     assert claimed <= ci_commands(), f"marked by CI but not in .ci/run: {claimed - ci_commands()}"
@@ -468,7 +498,7 @@ def test_only_what_ci_runs_is_marked_by_ci():
 
 def _params():
     return [pytest.param(cmd, marks=[getattr(pytest.mark, m) for m in e.marks], id=cmd.splitlines()[0][:60])
-            for cmd, e in TABLE.items() if e.how not in (BY_CI, FOLLOW_UP, STOP)]
+            for cmd, e in TABLE.items() if e.how not in (BY_CI, FOLLOW_UP, STOP, BEFORE)]
 
 
 @pytest.mark.timeout(1800)
@@ -479,6 +509,9 @@ def test_documented_command(cmd: str):
         pytest.fail(f"`{cmd}` is too slow to run as written: the docs need a cheaper command ({entry.note})")
     if "docker" in entry.marks:
         need_docker()
+    if entry.needs:
+        assert TABLE[entry.needs].how == BEFORE, f"`{entry.needs}` must be a BEFORE entry"
+        assert_ran(entry.needs, run_shell(entry.needs))
     if entry.how == RUN:
         assert_ran(cmd, run_shell(cmd))
     elif entry.how == PYTHON:

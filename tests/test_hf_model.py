@@ -68,6 +68,29 @@ def test_the_chat_template_renders_exactly_the_policy_template(tok):
     assert json.dumps(tools[0]) in text  # tools open the first user turn
 
 
+def test_tool_calls_render_as_the_policy_writes_them_and_parse_back(tok):
+    from envs.tool_calls import format_tool_call, parse_model_output
+
+    hf = hf_tokenizer(tok)
+    call = {"name": "probe", "arguments": {"k": 2}}
+    obs = "probe(2) -> bit 2 of the target is 0."
+    messages = [{"role": "user", "content": "Turn 1 of 3."},  # TRL's tool loop writes calls in the OpenAI form
+                {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+                {"role": "tool", "name": "probe", "content": obs}]
+    ids, _ = ChatTemplate(tok).render("Turn 1 of 3.", [(format_tool_call(call), obs)])  # ends in a generation prompt
+    assert list(hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)) == ids
+    as_text = [{**messages[1], "tool_calls": [{"type": "function", "function": {**call, "arguments": '{"k": 2}'}}]}]
+    assert hf.apply_chat_template(as_text, tokenize=False) == hf.apply_chat_template(messages[1:2], tokenize=False)
+    prompt = list(hf.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True, return_dict=False))
+    reply = tok.encode(format_tool_call(call)) + [tok.eot_id]
+    parsed = hf.parse_response(reply, prefix=prompt)
+    assert parsed["tool_calls"] == [{"type": "function", "function": call}] and not parsed.get("content")
+    assert hf.parse_response(tok.encode("probe(2)") + [tok.eot_id], prefix=prompt)["content"] == "probe(2)"
+    tools = [{"type": "function", "function": {"name": "probe", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}}}]
+    assert parse_model_output(hf.decode(reply, skip_special_tokens=True), tools) == "probe(2)"
+
+
 def test_a_model_folder_round_trips(model, tok, tmp_path):
     folder = save_checkpoint(model, str(tmp_path / "m.pt"), tok, turns=3)
     assert folder == str(tmp_path / "m") and (tmp_path / "m" / "config.json").is_file()

@@ -19,7 +19,7 @@ import pytest
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_chat_template, supports_tool_calling
 
@@ -107,9 +107,9 @@ def assistant_labels(tok, text: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(enc["input_ids"]), torch.tensor(labels)
 
 
-def grpo(tmp_path, model, tok, factory, seeds: list[int], max_completion_length: int = 256,
+def grpo(tmp_path, model, tok, factory, seeds: list[int], max_completion_length: int = 256, prompt: str = PROMPT,
          **trainer_kwargs) -> GRPOTrainer:
-    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}], "seed": s} for s in seeds])
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": prompt}], "seed": s} for s in seeds])
     args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=2, per_device_train_batch_size=4,
                       num_generations=4, max_completion_length=max_completion_length, learning_rate=1e-4,
                       logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, beta=0.0,
@@ -187,6 +187,28 @@ def test_grpo_trains_on_clueprobe_over_http_and_leaves_no_session(tmp_path, clue
         assert len(sessions) == 0  # TRL never closes its envs: the factory's instances did, when dropped
     finally:
         srv.stop()
+
+
+def test_a_forkyard_checkpoint_trains_in_trls_tool_loop(tmp_path):
+    """forkyard's own SFT (``--arch llama --tools json``) writes a folder TRL takes as it is: its chat template
+    passes TRL's tool-calling check and is prefix-preserving, its tokenizer carries the response template TRL
+    parses tool calls with, and the model's calls reach the env."""
+    from trl.chat_template_utils import is_chat_template_prefix_preserving
+
+    from trainer.hf import save_folder
+    from trainer.text_config import TextTrainConfig
+    from trainer.text_sft import sft
+
+    cfg = TextTrainConfig(turns=2, arch="llama", tools="json", vocab=400, d_model=64, n_heads=2, context=1024,
+                          sft_steps=150, sft_batch=16, device="cpu")
+    model, metrics = sft(cfg)
+    assert metrics[-1]["loss"] < 0.5
+    folder = str(save_folder(model, tmp_path / "ckpt"))
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
+    assert tok.response_template is not None  # TRL's add_response_schema knows no forkyard template: not needed
+    trainer = grpo(tmp_path, folder, None, environment_factory(CLUE, turns=2), list(range(4)), 128, prompt="")
+    check_run(trainer, "ClueProbev0")
 
 
 FILEQA_KWARGS = {"kinds": ["line_count"], "max_turns": 3}

@@ -39,16 +39,38 @@ META_FILE = "forkyard.json"
 
 #: The chat template of :class:`trainer.text_policy.ChatTemplate` in Jinja (``tokenizer.apply_chat_template``):
 #: ``<|bos|>``, then per message a role token, the content and ``<|end|>``; the generation prompt is
-#: ``<|assistant|>``. Tools, when given, open the first user turn as JSON lines.
+#: ``<|assistant|>``. Tools, when given, open the first user turn as JSON lines. An assistant message with
+#: ``tool_calls`` (the OpenAI / Hugging Face message form, as TRL's tool loop writes them) renders each call
+#: after its content as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, a form
+#: :func:`envs.tool_calls.parse_model_output` reads; messages without tool calls render as before, so the
+#: text policy's ids still equal the template's.
 CHAT_TEMPLATE = (
     "{{ '<|bos|>' }}{% for m in messages %}"
     "{% if m['role'] == 'user' %}{{ '<|user|>' }}"
     "{% if loop.first and tools %}{% for t in tools %}{{ t | tojson }}{{ '\\n' }}{% endfor %}{% endif %}"
     "{{ m['content'] }}{{ '<|end|>' }}"
-    "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>' + m['content'] + '<|end|>' }}"
+    "{% elif m['role'] == 'assistant' %}{{ '<|assistant|>' + (m['content'] or '') }}"
+    "{% for c in m['tool_calls'] or [] %}{% set f = c['function'] if c['function'] is defined else c %}"
+    "{{ '<tool_call>{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' }}"
+    "{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ f['arguments'] | tojson }}{% endif %}"
+    "{{ '}</tool_call>' }}{% endfor %}{{ '<|end|>' }}"
     "{% elif m['role'] == 'tool' %}{{ '<|tool|>' + m['content'] + '<|end|>' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+
+#: How an assistant turn of :data:`CHAT_TEMPLATE` parses back into a message (transformers' response
+#: templates, ``tokenizer.parse_response``, transformers >= 5.13; TRL's tool loop reads tool calls with it):
+#: text up to the first ``<tool_call>`` is the content, each ``<tool_call>`` block a JSON call, ``<|end|>``
+#: closes the turn. Saved with the tokenizer (``tokenizer_config.json``).
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|assistant|>",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": "</tool_call>\\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": "<\\|end\\|>\\s*", "content": "text"},
+    },
+}
 
 
 @dataclass
@@ -177,8 +199,8 @@ def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "fl
 
 def hf_tokenizer(tokenizer):
     """forkyard's BPE tokenizer (:class:`trainer.tokenizer.BPETokenizer`) as a ``PreTrainedTokenizerFast``
-    with the same ids (its role tokens as special tokens right after the BPE vocabulary) and
-    :data:`CHAT_TEMPLATE`. Raises ValueError for the byte-level tokenizer (no ``tokenizers`` model)."""
+    with the same ids (its role tokens as special tokens right after the BPE vocabulary),
+    :data:`CHAT_TEMPLATE` and :data:`RESPONSE_TEMPLATE` (so TRL's tool loop takes it as it is). Raises ValueError for the byte-level tokenizer (no ``tokenizers`` model)."""
     from transformers import PreTrainedTokenizerFast
 
     tk = getattr(tokenizer, "_tk", None)
@@ -191,6 +213,7 @@ def hf_tokenizer(tokenizer):
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<|pad|>",
                                    additional_special_tokens=["<|user|>", "<|assistant|>", "<|tool|>"])
     fast.chat_template = CHAT_TEMPLATE
+    fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 
