@@ -18,7 +18,9 @@ unchanged against ``http://HOST:PORT/openenv/{env_id}`` (see ``sandbox_server/ro
         env.delete(children[1:])                # or leave them: they go when this connection closes
 
 Every method raises ``RuntimeError("Server error: ... (code: ...)")`` on an error answer, as OpenEnv's
-client does.
+client does. The server's API key (``api_key=``, else ``FORKYARD_API_KEY``: :mod:`envs.api_key`) goes in
+the WebSocket handshake's ``Authorization`` header. OpenEnv's own clients, which send no header, carry it in
+the URL's user info instead: ``http://forkyard:KEY@HOST:PORT/openenv/{env_id}``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,39 @@ from typing import Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.generic_client import GenericEnvClient
+from websockets.asyncio.client import connect as ws_connect
+
+from envs.api_key import api_key as resolve_api_key
+from envs.api_key import auth_headers
 
 
 class ForkyardEnvClient(GenericEnvClient):
     """``GenericEnvClient`` with ``fork``, ``attach``, ``snapshot`` and ``delete`` (async; ``.sync()`` wraps
     them like the others). Observations are dicts: ``text``, ``info``, ``terminated``, ``truncated``,
-    ``session_id``."""
+    ``session_id``.
+
+    Args:
+        base_url: ``http://HOST:PORT/openenv/{env_id}``.
+        api_key: the server's API key (default: ``FORKYARD_API_KEY`` / ``FORKYARD_API_KEY_FILE``).
+        **kwargs: ``GenericEnvClient``'s own (timeouts, message size).
+
+    Raises:
+        ValueError: an API key :func:`envs.api_key.api_key` refuses.
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, **kwargs: Any):
+        super().__init__(base_url=base_url, **kwargs)
+        self._headers = auth_headers(resolve_api_key(api_key))
+
+    async def connect(self) -> "ForkyardEnvClient":
+        """Open the WebSocket (once), sending the API key's header; ConnectionError when it cannot."""
+        if self._ws is None:
+            try:
+                self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                            max_size=self._max_message_size, additional_headers=self._headers)
+            except Exception as exc:  # noqa: BLE001 - as OpenEnv's client: any failure to open is a ConnectionError
+                raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
 
     async def fork(self, n: int = 1) -> list[str]:
         """``n`` new sessions at this session's state: their ids (deleted when this connection closes unless

@@ -8,31 +8,64 @@ HTTP connection pool, ``close`` deletes the session. The server runs the env (an
 Transports (``transport=``):
 
 * ``"http"`` (default): ``/v1/envs``, one ``httpx.Client`` with keep-alive, a timeout per request
-  (``timeout_s``) and retries on connection errors only (a request that reached the server is never
-  repeated, so a step is never applied twice).
+  (``timeout_s``) and retries on connection errors; a request that may have reached the server is repeated
+  only when that is safe (a reset, a delete, a read: never a step, so a step is never applied twice).
 * ``"ws"``: the server's OpenEnv transport, one WebSocket connection per session
   (``/openenv/{env_id}/ws``; ``sandbox_server/routes/openenv.py``), about half the client CPU per step of
   an HTTP request. The session lives as long as the connection: ``close`` (or a dropped connection)
-  ends it. A fork's children each open their own connection and attach their session. Nothing is
-  retried once the connection is open.
+  ends it. A fork's children each open their own connection and attach their session. A message is sent
+  again only after a busy answer (below).
 
-Server and network failures raise :class:`~envs.core.EnvInfraError` (trainers drop such episodes); a
+Both send the server's API key (``api_key=``, else ``FORKYARD_API_KEY``: :mod:`envs.api_key`) and wait on a
+busy server: a ``503 unavailable`` answer (nothing ran) is retried after its ``Retry-After`` for up to
+``busy_timeout_s`` seconds (:mod:`envs.client_retry`).
+
+A missing or wrong API key raises ``PermissionError``. Server and network failures raise
+:class:`~envs.core.EnvInfraError` (trainers drop such episodes); a
 step after the episode ended raises :class:`~envs.core.EpisodeFinishedError`; a value the server refuses
 raises ``ValueError``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import httpx
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
+from envs.api_key import api_key as resolve_api_key
+from envs.api_key import auth_headers
+from envs.client_retry import (
+    BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat,
+)
 from envs.core import EnvInfraError, EpisodeFinishedError
 from envs.text_space import TextSpace
+
+#: Transport errors after which the request may have reached the server with no answer coming back.
+_NO_ANSWER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _http_client(url: str, timeout_s: float, connect_retries: int, key: str | None) -> httpx.Client:
+    """The keep-alive HTTP client of a RemoteEnv (shared with its forks): connect retries, idle connections
+    kept :data:`~envs.client_retry.KEEPALIVE_EXPIRY_S`, the API key's header."""
+    return httpx.Client(base_url=url, timeout=timeout_s, transport=httpx.HTTPTransport(retries=connect_retries),
+                        limits=httpx.Limits(max_keepalive_connections=32, max_connections=64,
+                                            keepalive_expiry=KEEPALIVE_EXPIRY_S),
+                        headers=auth_headers(key))
+
+
+def _error_status(resp: httpx.Response) -> str | None:
+    """The ``status`` of an ErrorBody answer (None when the body is not one)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("status") if isinstance(body, dict) else None
 
 
 class RemoteEnv(gym.Env):
@@ -44,29 +77,32 @@ class RemoteEnv(gym.Env):
         timeout_s: seconds to wait for any one request (sandbox tool calls included), default 60.
         connect_retries: retries of a failed connection (not of a request that was sent), default 3.
         transport: ``"http"`` (``/v1/envs``) or ``"ws"`` (the OpenEnv WebSocket transport).
+        api_key: the server's API key (default: ``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``, read by
+            :func:`envs.api_key.api_key`; None when neither is set), sent as ``Authorization: Bearer``.
+        busy_timeout_s: seconds to keep retrying a request the server answered ``503 unavailable`` (nothing
+            ran), honouring ``Retry-After`` (:mod:`envs.client_retry`); 0: never. Default 30.
         **kwargs: the env's constructor kwargs, sent to the server.
 
     Raises:
-        ValueError: an unknown ``transport``.
+        ValueError: an unknown ``transport``, a negative ``busy_timeout_s``, or an API key
+            :func:`envs.api_key.api_key` refuses.
     """
 
     metadata = {"render_modes": [], "render_fps": 1, "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
     def __init__(self, env_id: str, server_url: str, timeout_s: float = 60.0, connect_retries: int = 3,
-                 transport: str = "http", **kwargs: Any):
+                 transport: str = "http", api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S,
+                 **kwargs: Any):
         if transport not in ("http", "ws"):
             raise ValueError(f"transport must be 'http' or 'ws', got {transport!r}")
-        self.transport, self.timeout_s = transport, float(timeout_s)
+        BusyWait(busy_timeout_s)  # validates it
+        self.transport, self.timeout_s, self.busy_timeout_s = transport, float(timeout_s), float(busy_timeout_s)
         self._socket: ClientConnection | None = None
         self.env_id = env_id
         self.server_url = server_url.rstrip("/")
         self.kwargs = kwargs
-        self._client = httpx.Client(
-            base_url=self.server_url,
-            timeout=timeout_s,
-            transport=httpx.HTTPTransport(retries=connect_retries),
-            limits=httpx.Limits(max_keepalive_connections=32, max_connections=64),
-        )
+        self._api_key = resolve_api_key(api_key)
+        self._client = _http_client(self.server_url, self.timeout_s, connect_retries, self._api_key)
         self._client_refs = [1]  # shared with forks: the client closes when the last env using it closes
         self.session_id: str | None = None
         self.turn = 0
@@ -76,10 +112,22 @@ class RemoteEnv(gym.Env):
 
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, json: dict | None = None) -> dict:
-        try:
-            resp = self._client.request(method, path, json=json)
-        except httpx.HTTPError as exc:
-            raise EnvInfraError(f"{method} {self.server_url}{path} failed: {exc!r}") from exc
+        busy, repeated = None, False
+        while True:
+            try:
+                resp = self._client.request(method, path, json=json)
+            except httpx.HTTPError as exc:
+                if not repeated and isinstance(exc, _NO_ANSWER) and safe_to_repeat(method, path):
+                    repeated = True  # the server closed an idle connection under it: once more, on a new one
+                    continue
+                raise EnvInfraError(f"{method} {self.server_url}{path} failed: {exc!r}") from exc
+            if resp.status_code == 503 and is_busy(503, _error_status(resp)):
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if busy.wait(retry_after_s(resp.headers.get("Retry-After"))):
+                    continue
+            break
+        if resp.status_code == 401:
+            raise PermissionError(f"{method} {path}: HTTP 401: {resp.text[:500]} (set FORKYARD_API_KEY or api_key=)")
         if resp.status_code == 409:
             raise EpisodeFinishedError(resp.json().get("detail", "the episode has ended"))
         if resp.status_code >= 500 or resp.status_code == 404 and path != "/v1/envs":
@@ -94,18 +142,31 @@ class RemoteEnv(gym.Env):
 
     def _ask(self, kind: str, data: dict) -> dict:
         """One message over this env's WebSocket (opened at first use); the answer's data."""
-        try:
-            if self._socket is None:
-                url = "ws" + self.server_url[4:] if self.server_url.startswith("http") else self.server_url
-                self._socket = connect(f"{url}/openenv/{self.env_id}/ws", open_timeout=self.timeout_s,
-                                       max_size=None).__enter__()  # entered as a context; closed by close()
-            self._socket.send(json.dumps({"type": kind, "data": data}))
-            answer = json.loads(self._socket.recv(timeout=self.timeout_s))
-        except (OSError, TimeoutError, WebSocketException) as exc:
-            raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
-        if answer.get("type") != "error":
-            return answer["data"]
-        err = answer["data"]
+        busy = None
+        while True:
+            try:
+                if self._socket is None:
+                    url = "ws" + self.server_url[4:] if self.server_url.startswith("http") else self.server_url
+                    self._socket = connect(f"{url}/openenv/{self.env_id}/ws", open_timeout=self.timeout_s,
+                                           max_size=None, additional_headers=auth_headers(self._api_key),
+                                           ).__enter__()  # entered as a context; closed by close()
+                self._socket.send(json.dumps({"type": kind, "data": data}))
+                answer = json.loads(self._socket.recv(timeout=self.timeout_s))
+            except InvalidStatus as exc:
+                if exc.response.status_code == 401:
+                    raise PermissionError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws: HTTP 401: the server "
+                                          "requires an API key (set FORKYARD_API_KEY or api_key=)") from None
+                raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
+            if answer.get("type") != "error":
+                return answer["data"]
+            err = answer["data"]
+            if is_busy(err.get("http_status", 500), err.get("status")):  # nothing ran: wait and send it again
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if busy.wait(retry_after_s(err.get("retry_after_s"))):
+                    continue
+            break
         status, text = err.get("http_status", 500), f"{kind}: {err.get('code')}: {err.get('message')}"
         if status == 409 and kind == "step":
             raise EpisodeFinishedError(err.get("message", "the episode has ended"))
@@ -208,6 +269,32 @@ class RemoteEnv(gym.Env):
         if self._client_refs[0] <= 0:
             self._client.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle support (field case S44): a RemoteEnv with no server session yet pickles as its settings
+        (env id, server URL, kwargs, transport, timeouts, API key: the pickle carries the key) and opens its own
+        connection when unpickled.
+
+        Raises:
+            TypeError: the env holds a live server session (or WebSocket), which cannot cross a process
+                boundary; pickle it before ``reset`` or make a new one in the other process.
+        """
+        if self.session_id is not None or self._socket is not None or getattr(self, "_closed", False):
+            raise TypeError(
+                f"cannot pickle a RemoteEnv holding live server session {self.session_id!r} of {self.env_id!r} on "
+                f"{self.server_url} (or a closed one): the session and its connection cannot cross a process "
+                "boundary; pickle the env before reset(), or make a new one in the other process")
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_client", "_client_refs", "_socket")}
+        pool = getattr(self._client._transport, "_pool", None)  # httpx keeps the retries on its pool
+        state["_connect_retries"] = getattr(pool, "_retries", 3)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        retries = state.pop("_connect_retries")
+        self.__dict__.update(state)  # the API key (``_api_key``) travels with the settings
+        self._socket = None
+        self._client = _http_client(self.server_url, self.timeout_s, retries, getattr(self, "_api_key", None))
+        self._client_refs = [1]
+
     def __del__(self):  # best effort: a garbage-collected env frees its server session
         try:
             if not self._client.is_closed:
@@ -216,15 +303,26 @@ class RemoteEnv(gym.Env):
             pass
 
 
-def env_factory(entry_point: str, env_id: str):
-    """A Gymnasium entry point that builds the local env, or a :class:`RemoteEnv` given ``server_url``."""
+@dataclass(frozen=True)
+class EnvFactory:
+    """The Gymnasium entry point of a forkyard id: ``EnvFactory(...)(**kw)`` builds the local env (the class
+    named by ``entry_point``, ``"module:Class"``), or a :class:`RemoteEnv` for ``env_id`` given ``server_url``.
 
-    def make(server_url: str | None = None, **kwargs: Any):
+    A module-level class of two strings, so specs and envs made by ``gymnasium.make`` pickle (field case S44:
+    a closure here made every spec unpicklable); an unpickled factory imports its module on first call.
+    """
+
+    entry_point: str
+    env_id: str
+
+    def __call__(self, server_url: str | None = None, **kwargs: Any) -> gym.Env:
         if server_url:
-            return RemoteEnv(env_id, server_url, **kwargs)
-        module, _, name = entry_point.partition(":")
-        cls = getattr(__import__(module, fromlist=[name]), name)
-        return cls(**kwargs)
+            return RemoteEnv(self.env_id, server_url, **kwargs)
+        module, _, name = self.entry_point.partition(":")
+        return getattr(importlib.import_module(module), name)(**kwargs)
 
-    make.__name__ = f"make_{env_id.split('/')[-1].replace('-', '_')}"
-    return make
+
+def env_factory(entry_point: str, env_id: str) -> EnvFactory:
+    """A Gymnasium entry point (a picklable :class:`EnvFactory`) that builds the local env, or a
+    :class:`RemoteEnv` given ``server_url``."""
+    return EnvFactory(entry_point, env_id)

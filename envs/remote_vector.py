@@ -19,13 +19,15 @@ sub-env is marked in the result instead, as an episode that ended by ``infra_err
 reward 0, ``truncated`` True, ``infos["termination_reason"]`` ``"infra_error"``, ``infos["error"]`` the
 failure as a dict) and the next ``step`` resets it (in a new session if its session was lost), which is how
 trainers already treat infrastructure failures. Client errors (409 ended episode, 413 action too long, 422
-invalid item) always raise.
+invalid item) always raise; a missing or wrong API key raises ``PermissionError``.
 
 Transport: one keep-alive HTTP/1.1 connection (the standard library's ``http.client``: a batch request costs
 the client about a third of the CPU it costs through httpx, which at 32 ClueProbe steps per request is as
 much as the server's own work), a timeout per request, retries on connection errors only (a request that was
 sent is never repeated, so a step is never applied twice); batches of more than :data:`BATCH_ITEMS` sub-envs
-go as several requests.
+go as several requests. Requests carry the server's API key (``api_key=``, else ``FORKYARD_API_KEY``:
+:mod:`envs.api_key`); items or requests answered ``503 unavailable`` (nothing ran: the session cap is full)
+are sent again after the server's wait for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`).
 
 Why one file: the vector env, its connection and its error types are one client of one protocol (the
 batched routes), read together.
@@ -47,6 +49,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from envs.api_key import api_key as resolve_api_key
+from envs.api_key import auth_headers
+from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
 from envs.text_space import TextSpace
 
@@ -59,6 +64,15 @@ except ImportError:  # pragma: no cover - depends on the environment
         return json.dumps(obj, ensure_ascii=False).encode("utf-8")
 
     _loads = json.loads
+
+def _error_status(data: bytes) -> str | None:
+    """The ``status`` of an ErrorBody answer (None when the body is not one)."""
+    try:
+        body = _loads(data)
+    except ValueError:
+        return None
+    return body.get("status") if isinstance(body, dict) else None
+
 
 #: Most items the client puts in one batched request: the server's ``MAX_BATCH_ITEMS``
 #: (``sandbox_server.models``; a test checks that the two agree). Larger batches are split.
@@ -152,7 +166,7 @@ class _Connection:
     failure closes the connection and raises EnvInfraError: the request may have reached the server, so it
     is never sent again."""
 
-    def __init__(self, url: str, timeout_s: float, retries: int):
+    def __init__(self, url: str, timeout_s: float, retries: int, api_key: str | None = None):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server_url must be http://host[:port] or https://..., got {url!r}")
@@ -160,7 +174,7 @@ class _Connection:
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self._conn = cls(parts.hostname, parts.port, timeout=timeout_s)
         self._retries = retries
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)}
         self.closed = False
 
     def _ready(self) -> None:
@@ -179,8 +193,9 @@ class _Connection:
                         raise EnvInfraError(f"cannot connect to {self.url}: {exc!r}") from exc
                     time.sleep(0.1 * 2 ** attempt)
 
-    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST ``body`` (JSON bytes) to ``path``; the status and the response body. Raises EnvInfraError."""
+    def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        """POST ``body`` (JSON bytes) to ``path``; the status, the response body and its ``Retry-After``.
+        Raises EnvInfraError."""
         if self.closed:
             raise EnvInfraError("the connection to the server was closed (close() was called)")
         self._ready()
@@ -191,7 +206,7 @@ class _Connection:
         except (OSError, http.client.HTTPException) as exc:
             self._conn.close()
             raise EnvInfraError(f"POST {self.url}{path} failed: {exc!r}") from exc
-        return resp.status, data
+        return resp.status, data, resp.getheader("Retry-After")
 
     def close(self) -> None:
         self.closed = True
@@ -210,6 +225,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         num_envs: how many sub-envs (server sessions), >= 1.
         timeout_s: seconds to wait for any one request (a batch of sandbox tool calls included), default 60.
         connect_retries: retries of a failed connection (never of a request that was sent), default 3.
+        api_key: the server's API key (default: ``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``,
+            :func:`envs.api_key.api_key`), sent as ``Authorization: Bearer``.
+        busy_timeout_s: seconds to keep retrying a request, or the items of one, that the server answered
+            ``503 unavailable`` (nothing ran), honouring its wait (:mod:`envs.client_retry`); 0: never.
         errors: ``"raise"`` (default): any failed item raises :class:`BatchItemError`; ``"mark"``:
             infrastructure failures (404, 5xx) mark the sub-env as ended by ``infra_error`` instead.
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default, as the envs declare) or ``DISABLED`` (a
@@ -221,7 +240,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     """
 
     def __init__(self, env_id: str, server_url: str, num_envs: int, *, timeout_s: float = 60.0,
-                 connect_retries: int = 3, errors: str = "raise",
+                 connect_retries: int = 3, errors: str = "raise", api_key: str | None = None,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S,
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
@@ -233,7 +253,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.env_id, self.server_url, self.kwargs = env_id, server_url.rstrip("/"), kwargs
         self.num_envs, self.errors, self.autoreset_mode = num_envs, errors, mode
         self.metadata = {"autoreset_mode": mode}
-        self._client = _Connection(self.server_url, timeout_s, connect_retries)
+        BusyWait(busy_timeout_s)  # validates it
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._client = _Connection(self.server_url, timeout_s, connect_retries, resolve_api_key(api_key))
         self._client_refs = [1]  # shared with forks: the connection closes when the last vector env using it closes
         self.session_ids: list[str | None] = [None] * num_envs
         #: For a vector env made by :meth:`fork`, the index of each sub-env's parent in the forked vector env.
@@ -251,17 +273,45 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _batch(self, route: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``POST /v1/envs/batch/{route}`` in chunks of :data:`BATCH_ITEMS`; one result per item, in order.
-        Raises EnvInfraError (network, 404 or 5xx for the whole request) or ValueError (other 4xx)."""
+        Items (or whole requests) answered ``503 unavailable`` are sent again after the server's wait, for up
+        to ``busy_timeout_s`` seconds (nothing of them ran). Raises EnvInfraError (network, 404 or 5xx for the
+        whole request) or ValueError (other 4xx)."""
         out: list[dict[str, Any]] = []
-        path = f"/v1/envs/batch/{route}"
         for start in range(0, len(items), BATCH_ITEMS):
-            status, data = self._client.post(path, _dumps({"items": items[start:start + BATCH_ITEMS]}))
+            chunk = items[start:start + BATCH_ITEMS]
+            results = self._post_batch(route, chunk)
+            busy = None
+            while True:
+                waiting = [k for k, r in enumerate(results)
+                           if is_busy(r.get("status_code", 0), (r.get("error") or {}).get("status"))]
+                if not waiting:
+                    break
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if not busy.wait(max(retry_after_s(results[k].get("retry_after_s")) for k in waiting)):
+                    break
+                for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting])):
+                    results[k] = r
+            out.extend(results)
+        return out
+
+    def _post_batch(self, route: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One ``POST /v1/envs/batch/{route}`` of at most :data:`BATCH_ITEMS` items; a whole request answered
+        ``503 unavailable`` is sent again within ``busy_timeout_s``."""
+        path, body, busy = f"/v1/envs/batch/{route}", _dumps({"items": items}), None
+        while True:
+            status, data, retry_after = self._client.post(path, body)
+            if status == 503 and is_busy(status, _error_status(data)):
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if busy.wait(retry_after_s(retry_after)):
+                    continue
+            if status == 401:
+                raise PermissionError(f"POST {path}: HTTP 401: {data[:500].decode('utf-8', 'replace')} "
+                                      "(set FORKYARD_API_KEY or api_key=)")
             if status >= 500 or status == 404:
                 raise EnvInfraError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
             if status >= 400:
                 raise ValueError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
-            out.extend(_loads(data)["results"])
-        return out
+            return _loads(data)["results"]
 
     @staticmethod
     def _failure(res: dict[str, Any]) -> ItemFailure:

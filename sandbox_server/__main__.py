@@ -12,7 +12,9 @@ too, with the sandboxes of FileQA sessions on the nodes of a Ray cluster
 
 Every option not given on the command line comes from its ``FORKYARD_*`` environment variable
 (:class:`~sandbox_server.settings.ServerSettings`, :class:`~sandbox_server.settings.ServiceConfig`), else
-its default.
+its default. ``FORKYARD_API_KEY`` (or ``FORKYARD_API_KEY_FILE``) has no flag, so that a secret never shows in
+a process list: set, every route and transport but ``/healthz`` requires it (:mod:`sandbox_server.auth`);
+unset while the server listens beyond loopback, the server says so loudly at start-up.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ import argparse
 import signal
 import sys
 
+from sandbox_server.settings import LOG_LEVELS
+
 PROG = "python -m sandbox_server"
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+#: Settings that are also flags: ``{field: flag}``. A flag's text goes to the settings model unchanged, so a
+#: value is checked once, by the model, whichever way it arrives (field case S33).
+FLAGS = {"host": "--host", "port": "--port", "backend": "--backend", "log_level": "--log-level", "ray": "--ray",
+         "min_idle": "--min-idle", "max_total": "--max-total"}
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -32,8 +39,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description="Run the forkyard server: a sandbox pool (/v1/sandboxes, "
                                  "/v1/snapshots, /v1/tools, /v1/pool) and env sessions (/v1/envs) over HTTP.")
     ap.add_argument("--host", default=None, help="address to listen on (default: FORKYARD_HOST or 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=None, help="TCP port (default: FORKYARD_PORT or 8000)")
-    ap.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+    ap.add_argument("--port", default=None, metavar="PORT", help="TCP port (default: FORKYARD_PORT or 8000)")
+    ap.add_argument("--backend", default=None, metavar="{" + ",".join(sorted(BACKENDS)) + "}",
                     help="where every sandbox of this server runs, env sessions included "
                          "(default: FORKYARD_BACKEND or local)")
     ap.add_argument("--unsafe-no-isolation", action="store_true",
@@ -46,13 +53,25 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="serve env sessions whose sandboxes live on the nodes of a Ray cluster (auto, an address, "
                          "or local); like --no-sandboxes, no sandbox routes (default: FORKYARD_RAY, else none)")
-    ap.add_argument("--min-idle", type=int, default=None,
+    ap.add_argument("--min-idle", default=None, metavar="N",
                     help="sandboxes kept idle and ready (default: FORKYARD_MIN_IDLE or 2)")
-    ap.add_argument("--max-total", type=int, default=None,
+    ap.add_argument("--max-total", default=None, metavar="N",
                     help="most sandboxes at once, idle and in use (default: FORKYARD_MAX_TOTAL or 16)")
-    ap.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+    ap.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
                     help="uvicorn's log level (default: FORKYARD_LOG_LEVEL or info)")
     return ap
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to listen on) is this machine's loopback only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
@@ -65,17 +84,32 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     import pydantic
     import uvicorn
 
+    from envs.api_key import api_key
     from sandbox_server.app import create_app
     from sandbox_server.backends import make_backend
     from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
-    from sandbox_server.settings import ServerSettings, ServiceConfig
+    from sandbox_server.settings import ServerSettings, ServiceConfig, explain
 
-    flags = {"host": ns.host, "port": ns.port, "backend": ns.backend, "log_level": ns.log_level, "ray": ns.ray}
+    given = {k: getattr(ns, k) for k in FLAGS if getattr(ns, k) is not None}
+    problems = []
     try:
-        settings = ServerSettings(**{k: v for k, v in flags.items() if v is not None})
-        config = ServiceConfig.from_env(min_idle=ns.min_idle, max_total=ns.max_total)
+        settings = ServerSettings(**{k: v for k, v in given.items() if k in ServerSettings.model_fields})
     except pydantic.ValidationError as exc:
-        ap.error(f"bad setting: {exc}")
+        problems.append(explain(exc, ServerSettings, FLAGS))
+    try:
+        config = ServiceConfig(**{k: v for k, v in given.items() if k in ServiceConfig.model_fields})
+    except pydantic.ValidationError as exc:
+        problems.append(explain(exc, ServiceConfig, FLAGS))
+    if problems:  # every bad setting at once, each in the same words whichever way it came
+        ap.error("bad setting: " + "; ".join(problems))
+    try:
+        key = api_key()  # FORKYARD_API_KEY / FORKYARD_API_KEY_FILE: required on every route but /healthz
+    except ValueError as exc:
+        ap.error(str(exc))
+    if key is None and not is_loopback(settings.host):
+        print(f"{prog}: WARNING: listening on {settings.host}, beyond this machine's loopback, with no API key: "
+              "anyone who reaches the port can start sandboxes and env sessions. Set FORKYARD_API_KEY (clients "
+              "send it from the same variable).", file=sys.stderr, flush=True)
     provider = None  # --ray: the cluster's sandboxes, closed when the server stops
     if ns.no_sandboxes or settings.ray:
         pool_flags = [f for f, v in (("--backend", ns.backend), ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
@@ -99,7 +133,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             # ray.init made SIGTERM exit with status 15; uvicorn re-raises the SIGTERM it stopped on once it
             # has shut down: a stop asked for is a clean stop (status 0, the cluster's sandboxes closed below).
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        app = create_app(config=config, sandboxes=False, sandbox_provider=provider)
+        app = create_app(config=config, sandboxes=False, sandbox_provider=provider, api_key=key)
     else:
         try:  # built here, before the server listens: no isolation means no server
             backend = make_backend(settings.backend, unsafe_no_isolation=ns.unsafe_no_isolation)
@@ -112,7 +146,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             backend = settings.backend
         except ValueError as exc:  # unknown options, or --unsafe-no-isolation for an always isolated backend
             ap.error(str(exc).replace("unsafe_no_isolation", "--unsafe-no-isolation"))
-        app = create_app(backend, config, max_body_bytes=settings.max_body_bytes)
+        app = create_app(backend, config, max_body_bytes=settings.max_body_bytes, api_key=key)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
     finally:

@@ -7,6 +7,8 @@ Status codes (every error answer is ``application/json`` ``ErrorBody {"detail": 
 FastAPI's own validation errors included; each route documents the ones it can return):
 
 * 200 / 201 / 204 success (201: something was created).
+* 401 ``unauthorized``: the server requires an API key (``FORKYARD_API_KEY``) and the request did not carry
+  it (:mod:`sandbox_server.auth`); every route and transport but ``/healthz``.
 * 404 ``not_found``: unknown sandbox, snapshot, env id or env session (deleted, expired, or never made).
 * 409 ``conflict``: a step on an env episode that has ended.
 * 413 ``too_large``: a request body over the limit, refused from its declared length before it is read
@@ -37,7 +39,9 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 
+from envs.api_key import api_key as resolve_api_key
 from sandbox_server import http_contract
+from sandbox_server.auth import ApiKeyMiddleware
 from sandbox_server.backends import Backend, make_backend
 from sandbox_server.env_sessions import EnvSessions, reaper
 from sandbox_server.errors import ServiceUnavailable
@@ -59,7 +63,7 @@ _ENV_DESCRIPTION = ("Env sessions (/v1/envs) for every registered forkyard env. 
 
 def create_app(backend: Backend | str | None = None, config: ServiceConfig | None = None, *,
                service: SandboxService | None = None, warm: bool = True, max_body_bytes: int | None = None,
-               sandboxes: bool = True, sandbox_provider: Any = None) -> FastAPI:
+               sandboxes: bool = True, sandbox_provider: Any = None, api_key: str | None = None) -> FastAPI:
     """Build the FastAPI app. The service starts (orphan clean-up, pool warm-up) in the lifespan.
 
     Args:
@@ -79,6 +83,9 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             ``sandbox_provider`` is given.
         sandbox_provider: with ``sandboxes=False``, a started sandbox service (or client) the env sessions of
             sandbox-backed envs take their sandboxes from; the caller keeps it (it is not closed here).
+        api_key: the key every route and transport but ``/healthz`` requires (:mod:`sandbox_server.auth`);
+            default: :func:`envs.api_key.api_key` (``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``, read
+            now), None when neither is set: no key required.
 
     If the backend cannot be built (engine down), the app still starts: ``/healthz`` says degraded and
     sandbox routes (and sandbox-backed env sessions) answer 503. Env sessions of sandbox-backed envs
@@ -86,8 +93,10 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
 
     Raises:
         ValueError: ``service`` together with ``backend`` or ``config``; ``sandboxes=False`` with ``backend``
-            or ``service``; ``sandbox_provider`` with ``sandboxes=True``; a limit that is not positive.
+            or ``service``; ``sandbox_provider`` with ``sandboxes=True``; a limit that is not positive; a key
+            :func:`envs.api_key.api_key` refuses.
     """
+    door_key = resolve_api_key(api_key)
     if service is not None and (backend is not None or config is not None):
         raise ValueError("pass either service, or backend and config, not both: a service has its own")
     if not sandboxes and (backend is not None or service is not None):
@@ -165,6 +174,9 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.state.openenv_owners = {}  # session id -> the OpenEnv connection responsible for it (routes/openenv.py)
     http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable if sandboxes else None)
+    app.state.api_key_required = door_key is not None
+    if door_key is not None:  # outermost: before any route, body limit or body read
+        app.add_middleware(ApiKeyMiddleware, key=door_key)
     app.include_router(env_routes.router)
     app.include_router(openenv.router)
     if sandboxes:
@@ -176,7 +188,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
 
 
 def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, *, sandbox_provider: Any = None,
-                   max_body_bytes: int | None = None) -> FastAPI:
+                   max_body_bytes: int | None = None, api_key: str | None = None) -> FastAPI:
     """A FastAPI app serving only env sessions (enough for ClueProbe): ``create_app(sandboxes=False)``.
 
     Args:
@@ -188,12 +200,14 @@ def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, 
         max_body_bytes: request-body limit (default :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`,
             the batched routes' cap; each single route has its own smaller one;
             a step's limit follows the env's action length).
+        api_key: as :func:`create_app`'s (default: ``FORKYARD_API_KEY`` / ``FORKYARD_API_KEY_FILE``).
 
     Raises:
         pydantic.ValidationError (a ValueError): ``ttl_s`` not positive or ``max_sessions`` below 1.
     """
     config = ServiceConfig.from_env(env_ttl_s=ttl_s, max_env_sessions=max_sessions)
-    return create_app(config=config, sandboxes=False, sandbox_provider=sandbox_provider, max_body_bytes=max_body_bytes)
+    return create_app(config=config, sandboxes=False, sandbox_provider=sandbox_provider, max_body_bytes=max_body_bytes,
+                      api_key=api_key)
 
 
 __all__ = ["create_app", "create_env_app"]

@@ -16,7 +16,8 @@ Both have the same method names and models as :class:`sandbox_server.service.San
 the same errors: :class:`ToolRefused` (422), :class:`SandboxNotFound` (404), :class:`ServiceUnavailable`
 (503, ``retry_after_s`` from ``Retry-After``; also when the server does not answer at all),
 :class:`LimitExceeded` (413: a body over the server's limit, or a bounded resource that would overflow),
-:class:`SandboxError` (anything else unexpected). Error bodies are the server's ``ErrorBody``
+:class:`SandboxError` (anything else unexpected), ``PermissionError`` (401: a missing or wrong API key;
+the key is ``api_key=``, else ``FORKYARD_API_KEY``). Error bodies are the server's ``ErrorBody``
 ``{"detail": str, "status": str}``.
 """
 
@@ -28,6 +29,10 @@ from typing import Any, Callable, TypeVar
 
 import httpx
 from pydantic import BaseModel
+
+from envs.api_key import api_key as resolve_api_key
+from envs.api_key import auth_headers
+from envs.client_retry import BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat
 
 from sandbox_server.errors import LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
@@ -57,6 +62,8 @@ def _raise_for(resp: httpx.Response) -> None:
         detail = str(detail)
     if resp.status_code in ERRORS:
         raise ERRORS[resp.status_code](detail)
+    if resp.status_code == 401:
+        raise PermissionError(f"HTTP 401: {detail} (set FORKYARD_API_KEY or api_key=)")
     if resp.status_code == 503:
         try:
             retry = float(resp.headers.get("Retry-After", "1"))
@@ -64,6 +71,11 @@ def _raise_for(resp: httpx.Response) -> None:
             retry = 1.0
         raise ServiceUnavailable(detail, retry_after_s=retry)
     raise SandboxError(f"HTTP {resp.status_code}: {detail}")
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    """The default headers of a client: the API key's (explicit, else from the environment)."""
+    return auth_headers(resolve_api_key(api_key))
 
 
 def _files_body(files: dict[str, bytes]) -> dict[str, Any]:
@@ -267,6 +279,25 @@ class _ClientBase:
         return getattr(model, ep.field) if ep.field else model
 
     @staticmethod
+    def _busy(resp: httpx.Response) -> float | None:
+        """Seconds to wait before sending again when ``resp`` is a ``503 unavailable`` (nothing ran); else None."""
+        if resp.status_code != 503:
+            return None
+        try:
+            body = resp.json()
+        except ValueError:
+            return None
+        status = body.get("status") if isinstance(body, dict) else None
+        return retry_after_s(resp.headers.get("Retry-After")) if is_busy(503, status) else None
+
+    @staticmethod
+    def _repeat(req: "_Request", exc: httpx.TransportError, repeated: bool) -> bool:
+        """Whether to send ``req`` once more after ``exc``: never twice, and only when the request may have
+        reached the server with no answer and repeating it is safe (:func:`envs.client_retry.safe_to_repeat`)."""
+        no_answer = isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+        return not repeated and no_answer and safe_to_repeat(req.method, req.url)
+
+    @staticmethod
     def _unavailable(exc: httpx.TransportError) -> ServiceUnavailable:
         return ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0)
 
@@ -285,11 +316,20 @@ class _ClientBase:
 
 class SandboxClient(_ClientBase):
     """Synchronous client. ``base_url`` like ``http://127.0.0.1:8000``; ``timeout_s``: HTTP timeout in seconds
-    for calls without their own deadline (tool calls wait their ``timeout_s`` plus 30 s)."""
+    for calls without their own deadline (tool calls wait their ``timeout_s`` plus 30 s); ``api_key``: the
+    server's key (default ``FORKYARD_API_KEY`` / ``FORKYARD_API_KEY_FILE``, :mod:`envs.api_key`);
+    ``busy_timeout_s``: seconds to keep retrying calls answered ``503 unavailable`` (nothing ran), honouring
+    ``Retry-After`` (:mod:`envs.client_retry`; 0: never). A call whose connection closed with no answer is
+    sent once more when that is safe (reads, deletes, read-only tool calls). ``http``: a client of your own
+    (then ``api_key`` is not added to it). Raises ValueError for a key :func:`envs.api_key.api_key` refuses."""
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.Client | None = None):
-        self.http = http or httpx.Client(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.Client | None = None, *,
+                 api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
+                                         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.timeout_s = timeout_s
+        BusyWait(busy_timeout_s)  # validates it
+        self.busy_timeout_s = busy_timeout_s
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -309,11 +349,21 @@ class SandboxClient(_ClientBase):
 
     def _call(self, name: str, **args: Any) -> Any:
         req = self._build(name, args)
-        try:
-            resp = self.http.request(req.method, req.url, **req.kwargs)
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from None
-        return self._parse(name, resp)
+        busy, repeated = None, False
+        while True:
+            try:
+                resp = self.http.request(req.method, req.url, **req.kwargs)
+            except httpx.TransportError as exc:
+                if self._repeat(req, exc, repeated):
+                    repeated = True
+                    continue
+                raise self._unavailable(exc) from None
+            wait = self._busy(resp)
+            if wait is not None:
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if busy.wait(wait):
+                    continue
+            return self._parse(name, resp)
 
     @_op("health")
     def health(self) -> Health:
@@ -382,9 +432,13 @@ class SandboxClient(_ClientBase):
 class AsyncSandboxClient(_ClientBase):
     """Asynchronous client with the same methods as :class:`SandboxClient` (each a coroutine)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None):
-        self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+    def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None, *,
+                 api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
+        self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
+                                              limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.timeout_s = timeout_s
+        BusyWait(busy_timeout_s)  # validates it
+        self.busy_timeout_s = busy_timeout_s
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
@@ -404,11 +458,21 @@ class AsyncSandboxClient(_ClientBase):
 
     async def _call(self, name: str, **args: Any) -> Any:
         req = self._build(name, args)
-        try:
-            resp = await self.http.request(req.method, req.url, **req.kwargs)
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc) from None
-        return self._parse(name, resp)
+        busy, repeated = None, False
+        while True:
+            try:
+                resp = await self.http.request(req.method, req.url, **req.kwargs)
+            except httpx.TransportError as exc:
+                if self._repeat(req, exc, repeated):
+                    repeated = True
+                    continue
+                raise self._unavailable(exc) from None
+            wait = self._busy(resp)
+            if wait is not None:
+                busy = busy or BusyWait(self.busy_timeout_s)
+                if await busy.wait_async(wait):
+                    continue
+            return self._parse(name, resp)
 
     @_op("health")
     async def health(self) -> Health:

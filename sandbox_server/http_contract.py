@@ -32,7 +32,7 @@ from sandbox_server.models import ErrorBody
 log = logging.getLogger("forkyard.http")
 
 #: The ``status`` word of an error answer without a more specific one, by HTTP status.
-STATUS_WORDS = {404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid",
+STATUS_WORDS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid",
                 500: "internal", 503: "unavailable"}
 
 #: Domain errors -> (HTTP status, status word). Looked up along the exception's MRO, so a subclass
