@@ -57,8 +57,9 @@ def test_envs_import_neither_the_service_nor_the_trainer():
     assert {f: m for f, m in bad.items() if m} == {}
 
 
-#: What the service may use of envs: the package (the registry) and its public protocol modules.
-ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox"}
+#: What the service may use of envs: the package (the registry) and its public protocol modules (the API key
+#: and the retry policy are the wire's, shared by the server and every client).
+ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox", "envs.api_key", "envs.client_retry"}
 
 
 def test_the_service_uses_envs_only_through_their_public_api_and_never_the_trainer():

@@ -106,15 +106,22 @@ def _remove_by_label(name: str) -> None:
 
 
 @pytest.mark.slow
-def test_compose_up_serves_the_api():
+def test_compose_up_serves_the_api(monkeypatch):
+    """compose with an API key: published on loopback only, 401 without the key, every client with it."""
     require_docker()
-    name, port = f"{SERVER_NAME}-compose", free_port()
+    name, port, key = f"{SERVER_NAME}-compose", free_port(), "compose-test-key-0123456789"
     env = {**os.environ, "FORKYARD_PORT": str(port), "FORKYARD_SERVER_NAME": name,
-           "COMPOSE_PROJECT_NAME": f"forkyard-{name}", "PYTHON": sys.executable}
+           "COMPOSE_PROJECT_NAME": f"forkyard-{name}", "PYTHON": sys.executable, "FORKYARD_API_KEY": key}
     up = subprocess.run([str(ROOT / "scripts" / "compose-up.sh")], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=400)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
+        published = subprocess.run(["docker", "compose", "port", "server", "8000"], cwd=ROOT, env=env,
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+        assert published == f"127.0.0.1:{port}", published  # the host's loopback only
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/pool").status_code == 401
+        monkeypatch.setenv("FORKYARD_API_KEY", key)  # what every client reads
         with SandboxClient(f"http://127.0.0.1:{port}") as c:
             assert c.health().status == "ok" and c.pool_status().backend == "docker"
             sb = c.create(files={"q.txt": b"hello"})
