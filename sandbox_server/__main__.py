@@ -75,19 +75,16 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) and serve until interrupted (SIGINT / SIGTERM close every
-    sandbox and env session first). Returns the exit status: 0 after a clean stop; 2 for bad options
-    (argparse exits with 2 itself) or a local backend without working isolation."""
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and serve until interrupted: SIGINT / SIGTERM drain within
+    a bound (:class:`~sandbox_server.app.DrainingServer`: requests in flight answered or cut within
+    ``DRAIN_GRACE_S``), then close every sandbox and env session. Returns the exit status: 0 after a clean
+    stop; 2 for bad options or settings, flag or ``FORKYARD_*`` variable alike (argparse exits with 2 itself),
+    or a local backend without working isolation; 3 if the server could not start (the port is taken)."""
     ap = build_parser(prog)
     ns = ap.parse_args(argv)
 
     import pydantic
-    import uvicorn
 
-    from envs.api_key import api_key
-    from sandbox_server.app import create_app
-    from sandbox_server.backends import make_backend
-    from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
     from sandbox_server.settings import ServerSettings, ServiceConfig, explain
 
     given = {k: getattr(ns, k) for k in FLAGS if getattr(ns, k) is not None}
@@ -102,6 +99,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         problems.append(explain(exc, ServiceConfig, FLAGS))
     if problems:  # every bad setting at once, each in the same words whichever way it came
         ap.error("bad setting: " + "; ".join(problems))
+
+    # the server's own modules only once the settings are known to be good: a refusal is quick
+    from envs.api_key import api_key
+    from sandbox_server.app import DrainingServer, create_app
+    from sandbox_server.backends import make_backend
+    from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
+
     try:
         key = api_key()  # FORKYARD_API_KEY / FORKYARD_API_KEY_FILE: required on every route but /healthz
     except ValueError as exc:
@@ -148,7 +152,16 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             ap.error(str(exc).replace("unsafe_no_isolation", "--unsafe-no-isolation"))
         app = create_app(backend, config, max_body_bytes=settings.max_body_bytes, api_key=key)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+        # a stop (SIGTERM, as `docker stop` sends) drains within a bound: requests in flight are answered or cut
+        # (503) within DRAIN_GRACE_S, then every sandbox is destroyed (field case S39)
+        server = DrainingServer(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                access_log=False)
+        try:
+            server.run()
+        except KeyboardInterrupt:  # SIGINT (Ctrl-C): re-raised by uvicorn once it has drained, as uvicorn.run takes it
+            pass
+        if not server.started:
+            return 3  # uvicorn's own status for a server that could not start (the port is taken...)
     finally:
         if provider is not None:
             provider.close()  # the nodes' sandboxes go with it

@@ -20,9 +20,10 @@ FastAPI's own validation errors included; each route documents the ones it can r
   integer, ``2.0`` is not one either), out of range, an unknown field, or a tool call / kwarg the server
   refuses. Nothing ran.
 * 503 ``unavailable`` / ``sandbox_error`` / ``infra_error`` with ``Retry-After``: the engine is down, the
-  pool or the env-session cap is exhausted, a sandbox or an env failed, or the server gave up on work
-  past its deadline. A failed request keeps nothing: work abandoned after an error answer (a deadline,
-  or a client that hung up) releases what it took.
+  pool or the env-session cap is exhausted, a sandbox or an env failed, the server gave up on work past
+  its deadline, or it is shutting down (:class:`Drain`: a stop answers or cuts every request within
+  :data:`DRAIN_GRACE_S`). A failed request keeps nothing: work abandoned after an error answer (a
+  deadline, a client that hung up, a shutdown) releases what it took.
 * 500 ``internal``: only for a bug (logged); the keep-alive connection stays usable.
 
 The mapping from domain errors to these answers is :data:`sandbox_server.http_contract.DOMAIN_ERRORS`.
@@ -37,6 +38,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import uvicorn
 from fastapi import FastAPI, Request
 
 from envs.api_key import api_key as resolve_api_key
@@ -59,6 +61,103 @@ _DESCRIPTION = ("A pool of snapshot-cloneable sandboxes with a read-only tool wh
                 "{detail, status}; 503s carry Retry-After. See docs/sandbox.md.")
 _ENV_DESCRIPTION = ("Env sessions (/v1/envs) for every registered forkyard env. Every error answer is an ErrorBody "
                     "{detail, status}.")
+
+#: Seconds a request in flight when the server starts to drain (SIGTERM) may take to finish on its own; then
+#: it is answered 503 and its work abandoned, which releases what it took (field case S39).
+DRAIN_GRACE_S = 2.0
+#: Seconds uvicorn waits for connections after the drain has cut every request before it cuts them itself
+#: (a request that ignores cancellation): the last bound before the lifespan's clean-up.
+DRAIN_BACKSTOP_S = 1.0
+
+
+class Drain:
+    """The bounded drain of one app (field case S39). :meth:`start` (called on the server's event loop when a
+    stop is asked for) answers every new HTTP request 503 at once and gives the requests in flight
+    ``grace_s`` seconds to finish; the rest are cancelled and answered 503 with ``Retry-After`` (their
+    work is abandoned the usual way: what it took is released). The app's lifespan then destroys every
+    sandbox. Applied by :class:`DrainMiddleware`; :class:`DrainingServer` starts it.
+
+    Args:
+        grace_s: seconds a request in flight may still take, after :meth:`start`.
+    """
+
+    def __init__(self, grace_s: float = DRAIN_GRACE_S):
+        self.grace_s = grace_s
+        self.draining = False
+        self._inflight: set[asyncio.Task] = set()
+        self._cut: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        """Begin draining (idempotent; on the event loop that serves the app)."""
+        if not self.draining:
+            self.draining = True
+            asyncio.get_running_loop().call_later(self.grace_s, self._cut_all)
+
+    def _cut_all(self) -> None:
+        for task in list(self._inflight):
+            self._cut.add(task)
+            task.cancel("the server is shutting down")
+
+    @staticmethod
+    def answer() -> Any:
+        """The 503 of a request the drain refused or cut."""
+        return http_contract.error_response(503, "the server is shutting down; retry on another replica or once it "
+                                                 "is back", "unavailable",
+                                            {**http_contract.retry_after(5.0), "Connection": "close"})
+
+
+class DrainMiddleware:
+    """Pure-ASGI middleware applying a :class:`Drain` to every HTTP request (websockets are closed by uvicorn)."""
+
+    def __init__(self, app: Any, drain: Drain):
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        drain = self.drain
+        if drain.draining:
+            return await drain.answer()(scope, receive, send)
+        task = asyncio.current_task()
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        drain._inflight.add(task)
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if task not in drain._cut:
+                raise
+            task.uncancel()  # cut by the drain, which answers it
+            if not started:
+                await drain.answer()(scope, receive, send)
+        finally:
+            drain._inflight.discard(task)
+            drain._cut.discard(task)
+
+
+class DrainingServer(uvicorn.Server):
+    """A ``uvicorn.Server`` whose stop (SIGTERM, SIGINT) first starts the app's :class:`Drain`, and which
+    cuts what is still open :data:`DRAIN_BACKSTOP_S` after the drain's grace: the whole stop is bounded by
+    ``grace_s`` + :data:`DRAIN_BACKSTOP_S` + the lifespan's clean-up (the sandboxes destroyed).
+
+    Args:
+        app: an app made by :func:`create_app`; ``**config``: ``uvicorn.Config`` keywords.
+    """
+
+    def __init__(self, app: FastAPI, **config: Any):
+        self.drain: Drain = app.state.drain
+        config.setdefault("timeout_graceful_shutdown", self.drain.grace_s + DRAIN_BACKSTOP_S)
+        super().__init__(uvicorn.Config(app, **config))
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        self.drain.start()
+        await super().shutdown(sockets)
 
 
 def create_app(backend: Backend | str | None = None, config: ServiceConfig | None = None, *,
@@ -174,6 +273,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.state.openenv_owners = {}  # session id -> the OpenEnv connection responsible for it (routes/openenv.py)
     http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable if sandboxes else None)
+    app.state.drain = Drain()  # a stop drains within a bound (DrainingServer starts it; field case S39)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.state.api_key_required = door_key is not None
     if door_key is not None:  # outermost: before any route, body limit or body read
         app.add_middleware(ApiKeyMiddleware, key=door_key)
@@ -210,4 +311,5 @@ def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, 
                       api_key=api_key)
 
 
-__all__ = ["create_app", "create_env_app"]
+__all__ = ["DRAIN_BACKSTOP_S", "DRAIN_GRACE_S", "Drain", "DrainMiddleware", "DrainingServer", "create_app",
+           "create_env_app"]

@@ -7,6 +7,11 @@ Two groups:
   ``FORKYARD_MAX_TOTAL=64``), else the default written here.
 * :class:`ServerSettings`: how a server runs (address, backend, names, body limit), read the same way.
 
+Each setting is validated here once, whichever way its value arrives (constructor keyword, ``FORKYARD_*``
+variable, or the server command's flag, which passes its text on unchanged): the same value is refused with
+the same words (field case S33). :func:`explain` turns a refusal into the one message the server command
+prints (exit status 2), naming the flag and the variable and, for a choice, the accepted values.
+
 Per-backend options (image, resource limits, bind mounts) are fields of each backend's config model in
 :mod:`sandbox_server.backends`; their shared defaults (``server_name``, ``sandbox_image``) come from here.
 Folders the project caches into are computed by :func:`cache_dir` only.
@@ -17,14 +22,20 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Mapping, get_args
 
 from cryptography.fernet import Fernet
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Most bytes of per-episode files one write may carry.
 MAX_WRITE_BYTES = 8 << 20
+#: uvicorn's log levels (``FORKYARD_LOG_LEVEL``, ``--log-level``), any letter case.
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+#: The longest duration any setting may name, in seconds (about 115 days): past it, waits on the clock overflow
+#: (``threading`` refuses timeouts above ``threading.TIMEOUT_MAX``), so ``inf`` and ``1e300`` are refused early.
+MAX_SECONDS = 1e7
 
 
 class ServiceConfig(BaseSettings):
@@ -32,7 +43,8 @@ class ServiceConfig(BaseSettings):
 
     ``ServiceConfig(max_total=8)`` takes ``max_total`` from the keyword and every other field from
     ``FORKYARD_<FIELD>`` or its default. Raises ``pydantic.ValidationError`` on a value of the wrong type
-    or out of range.
+    or out of range (seconds: at most :data:`MAX_SECONDS`; ``inf`` and ``nan`` are refused), ``min_idle`` above
+    ``max_total`` or ``default_timeout_s`` above ``max_timeout_s``.
     """
 
     model_config = SettingsConfigDict(env_prefix="FORKYARD_", extra="forbid", validate_assignment=True)
@@ -44,23 +56,23 @@ class ServiceConfig(BaseSettings):
     #: Most sandboxes starting at once.
     max_concurrent_starts: int = Field(2, ge=1)
     #: Seconds a create / clone / fork waits for a free sandbox before a 503.
-    acquire_timeout_s: float = Field(15.0, gt=0)
+    acquire_timeout_s: float = Field(15.0, gt=0, le=MAX_SECONDS)
     #: Seconds a session may stay unused before the service deletes it.
-    idle_ttl_s: float = Field(900.0, gt=0)
+    idle_ttl_s: float = Field(900.0, gt=0, le=MAX_SECONDS)
     #: Seconds a stored snapshot lives unless a request asks for another TTL.
-    snapshot_ttl_s: float = Field(900.0, gt=0)
+    snapshot_ttl_s: float = Field(900.0, gt=0, le=MAX_SECONDS)
     #: Deadline of a tool call that names none, in seconds.
-    default_timeout_s: float = Field(10.0, gt=0)
+    default_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
     #: Longest deadline a tool call may ask for, in seconds.
-    max_timeout_s: float = Field(60.0, gt=0)
+    max_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
     #: Bytes of stdout (and of stderr) a tool call returns; the rest is cut and flagged.
     output_cap_bytes: int = Field(65536, ge=1)
     #: Seconds between sweeps of expired sessions and snapshots.
-    reap_interval_s: float = Field(5.0, gt=0)
+    reap_interval_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
     #: Most bytes all stored snapshots may hold together (their tars); past it ``snapshot`` refuses.
     max_snapshot_bytes: int = Field(256 << 20, ge=1)
     #: Seconds an env session (``/v1/envs``) may stay idle before the server closes it.
-    env_ttl_s: float = Field(600.0, gt=0)
+    env_ttl_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
     #: Most env sessions a server holds at once (``/v1/envs``); past it creates and forks answer 503.
     max_env_sessions: int = Field(256, ge=1)
     #: Reuse released sandboxes after a verified reset (every process but the agent killed, /scratch and
@@ -71,12 +83,15 @@ class ServiceConfig(BaseSettings):
     max_sandbox_uses: int = Field(200, ge=1)
     #: Seconds an idle sandbox above ``min_idle`` (one a burst of sessions gave back) is kept for the next
     #: burst before it is destroyed.
-    surplus_idle_ttl_s: float = Field(10.0, ge=0)
+    surplus_idle_ttl_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _idle_fits_total(self) -> "ServiceConfig":
         if self.min_idle > self.max_total:
             raise ValueError(f"min_idle ({self.min_idle}) must not exceed max_total ({self.max_total})")
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError(f"default_timeout_s ({self.default_timeout_s:g}) must not exceed max_timeout_s "
+                             f"({self.max_timeout_s:g})")
         return self
 
     @classmethod
@@ -105,28 +120,42 @@ class ServerSettings(BaseSettings):
                                       hide_input_in_errors=True)
 
     #: Address the server listens on (loopback unless told otherwise).
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     #: TCP port.
     port: int = Field(8000, ge=0, le=65535)
     #: Backend of every sandbox the server serves, env sessions included: a name registered in
     #: :data:`sandbox_server.backends.BACKENDS` (``local``, ``docker``).
     backend: str = "local"
     #: Label value that ties sandboxes to this server: start-up clean-up looks only at sandboxes with it.
-    server_name: str = "default"
+    server_name: str = Field("default", min_length=1)
     #: Image of the docker backend's sandboxes (``docker/sandbox.Dockerfile``).
-    sandbox_image: str = "forkyard-sandbox:latest"
+    sandbox_image: str = Field("forkyard-sandbox:latest", min_length=1)
     #: Request-body limit of the routes that carry files, in bytes (other routes have smaller ones).
     max_body_bytes: int = Field(default_factory=default_max_body_bytes, ge=1)
     #: Host folder of the read-only corpus shown as ``/data`` by the local backend (default: a cache folder).
     corpus: str | None = None
-    #: uvicorn's log level.
-    log_level: str = "info"
+    #: uvicorn's log level: one of :data:`LOG_LEVELS` (read in any letter case).
+    log_level: LogLevel = "info"
     #: A Ray cluster (``auto``, an address, ``local``) whose nodes hold the sandboxes of the server's env
     #: sessions (:class:`sandbox_server.ray_sandboxes.RayProvider`); None: the server's own pool.
     ray: str | None = None
     #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`); None:
     #: a key drawn per server process (tokens restore only on the server that made them, until it restarts).
     snapshot_key: SecretStr | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("backend")
+    @classmethod
+    def _registered_backend(cls, name: str) -> str:
+        from sandbox_server.backends import BACKENDS  # registered at import (and by plugins): read now
+
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend; accepted values: {', '.join(sorted(BACKENDS))}")
+        return name
 
     @field_validator("snapshot_key")
     @classmethod
@@ -138,6 +167,36 @@ class ServerSettings(BaseSettings):
                 raise ValueError("FORKYARD_SNAPSHOT_KEY must be a Fernet key: 32 random bytes in URL-safe base64 "
                                  "(44 characters)") from None
         return key
+
+
+def _secret(model: type[BaseSettings], field: str) -> bool:
+    """Whether ``model.field`` holds a secret (a ``SecretStr``, or a name that says key, token or password)."""
+    info = model.model_fields.get(field)
+    secret_type = info is not None and "SecretStr" in repr(info.annotation)
+    return secret_type or any(word in field for word in ("key", "token", "password", "secret"))
+
+
+def explain(exc: ValidationError, model: type[BaseSettings], flags: Mapping[str, str] | None = None) -> str:
+    """The one message for settings ``model`` refused: a part per bad setting, ``FLAG / FORKYARD_NAME: why
+    (got VALUE)``, the same whether the value came from a flag, a variable or a keyword.
+
+    Args:
+        exc: what ``model(...)`` raised.
+        model: :class:`ServerSettings` or :class:`ServiceConfig`.
+        flags: ``{field: flag}`` of the fields the caller also takes as command-line flags.
+
+    Values of secret fields (:data:`SecretStr`, ``*key*``...) are never echoed.
+    """
+    lines = []
+    for err in exc.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        names = [f"FORKYARD_{field.upper()}"] if field else [f"the {model.__name__} settings"]
+        if flags and field in flags:
+            names.insert(0, flags[field])
+        why = str(err["msg"]).removeprefix("Value error, ")
+        shown = "" if not field or _secret(model, field) or "input" not in err else f" (got {err['input']!r})"
+        lines.append(f"{' / '.join(names)}: {why}{shown}")
+    return "; ".join(lines)
 
 
 def cache_dir() -> Path:

@@ -1,5 +1,9 @@
 """Stored snapshots of a :class:`~sandbox_server.service.SandboxService`: plain data (the tar of a sandbox's
-writable areas and its session state) kept for a TTL, with a bound on the bytes all of them hold together."""
+writable areas and its session state) kept for a TTL, with a bound on the bytes all of them hold together.
+
+The TTL is measured on the monotonic clock (``time.monotonic()``): a step of the wall clock (NTP, a VM
+resume) neither expires a snapshot early nor keeps it late (field case S32). The wall times ``created_at``
+and ``expires_at`` are for people (:class:`~sandbox_server.models.SnapshotInfo`) and decide nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from sandbox_server.models import SessionState, SnapshotInfo
 
 @dataclass
 class StoredSnapshot:
-    """One stored snapshot. Times are seconds since the epoch."""
+    """One stored snapshot. ``created_at`` and ``expires_at`` are wall times (seconds since the epoch, shown
+    to people); ``deadline`` is the ``time.monotonic()`` value at which it expires (what decides)."""
 
     id: str
     source: str
@@ -22,6 +27,7 @@ class StoredSnapshot:
     state: SessionState
     created_at: float
     expires_at: float
+    deadline: float
 
     def info(self) -> SnapshotInfo:
         """Its :class:`SnapshotInfo` (the state copied)."""
@@ -51,11 +57,11 @@ class SnapshotStore:
         Raises:
             LimitExceeded: it would take the live snapshots past ``max_bytes`` (nothing is stored).
         """
-        now = time.time()
+        wall, now = time.time(), time.monotonic()
         snap = StoredSnapshot(id="snap-" + uuid.uuid4().hex[:16], source=source, data=data, state=state,
-                              created_at=now, expires_at=now + ttl_s)
+                              created_at=wall, expires_at=wall + ttl_s, deadline=now + ttl_s)
         with self._mu:
-            held = sum(len(v.data) for v in self._snapshots.values() if v.expires_at > now)
+            held = sum(len(v.data) for v in self._snapshots.values() if v.deadline > now)
             if held + len(data) > self.max_bytes:
                 raise LimitExceeded(
                     f"stored snapshots hold {held} bytes and this one has {len(data)}: the bound is "
@@ -67,7 +73,7 @@ class SnapshotStore:
     def get(self, snapshot_id: str) -> StoredSnapshot:
         """The live snapshot ``snapshot_id``. Raises SandboxNotFound (unknown, deleted or expired)."""
         snap = self._snapshots.get(snapshot_id)
-        if snap is None or snap.expires_at <= time.time():
+        if snap is None or snap.deadline <= time.monotonic():
             raise SandboxNotFound(f"no snapshot {snapshot_id!r} (deleted, expired, or never taken)")
         return snap
 
@@ -77,10 +83,11 @@ class SnapshotStore:
             if self._snapshots.pop(snapshot_id, None) is None:
                 raise SandboxNotFound(f"no snapshot {snapshot_id!r}")
 
-    def expire(self, now: float) -> int:
-        """Forget the snapshots expired at ``now`` (seconds since the epoch); returns how many."""
+    def expire(self, now: float | None = None) -> int:
+        """Forget the snapshots expired at ``now`` (a ``time.monotonic()`` value; default: now); returns how many."""
+        now = time.monotonic() if now is None else now
         with self._mu:
-            old = [k for k, v in self._snapshots.items() if v.expires_at <= now]
+            old = [k for k, v in self._snapshots.items() if v.deadline <= now]
             for k in old:
                 del self._snapshots[k]
         return len(old)

@@ -91,7 +91,7 @@ def test_no_sandboxes_serves_env_sessions_alone():
     (["--no-sandboxes", "--backend", "local"], "--backend"),
     (["--no-sandboxes", "--unsafe-no-isolation"], "--unsafe-no-isolation"),
     (["--backend", "docker", "--unsafe-no-isolation"], "local backend only"),
-    (["--backend", "nope"], "invalid choice"),
+    (["--backend", "nope"], "accepted values: docker, local"),
     (["--ray", "auto", "--backend", "docker"], "--ray puts the sandboxes on the cluster's nodes"),
     (["--ray", "auto", "--min-idle", "1"], "--min-idle"),
     (["--ray", "auto", "--no-sandboxes"], "choose one"),
@@ -101,6 +101,47 @@ def test_options_without_an_effect_are_refused(args, says):
         r = subprocess.run([*command, *args, "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True,
                            timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 2 and says in r.stderr, (command, r.stderr)
+
+
+def _refusal(args: list[str], **settings: str) -> str:
+    """Run the server command with ``args`` and ``settings`` (no other FORKYARD_* variable); it must exit 2 at
+    once, without a traceback. Returns its last line of stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKYARD_")}
+    r = subprocess.run([sys.executable, "-m", "sandbox_server", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**env, "PYTHONPATH": str(ROOT), **settings})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (args, settings, r.stderr[-2000:])
+    return r.stderr.strip().splitlines()[-1]
+
+
+#: (field, a refused value): every setting the command also takes as a flag
+FLAG_REFUSALS = [("log_level", "warn"), ("log_level", "verbose"), ("port", "70000"), ("backend", "nope"),
+                 ("min_idle", "-1"), ("max_total", "many")]  # more values of each: tests/test_settings.py
+
+
+@pytest.mark.parametrize("field,value", FLAG_REFUSALS, ids=[f"{f}={v!r}" for f, v in FLAG_REFUSALS])
+def test_a_bad_setting_reads_the_same_as_flag_and_as_variable(field, value):
+    """Field case S33: ``--log-level warn`` and ``FORKYARD_LOG_LEVEL=warn`` (it crashed with uvicorn's
+    KeyError), and the same for every flag: exit 2 with one message naming the flag and the variable."""
+    flag, var = "--" + field.replace("_", "-"), f"FORKYARD_{field.upper()}"
+    by_flag = _refusal([flag, value])
+    assert by_flag == _refusal([], **{var: value})
+    assert f"{flag} / {var}: " in by_flag and repr(value) in by_flag
+    if field == "log_level":
+        assert all(repr(level) in by_flag for level in ("critical", "error", "warning", "info", "debug", "trace"))
+
+
+@pytest.mark.parametrize("var,value", [("FORKYARD_IDLE_TTL_S", "inf"), ("FORKYARD_MAX_BODY_BYTES", "0"),
+                                       ("FORKYARD_SNAPSHOT_KEY", "not-a-fernet-key")])
+def test_a_bad_variable_without_a_flag_is_refused_before_the_server_starts(var, value):
+    said = _refusal([], **{var: value})
+    assert f"{var}: " in said
+    assert (value not in said) if var == "FORKYARD_SNAPSHOT_KEY" else (repr(value) in said)
+
+
+def test_every_bad_setting_is_named_at_once():
+    said = _refusal(["--port", "abc"], FORKYARD_LOG_LEVEL="verbose", FORKYARD_IDLE_TTL_S="-1")
+    assert all(name in said for name in ("--port / FORKYARD_PORT", "--log-level / FORKYARD_LOG_LEVEL",
+                                         "FORKYARD_IDLE_TTL_S"))
 
 
 def test_forkyard_serve_is_the_server_command():
