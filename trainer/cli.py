@@ -62,22 +62,24 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a usage error: a line and status 2, not a traceback
         print(f"forkyard train: error: {exc}", file=sys.stderr)
         return 2
+    from trainer.text_cli import guarded
+
     if args.policy == "lm":
         from trainer.text_train import print_result, train_rl
 
-        print_result(train_rl(cfg))
+        print_result(guarded("train", train_rl, cfg))
         return 0
     from trainer.train import train
 
-    result = train(cfg)
+    result = guarded("train", train, cfg)
     ms = result.metrics
     tail = ms[-min(20, len(ms)):]
-    print(f"run: {cfg.run_dir or '(not saved)'}  iterations: {len(ms)}  wall: {result.wall_s:.1f} s")
+    print(f"run: {result.config.run_dir or '(not saved)'}  iterations: {len(ms)}  wall: {result.wall_s:.1f} s")
     print(f"mean reward (last {len(tail)} iterations): {sum(m['reward_mean'] for m in tail) / len(tail):.3f}")
     print(f"env calls per iteration: {sum(m['env_calls'] for m in ms) / len(ms):.1f}  "
           f"anchor degeneration: {100 * sum(m['degeneration'] for m in ms) / len(ms):.1f}%")
     print(f"greedy evaluation: {json.dumps(result.evaluation)}")
-    if cfg.ray is not None:
+    if result.config.ray is not None:
         from trainer.cluster import cluster_totals
 
         print(f"ray: {json.dumps(cluster_totals(ms))}")

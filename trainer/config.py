@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 _META = "forkyard"
+_GIVEN = "_forkyard_given"  # the attribute from_args leaves on a config: the fields given
 
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
@@ -174,7 +175,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, groups: Iterable[s
 def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     """An instance of dataclass ``cls`` from the options of :func:`add_arguments` that were given (plus
     ``overrides``); every other field keeps its declared default. Repeated ``KEY=VALUE`` options become a
-    dict (the last value of a key wins), several values of a ``tuple`` field a tuple."""
+    dict (the last value of a key wins), several values of a ``tuple`` field a tuple. The names given are
+    kept on the instance (:func:`given_fields`)."""
     hints = typing.get_type_hints(cls)
     given: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -187,5 +189,14 @@ def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
         elif origin is tuple:
             value = tuple(value)
         given[f.name] = value
+    names = frozenset(given)
     given.update(overrides)
-    return cls(**given)
+    cfg = cls(**given)
+    object.__setattr__(cfg, _GIVEN, names)
+    return cfg
+
+
+def given_fields(cfg: Any) -> frozenset[str] | None:
+    """The fields of ``cfg`` that its command line gave (:func:`from_args`; the ``overrides`` not counted), or
+    None for a config built otherwise."""
+    return getattr(cfg, _GIVEN, None)

@@ -104,15 +104,16 @@ class HFCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
         """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the positions ``past`` holds (None: none).
-        The ``past`` given is never modified. In training mode without ``past`` no cache is built (the cache
-        returned is None): gradient checkpointing recomputes activations and cannot keep one. Raises
+        The ``past`` given is never modified. In training mode or with gradients on (the RL update's eval-mode
+        forward, :func:`trainer.update.dropout_off`), without ``past``, no cache is built (the cache returned is
+        None): gradient checkpointing recomputes activations and cannot keep one. Raises
         ValueError past ``config.context`` positions."""
         from transformers import DynamicCache
 
         p = 0 if past is None else past[0][0].shape[2]
         if p + ids.shape[1] > self.config.context:
             raise ValueError(f"{p + ids.shape[1]} positions exceed the model context {self.config.context}")
-        if self.hf.training and past is None:
+        if past is None and (self.hf.training or torch.is_grad_enabled()):
             return self.hf(input_ids=ids, use_cache=False).logits, None
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
         out = self.hf(input_ids=ids, use_cache=True, **{self._cache_kw: cache})

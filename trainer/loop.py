@@ -21,6 +21,19 @@ knows no env (it gets one) and no policy internals (:class:`Policy`): the tabula
 (:class:`trainer.tabular.TabularPolicy`) and the text policy (:class:`trainer.text_train.PPOTextPolicy`)
 both plug in here, and so will a Hugging Face policy.
 
+Run folders (``cfg.run_dir``): ``config.json``, ``metrics.jsonl`` (a row per iteration, as it goes) and
+``resume.pt``, the resume state (the policy's ``state_dict()``: weights, optimizer; the iteration, the RNG
+states, the env calls spent, the monitors), written every ``save_every`` iterations, at the last one, and after
+the iteration during which a SIGTERM / SIGINT arrived (the run then stops: :class:`TrainingInterrupted`).
+``resume=RUN_DIR`` continues that run at the next iteration with that iteration's seeds and appends to its
+``metrics.jsonl``; resumed and uninterrupted runs are the same run. A new run never writes into a folder that
+holds a run's records (:func:`check_new_run_dir`). ``forkyard sft`` keeps its own records the same way
+(:func:`trainer.text_sft.sft`, with the helpers here).
+
+Why one file: the loop, its run folder and its resume state are one contract (which iteration a saved state
+ends, which rows of ``metrics.jsonl`` it covers, which seeds come next); split, a change to the loop's state
+could leave the saved state short of it unseen.
+
 Env-specific figures come from the env: at the step that ends an episode an env may report
 ``info["episode_metrics"] = {name: number}`` (ClueProbe: ``distinct_probes``); the loop and the
 evaluations average each name over the episodes that reported it and log it under that name.
@@ -31,10 +44,13 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,7 +62,14 @@ from envs.features import EvaluationResets
 from trainer import advantages as adv
 from trainer.config import setting
 from trainer.estimators import Assigned, estimator_names, rollout_kind, step_advantages
-from trainer.rollout import FORK_SELECTIONS, Actor, EpisodeMetrics, Rollout, group_rollout, tree_rollout
+from trainer.rollout import (
+    FORK_SELECTIONS,
+    Actor,
+    EpisodeMetrics,
+    Rollout,
+    group_rollout,
+    tree_rollout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +124,14 @@ class LoopConfig:
                                  help="with --ray: rollouts may be sampled with weights up to N updates old (0: on-policy)")
     seed: int = setting(0, group="common", help="seed of the training seeds, the sampling RNG and torch")
     device: str = setting("auto", group="common", help="auto (CUDA when present), cpu or cuda")
-    run_dir: str | None = setting(None, group="common", help="folder for config.json, metrics.jsonl, summary.json")
+    run_dir: str | None = setting(None, group="common", help="folder for config.json, metrics.jsonl, summary.json; a "
+                                                                "folder that holds a run's records is refused (see --resume)")
+    save_every: int = setting(10, group="common",
+                              help="write the resume state (RUN_DIR/resume.pt; sft: sft_resume.pt) every N iterations (sft: "
+                                   "optimizer steps), at the last one and on SIGTERM; 0: only at the last one and on SIGTERM")
+    resume: str | None = setting(None, group="common", metavar="RUN_DIR",
+                                 help="continue the run in RUN_DIR from its resume state, with its settings (those given "
+                                      "too must agree, but --iterations, --max-env-calls, --save-every, --device, --threads)")
     progress: bool = setting(False, cli=False, help="show progress (the command line turns it on)")
 
     def validate(self) -> None:
@@ -121,13 +151,17 @@ class LoopConfig:
             raise ValueError("--max-staleness pipelines rollouts on a Ray cluster: it needs --ray")
         if self.ray is not None and getattr(self, "server_url", None):
             raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
+        if self.save_every < 0:
+            raise ValueError(f"save_every must be >= 0, got {self.save_every}")
 
 
 class Policy(Actor, Protocol):
     """What the training loop needs of a policy (tabular, text LM, or any other).
 
     ``session`` (from :class:`trainer.rollout.Actor`) acts: one :class:`trainer.rollout.PolicySession`
-    per episode, forked with the env. The other two learn and report.
+    per episode, forked with the env. The other two learn and report. A policy that learns also has
+    ``state_dict()`` / ``load_state_dict(state)`` (tensors, numbers, strings, lists and dicts of them: what it
+    learned and its optimizer), saved in the run's resume state; one without them is stateless.
     """
 
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
@@ -222,15 +256,220 @@ def evaluation_resets(env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 25
     return held_out_resets(n_seeds)
 
 
-def open_run_dir(run_dir: str | None, config: Any) -> tuple[Path | None, Any]:
-    """Create ``run_dir`` with ``config.json`` (the dataclass ``config``) and open ``metrics.jsonl`` for
-    writing. Returns ``(path, file)``, or ``(None, None)`` when ``run_dir`` is None."""
-    if not run_dir:
-        return None, None
-    out = Path(run_dir)
+#: What a run folder holds (the records :func:`train_loop` writes; the SFT run's are :data:`SFT_RECORDS`).
+RUN_RECORDS = ("config.json", "metrics.jsonl", "summary.json", "resume.pt")
+SFT_RECORDS = ("sft_config.json", "sft_metrics.jsonl", "sft_summary.json", "sft_resume.pt", "sft.pt", "sft")
+
+#: Settings a resumed run may change (every other one is the run's own, from its config file).
+RESUME_MAY_CHANGE = ("iterations", "max_env_calls", "save_every", "device", "threads", "progress", "resume", "run_dir")
+
+
+class RunDirError(ValueError):
+    """A run folder that cannot take this run: it holds another run's records (a new run never replaces them:
+    resume it, or choose another folder), or it holds no run to resume, or a resumed run's settings disagree
+    with its own."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped a run after a finished iteration (or SFT step) whose state was saved.
+
+    Attributes:
+        run_dir: the run folder (``forkyard ... --resume RUN_DIR`` continues it).
+        done: iterations (SFT: optimizer steps) finished and saved.
+        signal: the signal number received.
+    """
+
+    def __init__(self, run_dir: Path, done: int, signum: int):
+        super().__init__(f"stopped by signal {signum} after {done} iterations; state saved in {run_dir} "
+                         f"(continue with --resume {run_dir})")
+        self.run_dir, self.done, self.signal = run_dir, done, signum
+
+
+class StopSignals:
+    """A context manager: inside, the first SIGTERM or SIGINT only sets ``received`` (the signal number), so
+    the run can finish its iteration and save; a second one acts as usual (the process ends). Outside the main
+    thread (where Python cannot handle signals) it does nothing. The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:  # the second one: what it would have done without us
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+            return
+        self.received = signum
+        log.warning("signal %d: stopping after this iteration with its state saved (again to stop now)", signum)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def records_in(run_dir: str | Path | None, names: Iterable[str] = RUN_RECORDS) -> list[str]:
+    """The ``names`` that exist in ``run_dir`` (none when it is None or absent)."""
+    if not run_dir or not Path(run_dir).is_dir():
+        return []
+    return [n for n in names if (Path(run_dir) / n).exists()]
+
+
+def check_new_run_dir(run_dir: str | None, names: Iterable[str] = RUN_RECORDS, command: str = "train") -> None:
+    """Refuse a new run into a folder that holds a run's records (they would be replaced).
+
+    Raises:
+        RunDirError: naming the records found and the two ways on: ``--resume RUN_DIR``, or another folder.
+    """
+    found = records_in(run_dir, names)
+    if found:
+        raise RunDirError(f"{run_dir} holds a run already ({', '.join(found)}); continue it with "
+                          f"`forkyard {command} --resume {run_dir}`, or give another --run-dir")
+
+
+def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
+    """The config of a resumed run: ``RUN_DIR/config_file`` (``RUN_DIR = cfg.resume``) with the settings
+    :data:`RESUME_MAY_CHANGE` taken from ``cfg`` where given, ``run_dir = RUN_DIR``. A setting counts as given
+    when the command line gave it (:func:`trainer.config.given_fields`), else when it differs from its default.
+
+    Raises:
+        RunDirError: no such config file; it is not a config of ``type(cfg)`` (another command's run); or a
+            given setting outside :data:`RESUME_MAY_CHANGE` differs from the run's.
+    """
+    from trainer.config import given_fields
+
+    run_dir = Path(cfg.resume)
+    path = run_dir / config_file
+    if not path.is_file():
+        raise RunDirError(f"--resume {run_dir}: no {config_file} there (no run of this command to continue)")
+    saved = json.loads(path.read_text())
+    names = {f.name: f for f in fields(cfg)}
+    alien = sorted(set(saved) - set(names))
+    if alien:
+        raise RunDirError(f"--resume {run_dir}: its {config_file} is another command's run (settings {alien[:4]}); "
+                          "resume it with the command that started it")
+    if cfg.run_dir and Path(cfg.run_dir).resolve() != run_dir.resolve():
+        raise RunDirError(f"--resume {run_dir} continues that run in its own folder, not in --run-dir {cfg.run_dir}")
+    given = given_fields(cfg)
+    if given is None:
+        given = {n for n, f in names.items() if f.init and getattr(cfg, n) != _default(f)}
+    values = dict(saved)
+    for name in given:
+        value = getattr(cfg, name)
+        if name in RESUME_MAY_CHANGE:
+            values[name] = value
+        elif name in saved and _jsonable(value) != saved[name]:
+            raise RunDirError(f"--resume {run_dir}: {name} is {saved[name]!r} in the run, {value!r} given; a resumed run "
+                              f"keeps its settings (may change: {', '.join(RESUME_MAY_CHANGE[:6])})")
+    values.update(resume=str(run_dir), run_dir=str(run_dir), progress=cfg.progress)
+    out = type(cfg)(**{k: _typed(names[k], v) for k, v in values.items() if k in names and names[k].init})
+    return out
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def _typed(f: Any, value: Any) -> Any:
+    """A JSON value back in its field's container type (a tuple stays a tuple)."""
+    default = f.default if f.default is not MISSING else None
+    return tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save(state, path)`` through a temporary file and a rename: a kill mid-write leaves the previous
+    state whole."""
+    import torch
+
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's CPU and CUDA generator states (the python ``random.Random`` of a run is saved by its owner)."""
+    import torch
+
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def continue_records(path: Path, done: int, key: str = "iteration") -> list[dict[str, Any]]:
+    """The records of a resumed run: the rows of JSONL ``path`` with ``row[key] < done`` (those the saved
+    state includes). Rows past it (written after the last save, before a kill) are redone by the resumed run:
+    they move to ``<stem>.discarded.jsonl`` beside it (appended, never lost) and the file keeps the others.
+    Returns the rows kept."""
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines]
+    keep = [line for line, row in zip(lines, rows) if row.get(key, -1) < done]
+    extra = [line for line, row in zip(lines, rows) if row.get(key, -1) >= done]
+    if extra:
+        aside = path.with_name(path.stem + ".discarded.jsonl")
+        with aside.open("a") as f:
+            f.write("".join(line + "\n" for line in extra))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+        log.warning("%s: %d rows past the saved state moved to %s (the resumed run redoes them)", path, len(extra), aside)
+    return [row for row in rows if row.get(key, -1) < done]
+
+
+def open_run_dir(cfg: Any) -> tuple[Path | None, Any, dict[str, Any] | None]:
+    """Open ``cfg.run_dir`` for :func:`train_loop`. A new run: refused when the folder holds a run's records
+    (:func:`check_new_run_dir`), else ``config.json`` written and ``metrics.jsonl`` created. A resumed run
+    (``cfg.resume``): its ``resume.pt`` loaded, ``metrics.jsonl`` kept up to the saved iteration
+    (:func:`continue_records`) and opened for appending, ``config.json`` rewritten when a setting changed.
+
+    Returns ``(path, metrics file, saved state or None)``; ``(None, None, None)`` without a run folder.
+
+    Raises:
+        RunDirError: as :func:`check_new_run_dir`, or a resumed folder without ``resume.pt``.
+    """
+    if cfg.resume:
+        import torch
+
+        out = Path(cfg.resume)
+        if not (out / "resume.pt").is_file():
+            raise RunDirError(f"--resume {out}: no resume.pt there (the run saved no state)")
+        state = torch.load(out / "resume.pt", map_location="cpu", weights_only=True)
+        state["metrics"] = continue_records(out / "metrics.jsonl", state["iteration"])
+        config = json.dumps(asdict(cfg), indent=2)
+        if (out / "config.json").read_text() != config:
+            (out / "config.json").write_text(config)
+        return out, (out / "metrics.jsonl").open("a"), state
+    if not cfg.run_dir:
+        return None, None, None
+    check_new_run_dir(cfg.run_dir)
+    out = Path(cfg.run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    return out, (out / "metrics.jsonl").open("w")
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return out, (out / "metrics.jsonl").open("x"), None
 
 
 def write_summary(out: Path | None, evaluation: dict[str, float], wall_s: float, warnings: list[str]) -> None:
@@ -282,10 +521,14 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
             rollout worker makes its own env with them (``env`` then serves the evaluation only).
 
     Returns:
-        A :class:`LoopResult`. Writes ``config.json`` and ``metrics.jsonl`` to ``cfg.run_dir`` when set.
+        A :class:`LoopResult` (a resumed run's metrics include the rows of the iterations before it). Writes
+        ``config.json``, ``metrics.jsonl`` and ``resume.pt`` to ``cfg.run_dir`` when set (module docstring);
+        ``cfg.resume`` continues the run there (``policy`` built as the run's was: it gets the saved state).
 
     Raises:
-        ValueError: on an invalid config.
+        ValueError: on an invalid config; :class:`RunDirError` (a ValueError) when the folder holds a run's
+            records, or has no resume state to continue.
+        TrainingInterrupted: after the iteration during which SIGTERM or SIGINT arrived, its state saved.
     """
     import torch
 
@@ -293,19 +536,41 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)  # the policy's sampling RNG (and uniform fork turns)
-    out, sink = open_run_dir(cfg.run_dir, cfg)
+    out, sink, state = open_run_dir(cfg)
     metrics: list[dict[str, Any]] = []
     warnings: list[str] = []
     monitors = list(monitors)
     warned = False
     spent = 0
+    start = 0
+    if state is not None:  # a resumed run: everything as it was after iteration state["iteration"] - 1
+        start, spent, warned, warnings = state["iteration"], state["spent"], state["warned"], list(state["warnings"])
+        metrics = state["metrics"]
+        rng.setstate(as_random_state(state["rng"]))
+        set_rng_state(state["torch_rng"])
+        for monitor, saved in zip(monitors, state["monitors"]):
+            vars(monitor).update(saved)
+        if state.get("policy") is not None:
+            policy.load_state_dict(state["policy"])
+    saved_at = start
+    wall0 = metrics[-1].get("wall_s", 0.0) if metrics else 0.0  # a resumed run's clock continues the run's
+
+    def save(done: int) -> None:
+        save_state(out / "resume.pt", {
+            "iteration": done, "spent": spent, "warned": warned, "warnings": warnings, "rng": rng.getstate(),
+            "torch_rng": rng_state(), "monitors": [dict(vars(m)) for m in monitors],
+            "policy": policy.state_dict() if hasattr(policy, "state_dict") else None, "config": asdict(cfg)})
+
     collector = None
+    stop = StopSignals()
     try:
+        if out is not None:
+            stop.__enter__()
         if cfg.ray is not None:
             from trainer.cluster import RayCollector
 
             collector = RayCollector(cfg, policy, env_kwargs or {}, rollout_kind(cfg.estimator, cfg.rollout))
-        for it in range(cfg.iterations):
+        for it in range(start, cfg.iterations):
             if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
                 break  # equal-budget comparisons: no iteration starts once the budget is spent
             # 1-2. rollout, shaping, advantages
@@ -349,19 +614,34 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
                 )
             if evaluate is not None and cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations):
                 m.update({f"eval_{k}": v for k, v in evaluate().items()})
-            m["wall_s"] = time.perf_counter() - t0
+            m["wall_s"] = wall0 + time.perf_counter() - t0
             metrics.append(m)
             if sink:
                 sink.write(json.dumps(m) + "\n")
                 sink.flush()
             if on_iteration is not None:
                 on_iteration(m)
+            # 5. the resume state: periodically, at the last iteration, and on SIGTERM / SIGINT (then stop)
+            if out is not None and (stop.received or it + 1 == cfg.iterations
+                                    or (cfg.save_every and (it + 1) % cfg.save_every == 0)):
+                save(it + 1)
+                saved_at = it + 1
+            if stop.received:
+                raise TrainingInterrupted(out, it + 1, stop.received)
+        if out is not None and metrics and metrics[-1]["iteration"] + 1 != saved_at:  # stopped by the budget
+            save(metrics[-1]["iteration"] + 1)
     finally:
+        stop.__exit__()
         if collector is not None:
             collector.close()
         if sink:
             sink.close()
     return LoopResult(metrics, warnings, out, time.perf_counter() - t0)
+
+
+def as_random_state(x: Any) -> Any:
+    """A ``random.Random.getstate()`` that went through storage, for ``setstate`` (lists back to tuples)."""
+    return tuple(as_random_state(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def _merge(target: dict[str, Any], extra: dict[str, Any], what: str) -> None:

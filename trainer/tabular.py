@@ -152,6 +152,19 @@ class TabularPolicy:
             if r >= base:
                 step.data = (rows[r], idx)
 
+    # ------------------------------------------------------------------ resume state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the policy learned and caches: table, mask, rows, legal actions, cached probabilities."""
+        return {"table": self.table.detach().cpu().clone(), "mask": self.mask.cpu().clone(), "rows": dict(self.rows),
+                "legal": [list(x) for x in self.legal], "probs": [list(p) for p in self._probs],
+                "entropy": list(self._entropy)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (the state as it was: the same samples follow)."""
+        self.table, self.mask = state["table"].to(self.device), state["mask"].to(self.device)
+        self.rows, self.legal = dict(state["rows"]), [tuple(x) for x in state["legal"]]
+        self._probs, self._entropy = [list(p) for p in state["probs"]], list(state["entropy"])
+
     # ------------------------------------------------------------------ learning
     def parameters(self) -> list[torch.Tensor]:
         return [self.table]

@@ -33,19 +33,43 @@ def _config(cls, args, command: str, **overrides):
     return cfg
 
 
+def guarded(command: str, run, *args, **kwargs):
+    """``run(*args, **kwargs)`` for ``forkyard command``: a :class:`trainer.loop.RunDirError` (a folder holding
+    another run's records, no run to resume) is a usage error, a line on stderr and status 2; a
+    :class:`trainer.loop.TrainingInterrupted` (SIGTERM / SIGINT, state saved) a line naming ``--resume`` and
+    status 128 + the signal number (143 for SIGTERM), as a process ended by it. Raises SystemExit for both."""
+    import sys
+
+    from trainer.loop import RunDirError, TrainingInterrupted
+
+    try:
+        return run(*args, **kwargs)
+    except RunDirError as exc:
+        print(f"forkyard {command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except TrainingInterrupted as exc:
+        print(f"forkyard {command}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + exc.signal) from None
+
+
 def _sft(args) -> int:
     from trainer.text_config import TextTrainConfig
     from trainer.text_eval import evaluate
     from trainer.text_sft import sft
 
     cfg = _config(TextTrainConfig, args, "sft", progress=True)
-    model, metrics = sft(cfg)
+    if cfg.resume:
+        from trainer.loop import resume_config
+
+        cfg = guarded("sft", resume_config, cfg, "sft_config.json")
+    model, metrics = guarded("sft", sft, cfg)
     ev = evaluate(model, cfg, samples=128)
     print(json.dumps({"final_loss": metrics[-1]["loss"], "wall_s": round(metrics[-1]["wall_s"], 1), "evaluation": ev}, indent=2))
-    if cfg.run_dir:
+    run_dir = cfg.resume or cfg.run_dir
+    if run_dir:
         from pathlib import Path
 
-        (Path(cfg.run_dir) / "sft_summary.json").write_text(json.dumps({"evaluation": ev, "wall_s": metrics[-1]["wall_s"]}, indent=2))
+        (Path(run_dir) / "sft_summary.json").write_text(json.dumps({"evaluation": ev, "wall_s": metrics[-1]["wall_s"]}, indent=2))
     return 0
 
 
@@ -53,7 +77,7 @@ def _train_lm(args) -> int:
     from trainer.text_config import TextTrainConfig
     from trainer.text_train import print_result, train_rl
 
-    print_result(train_rl(_config(TextTrainConfig, args, "train-lm", progress=True)))
+    print_result(guarded("train-lm", train_rl, _config(TextTrainConfig, args, "train-lm", progress=True)))
     return 0
 
 

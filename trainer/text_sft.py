@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import random
 import time
+from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_policy import chat_template, pad_rows, token_logprobs, tools_text
 from trainer.tokenizer import BPETokenizer, model_tokenizer
-from trainer.update import resolve_device
+from trainer.update import dropout_off, resolve_device
 
 
 def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tuple[str, list[tuple[str, str | None]]]]:
@@ -131,11 +133,39 @@ def new_model(cfg: TextTrainConfig):
 
 def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
     """Supervised warm start on demonstrations (module docstring): ``cfg.sft_steps`` AdamW steps (lr
-    ``cfg.sft_lr``, 20-step warm-up, linear decay to 10%, grad-norm clip 1) of ``cfg.sft_batch`` rows each.
+    ``cfg.sft_lr``, 20-step warm-up, linear decay to 10%, grad-norm clip 1) of ``cfg.sft_batch`` rows each,
+    every forward with dropout off as in the RL update (:func:`trainer.update.dropout_off`).
 
     Returns ``(model, metrics)``: metrics one dict per step, ``{"step", "loss" (nats per action token),
-    "wall_s"}``. Writes ``RUN_DIR/sft.pt`` and ``RUN_DIR/sft_metrics.jsonl`` when ``cfg.run_dir`` is set;
-    prints the loss every 20 steps when ``cfg.progress``."""
+    "wall_s"}``. With ``cfg.run_dir`` set, writes ``sft_config.json``, ``sft_metrics.jsonl`` (a row per step,
+    as it goes), ``sft_resume.pt`` (weights, optimizer, schedule, step, RNG states; every ``cfg.save_every``
+    steps, at the last and on SIGTERM) and ``sft.pt``; a folder holding an SFT run's records is refused.
+    ``cfg.resume`` continues the SFT run in that folder from its ``sft_resume.pt`` (the model rebuilt as the run
+    built it, then given the saved state; ``sft_metrics.jsonl`` continued). Prints the loss every 20 steps
+    when ``cfg.progress``.
+
+    Raises:
+        trainer.loop.RunDirError: the folder holds an SFT run's records, or has none to resume.
+        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped it (its state is saved).
+    """
+    from trainer.loop import (
+        SFT_RECORDS,
+        RunDirError,
+        StopSignals,
+        TrainingInterrupted,
+        as_random_state,
+        check_new_run_dir,
+        continue_records,
+        resume_config,
+        rng_state,
+        save_state,
+        set_rng_state,
+    )
+
+    if cfg.resume:
+        cfg = resume_config(cfg, "sft_config.json")
+    else:
+        check_new_run_dir(cfg.run_dir, SFT_RECORDS, command="sft")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
@@ -145,30 +175,68 @@ def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / cfg.sft_steps))
     rng = random.Random(cfg.seed)
-    metrics = []
-    model.train()
-    t0 = time.perf_counter()
-    for step in range(cfg.sft_steps):
-        idx = rng.sample(range(len(rows)), cfg.sft_batch)
-        ids = pad_rows([rows[i] for i in idx], tok.pad_id, device)
-        width = ids.shape[1]
-        mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32, device=device)
-        logp, _, _ = token_logprobs(model, ids, suppress=tok.suppressed_ids)
-        loss = -torch.where(mask > 0, logp, torch.zeros_like(logp)).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        metrics.append({"step": step, "loss": float(loss.detach()), "wall_s": time.perf_counter() - t0})
-        if cfg.progress and step % 20 == 0:
-            print(f"sft step {step} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    model.eval()
-    if cfg.run_dir:
-        out = Path(cfg.run_dir)
+    metrics: list[dict] = []
+    start = 0
+    out = Path(cfg.run_dir) if cfg.run_dir else None
+    sink = None
+    if cfg.resume:
+        state_path = out / "sft_resume.pt"
+        if not state_path.is_file():
+            raise RunDirError(f"--resume {out}: no sft_resume.pt there (the SFT run saved no state)")
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["schedule"])
+        rng.setstate(as_random_state(state["rng"]))
+        set_rng_state(state["torch_rng"])
+        start = state["step"]
+        metrics = continue_records(out / "sft_metrics.jsonl", start, key="step")
+        sink = (out / "sft_metrics.jsonl").open("a")
+    elif out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        (out / "sft_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        sink = (out / "sft_metrics.jsonl").open("x")
+
+    def save(done: int) -> None:
+        save_state(out / "sft_resume.pt", {"step": done, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                           "schedule": sched.state_dict(), "rng": rng.getstate(),
+                                           "torch_rng": rng_state(), "config": asdict(cfg)})
+
+    t0 = time.perf_counter()
+    wall0 = metrics[-1]["wall_s"] if metrics else 0.0
+    try:
+        with StopSignals() if out is not None else nullcontext() as stop, dropout_off(model):
+            for step in range(start, cfg.sft_steps):
+                idx = rng.sample(range(len(rows)), cfg.sft_batch)
+                ids = pad_rows([rows[i] for i in idx], tok.pad_id, device)
+                width = ids.shape[1]
+                mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32,
+                                    device=device)
+                logp, _, _ = token_logprobs(model, ids, suppress=tok.suppressed_ids)
+                loss = -torch.where(mask > 0, logp, torch.zeros_like(logp)).sum() / mask.sum()
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                m = {"step": step, "loss": float(loss.detach()), "wall_s": wall0 + time.perf_counter() - t0}
+                metrics.append(m)
+                if sink is not None:
+                    sink.write(json.dumps(m) + "\n")
+                    sink.flush()
+                if cfg.progress and step % 20 == 0:
+                    print(f"sft step {step} loss {float(loss):.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                received = getattr(stop, "received", None)
+                if out is not None and (received or step + 1 == cfg.sft_steps
+                                        or (cfg.save_every and (step + 1) % cfg.save_every == 0)):
+                    save(step + 1)
+                if received:
+                    raise TrainingInterrupted(out, step + 1, received)
+    finally:
+        if sink is not None:
+            sink.close()
+    model.eval()
+    if out is not None:
         save_checkpoint(model, str(out / "sft.pt"), tok, turns=cfg.turns, env_id=cfg.env_id)
-        with (out / "sft_metrics.jsonl").open("w") as f:
-            for m in metrics:
-                f.write(json.dumps(m) + "\n")
     return model, metrics
+

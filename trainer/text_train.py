@@ -14,7 +14,8 @@ One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, th
    Each step's tokens are located by position and checked against the row (no re-tokenisation; a
    mismatch raises).
 4. ``ppo_epochs`` full-batch epochs of :func:`trainer.losses.ppo_loss` (ratio against the recorded
-   behavior log-probs; on the first epoch the ratio is 1 up to float rounding), Adam, grad-norm clip
+   behavior log-probs; on the first epoch the ratio is 1 up to float rounding: every forward runs with
+   dropout off, as sampling does, :func:`trainer.update.dropout_off`), Adam, grad-norm clip
    (:meth:`PPOTextPolicy.update`).
 5. Monitors (:mod:`trainer.monitors`), periodic evaluation (:func:`trainer.text_eval.evaluate`) and
    ``metrics.jsonl``.
@@ -34,7 +35,15 @@ import torch
 
 from trainer.estimators import Assigned
 from trainer.lm import load_checkpoint, save_checkpoint
-from trainer.loop import TrainResult, collect, make_env, train_loop, write_summary
+from trainer.loop import (
+    TrainResult,
+    check_new_run_dir,
+    collect,
+    make_env,
+    resume_config,
+    train_loop,
+    write_summary,
+)
 from trainer.losses import PPOConfig, ppo_loss
 from trainer.monitors import EchoTrapDetector, FormatCollapseDetector
 from trainer.rollout import Rollout
@@ -43,6 +52,7 @@ from trainer.text_eval import evaluate
 from trainer.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
 from trainer.text_sft import new_model, training_model
 from trainer.tokenizer import model_tokenizer
+from trainer.update import dropout_off
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -164,8 +174,8 @@ class PPOTextPolicy(TextPolicy):
 
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
         """``entropy`` (nats, mean over every generated token), ``response_length`` (tokens per action) and
-        ``invalid_share`` (share of actions not in ``info["legal_actions"]``, over the steps whose env has
-        such a menu)."""
+        ``invalid_share`` (share of actions that mean none of ``info["legal_actions"]``, by the env's parser
+        (:func:`envs.actions.is_legal_action`), over the steps whose env has such a menu)."""
         steps = rollout.steps
         legal_known = [s for s in steps if s.data.legal is not None]
         return {
@@ -173,6 +183,18 @@ class PPOTextPolicy(TextPolicy):
             "response_length": sum(len(s.data.action_ids) for s in steps) / max(len(steps), 1),
             "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: model weights, Adam's state and the KL reference's weights (None without one)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "ref": self.ref.state_dict() if self.ref is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`, into a policy built as the saved one was (same model and settings)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ref is not None and state.get("ref") is not None:
+            self.ref.load_state_dict(state["ref"])
 
     def behavior_copy(self) -> TextPolicy:
         """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`trainer.cluster`):
@@ -198,27 +220,28 @@ class PPOTextPolicy(TextPolicy):
             return dict(grad_norm=0.0, clip_frac=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0, loss=0.0,
                         trained_tokens=0)
         model, temperature, suppress = self.model, self.sampling.temperature, self.tok.suppressed_ids
-        model.train()
-        ref_logp = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(self.ref, batch.ids, temperature, suppress)[0]
-        elif self._ref_is_base:
-            with torch.no_grad(), model.hf.disable_adapter():
-                ref_logp = token_logprobs(model, batch.ids, temperature, suppress)[0]
-        out: dict[str, float] = {}
-        for epoch in range(self.ppo_epochs):
-            logp, ent, _ = token_logprobs(model, batch.ids, temperature, suppress)
-            loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp, batch.group)
-            self.optimizer.zero_grad()
-            loss.backward()
-            g = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm))
-            self.optimizer.step()
-            if epoch == 0:
-                out["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
-                out["grad_norm"], out["trained_tokens"] = g, st["tokens"]
-            last = st
-        model.eval()
+        # every forward of the update without dropout, as the sampling forward: the first epoch's ratio is 1 up to
+        # float rounding for any checkpoint (field case S37; trainer.update.dropout_off)
+        with dropout_off(model):
+            ref_logp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = token_logprobs(self.ref, batch.ids, temperature, suppress)[0]
+            elif self._ref_is_base:
+                with torch.no_grad(), model.hf.disable_adapter():
+                    ref_logp = token_logprobs(model, batch.ids, temperature, suppress)[0]
+            out: dict[str, float] = {}
+            for epoch in range(self.ppo_epochs):
+                logp, ent, _ = token_logprobs(model, batch.ids, temperature, suppress)
+                loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp, batch.group)
+                self.optimizer.zero_grad()
+                loss.backward()
+                g = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm))
+                self.optimizer.step()
+                if epoch == 0:
+                    out["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
+                    out["grad_norm"], out["trained_tokens"] = g, st["tokens"]
+                last = st
         out.update(clip_frac=last["clip_frac"], ratio_mean=last["ratio_mean"], ratio_min=last["ratio_min"],
                    ratio_max=last["ratio_max"], loss=float(loss.detach()))
         return out
@@ -255,12 +278,21 @@ class TextTrainResult(TrainResult):
 def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
     """RL from ``model`` (or ``cfg.checkpoint``, or a fresh model) in the shared loop (module docstring).
 
-    Writes ``config.json``, ``metrics.jsonl``, ``summary.json`` and ``model.pt`` to ``cfg.run_dir`` when
-    set; prints one line per iteration when ``cfg.progress``.
+    Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the last
+    and on SIGTERM: weights, optimizer, KL reference, RNG states, loop state), ``summary.json`` and
+    ``model.pt`` to ``cfg.run_dir`` when set; ``cfg.resume`` continues the run in that folder, its model built
+    as the run built it (``--model`` or a new one) and then given the saved state. Prints one line per
+    iteration when ``cfg.progress``.
 
     Raises:
-        ValueError: on an invalid config.
+        ValueError: on an invalid config; :class:`trainer.loop.RunDirError` (a ValueError) when the run folder
+            holds another run's records, or has no run to resume.
+        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
     """
+    if cfg.resume:
+        cfg = resume_config(cfg)
+    else:
+        check_new_run_dir(cfg.run_dir, command="train-lm")
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -280,12 +312,14 @@ def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
         print("it %d reward %.3f std %.3f ent %.3f gnorm %.3f %s" % (m["iteration"], m["reward_mean"], m["reward_std"],
               m["entropy"], m["grad_norm"], evals), flush=True)
 
-    run = train_loop(cfg, env, policy, shaping=invalid_penalty_shaping(cfg),
-                     monitors=(EchoTrapDetector(), FormatCollapseDetector()), evaluate=periodic_evaluation,
-                     on_iteration=show if cfg.progress else None, env_kwargs=cfg.env_kwargs())
+    try:
+        run = train_loop(cfg, env, policy, shaping=invalid_penalty_shaping(cfg),
+                         monitors=(EchoTrapDetector(), FormatCollapseDetector()), evaluate=periodic_evaluation,
+                         on_iteration=show if cfg.progress else None, env_kwargs=cfg.env_kwargs())
+    finally:
+        env.close()
     model.eval()
     evaluation = evaluate(model, cfg, samples=max(cfg.eval_samples, 128))
-    env.close()
     wall = time.perf_counter() - t0
     if run.run_dir:
         save_checkpoint(model, str(run.run_dir / "model.pt"), policy.tok, turns=cfg.turns, env_id=cfg.env_id)

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import setting
-from trainer.loop import LoopConfig, TrainResult, evaluation_resets, make_env, train_loop, write_summary
+from trainer.loop import (
+    LoopConfig,
+    TrainResult,
+    check_new_run_dir,
+    evaluation_resets,
+    make_env,
+    resume_config,
+    train_loop,
+    write_summary,
+)
 from trainer.rollout import EpisodeMetrics
 
 
@@ -73,13 +82,21 @@ def greedy_eval(policy, env, resets: list[tuple[int | None, dict | None]]) -> di
 def train(cfg: TrainConfig) -> TrainResult:
     """Run ``cfg.iterations`` iterations of tabular-policy REINFORCE; return metrics and greedy evaluation.
 
-    Writes ``config.json``, ``metrics.jsonl`` and ``summary.json`` to ``cfg.run_dir`` when set.
+    Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the
+    last and on SIGTERM) and ``summary.json`` to ``cfg.run_dir`` when set; ``cfg.resume`` continues the run
+    in that folder (:func:`trainer.loop.resume_config`, :func:`trainer.loop.train_loop`).
 
     Raises:
-        ValueError: on an invalid config.
+        ValueError: on an invalid config; :class:`trainer.loop.RunDirError` (a ValueError) when the run folder
+            holds another run's records, or has no run to resume.
+        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
     """
     from trainer.tabular import TabularPolicy
 
+    if cfg.resume:
+        cfg = resume_config(cfg)
+    else:
+        check_new_run_dir(cfg.run_dir)
     cfg.validate()
     t0 = time.perf_counter()
     env = make_env(cfg.env_id, cfg.env_options(), cfg.server_url)
@@ -98,11 +115,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     try:
         run = train_loop(cfg, env, policy, evaluate=lambda: greedy_eval(policy, env, resets),
                          on_iteration=show if bar else None, env_kwargs=cfg.env_options())
+        evaluation = greedy_eval(policy, env, resets)
     finally:
         if bar:
             bar.close()
-    evaluation = greedy_eval(policy, env, resets)
-    env.close()
+        env.close()
     wall = time.perf_counter() - t0
     write_summary(run.run_dir, evaluation, wall, run.warnings)
     return TrainResult(cfg, run.metrics, evaluation, policy, wall, run.warnings)

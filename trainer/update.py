@@ -1,8 +1,11 @@
-"""Torch helpers shared by every policy: the REINFORCE surrogate, the gradient norm, the device choice."""
+"""Torch helpers shared by every policy: the REINFORCE surrogate, the gradient norm, the device choice, and
+the dropout-free mode of the RL forward passes (:func:`dropout_off`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -44,3 +47,48 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+#: Names of the dropout rates a module may hold as plain numbers (read as ``F.dropout(x, p, self.training)``).
+_RATE_WORDS = ("dropout", "pdrop", "layerdrop")
+
+
+@contextmanager
+def dropout_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Forward passes with every dropout off and gradients on, for the RL update (the S37 field case): the
+    importance ratio of the first on-policy epoch is then 1 up to float rounding for any checkpoint, since
+    sampling and update evaluate the same function.
+
+    Inside, ``model`` is in eval mode (torch computes gradients in eval mode alike; only dropout and
+    batch-norm statistics read the mode), whatever dropout its config declares (GPT-2's ``resid_pdrop``,
+    Llama's ``attention_dropout``, ...). One exception: transformers' ``GradientCheckpointingLayer`` s with
+    checkpointing on recompute only in training mode, so those layers (not their sub-modules) stay in
+    training mode and the dropout rates they hold as plain numbers are 0 inside. On exit every module's
+    mode and every rate changed are restored.
+
+    Args:
+        model: any ``torch.nn.Module`` (a :class:`trainer.lm.TinyCausalLM`, :class:`trainer.hf.HFCausalLM`).
+
+    Yields:
+        ``model``.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    rates: list[tuple[torch.nn.Module, str, float]] = []
+    model.eval()
+    for m in model.modules():
+        checkpointed = getattr(m, "gradient_checkpointing", False) is True and any(
+            c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+        if not checkpointed:
+            continue
+        m.training = True
+        for name, value in list(vars(m).items()):
+            if isinstance(value, float) and value and any(w in name.lower() for w in _RATE_WORDS):
+                rates.append((m, name, value))
+                setattr(m, name, 0.0)
+    try:
+        yield model
+    finally:
+        for m, name, value in rates:
+            setattr(m, name, value)
+        for m, mode in modes:
+            m.training = mode
