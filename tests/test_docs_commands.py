@@ -256,8 +256,21 @@ def user_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FORKYARD_")}
 
 
+def fresh_run_dirs(cmd: str) -> None:
+    """Remove the ``--run-dir`` folders under ``runs/`` that ``cmd`` names: a documented command runs as on a
+    fresh clone (a run folder that already holds a run is refused, never replaced, by the trainer)."""
+    import shutil
+
+    for path in re.findall(r"--run-dir\s+(\S+)", cmd):
+        target = (ROOT / path).resolve()
+        if target.is_relative_to(ROOT / "runs") and target != ROOT / "runs":
+            shutil.rmtree(target, ignore_errors=True)
+
+
 def run_shell(cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    """``bash -c cmd`` in the repository root, in its own process group (killed whole on timeout)."""
+    """``bash -c cmd`` in the repository root, in its own process group (killed whole on timeout), after
+    :func:`fresh_run_dirs`."""
+    fresh_run_dirs(cmd)
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=user_env())
     try:

@@ -287,6 +287,18 @@ def test_tree_fork_rollout_func_in_grpo(tmp_path, clue_policy, fork_turn):
     assert len(logged) == 2
 
 
+def test_the_control_arm_plays_independent_episodes_of_one_task(tmp_path, clue_policy):
+    model, tok = clue_policy
+    rollout = Recording(CLUE, turns=3, fork_turn="none", max_new_tokens=48)
+    trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
+    for rows, episodes in rollout.calls:
+        assert [ep.branch for ep in episodes] == [0] * 4 and len({ep.seed for ep in episodes}) == 1  # one task
+        assert len(set(map(tuple, rows["prompt_ids"]))) == 1 and rollout.env_calls >= 4
+    assert len([h for h in trainer.state.log_history if "rewards/reward/mean" in h]) == 2
+    with pytest.raises(ValueError, match="fork_turn"):
+        TreeForkRollout(CLUE, fork_turn="middle")
+
+
 def test_tree_fork_rollout_func_forks_on_a_server_and_leaves_no_session(tmp_path, clue_policy):
     model, tok = clue_policy
     srv = UvicornThread(create_env_app()).start()

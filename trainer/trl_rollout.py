@@ -26,7 +26,10 @@ to :meth:`TreeForkRollout.reward`, the reward function to pass in ``reward_funcs
 
 Each group's env is reset with a seed drawn from ``seed``, the trainer's step and the group's index; the
 fork turn is uniform over the turns the base took or, with ``fork_turn="entropy"``, the turn where the
-next-token entropy at the start of the model's reply was highest (ARPO, arXiv:2507.19849).
+next-token entropy at the start of the model's reply was highest (ARPO, arXiv:2507.19849). With
+``fork_turn="none"`` the group is G independent episodes of the same task (:func:`trainer.rollout.group_rollout`,
+every episode reset with the group's seed): the same sampling, layout and rewards without the fork, the
+control that isolates what the fork adds.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from envs.actions import ActionParseError
 from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
 from envs.trl import env_tools
-from trainer.rollout import Episode, Rollout, Step, tree_rollout
+from trainer.rollout import Episode, Rollout, Step, group_rollout, tree_rollout
 
 
 class ChatSession:
@@ -193,7 +196,7 @@ class TreeForkRollout:
 
     Args:
         env_id: a registered env id; the env must offer ``tool_schemas()``.
-        fork_turn: ``"uniform"`` or ``"entropy"``.
+        fork_turn: ``"uniform"``, ``"entropy"``, or ``"none"`` (G independent episodes, no fork).
         seed: base of the groups' reset seeds.
         temperature: sampling temperature.
         max_new_tokens: most tokens of one reply.
@@ -203,6 +206,9 @@ class TreeForkRollout:
         env_calls: env steps taken so far (every branch's).
         episodes: the :class:`trainer.rollout.Episode` list of the last call, row for row.
 
+    Raises:
+        ValueError: an unknown ``fork_turn``.
+
     Raises (on call):
         ValueError: rows not in groups of ``trainer.num_generations`` (``num_generations_eval`` in evaluation)
             identical prompts.
@@ -210,6 +216,8 @@ class TreeForkRollout:
 
     def __init__(self, env_id: str, *, fork_turn: str = "uniform", seed: int = 0, temperature: float = 1.0,
                  max_new_tokens: int = 64, **env_kwargs: Any):
+        if fork_turn not in ("uniform", "entropy", "none"):
+            raise ValueError(f"fork_turn must be 'uniform', 'entropy' or 'none', got {fork_turn!r}")
         self.env_id, self.env_kwargs, self.fork_turn, self.seed = env_id, env_kwargs, fork_turn, seed
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.env_calls = 0
@@ -240,7 +248,10 @@ class TreeForkRollout:
         try:
             tools = env_tools(env, self.env_id, seed)
             policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
-            rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
+            if self.fork_turn == "none":
+                rollout = group_rollout(env, policy, g, [seed] * g, random.Random(seed))
+            else:
+                rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
         except EnvInfraError:  # lost before its tree started: every row of the group is lost (below)
             rollout = Rollout("tree", [])
         finally:
