@@ -1,5 +1,9 @@
 """Abandoning work safely: a request handler that gave up (it answered the client with an error) and the
-worker thread still doing its work agree, through a :class:`CancelToken`, on who releases what the work took."""
+worker thread still doing its work agree, through a :class:`CancelToken`, on who releases what the work took.
+
+:func:`sandbox_server.work.run_blocking` uses a second token the same way for the start of the work (field
+case S38): the worker thread claims it before it runs anything, and a handler that gives up first sets it,
+so work given up while it waited for its sandbox's turn or for a worker thread never runs."""
 
 from __future__ import annotations
 

@@ -14,6 +14,9 @@ The HTTP routes over these are :mod:`sandbox_server.routes.envs`.
 * ``TextEnv.blocking`` (sandbox-backed envs): reset / step / fork run in a worker thread, so the event loop
   never waits on a sandbox; pure-Python envs (ClueProbe) run inline, which is faster than a thread hop.
 * Steps of one session are serialised by a per-session lock; different sessions run concurrently.
+* Work of blocking envs that may wait for the sandbox pool (make + reset, reset, fork, restore) runs in
+  threads of a limiter of its own (:meth:`EnvSessions.pool_threads`), so resets waiting on a full pool never
+  hold the threads other sessions' steps need (field case S38).
 * Sessions idle for longer than ``ttl_s`` seconds are closed (:func:`reaper`, and any lookup after expiry).
 """
 
@@ -52,6 +55,8 @@ SERVER_DECIDED_KWARGS = frozenset({"backend", "server_url", "sandbox_provider", 
 SESSIONS_RETRY_S = 5.0
 #: ``Retry-After`` seconds of a 503 for a sandbox-backed env on a server whose sandbox backend is down.
 NO_BACKEND_RETRY_S = 10.0
+#: Worker threads of blocking env work that may wait for the sandbox pool (:meth:`EnvSessions.pool_threads`).
+POOL_THREADS = 32
 
 
 @dataclass
@@ -109,9 +114,19 @@ class EnvSessions:
         self._reserved = 0
         self._closed = False
         self._guard = threading.Lock()
+        #: The limiter of :meth:`pool_threads` once made (read its ``borrowed_tokens`` from any thread).
+        self.pool_limiter: anyio.CapacityLimiter | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def pool_threads(self) -> anyio.CapacityLimiter:
+        """The worker-thread limiter (:data:`POOL_THREADS` threads; made on first use, on the event loop) of
+        blocking env work that may wait for the sandbox pool: making + resetting, resetting, forking,
+        restoring. Steps keep anyio's default limiter (field case S38)."""
+        if self.pool_limiter is None:
+            self.pool_limiter = anyio.CapacityLimiter(POOL_THREADS)
+        return self.pool_limiter
 
     # -- envs ---------------------------------------------------------------------------------------
     def recipe(self, env_id: str, kwargs: dict[str, Any]) -> EnvRecipe:
@@ -249,10 +264,11 @@ def close_quietly(env: Any) -> None:
         pass
 
 
-async def run_env(blocking: bool, fn: Callable[[], T]) -> T:
-    """Call ``fn()``: in a worker thread for blocking envs, inline otherwise."""
+async def run_env(blocking: bool, fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
+    """Call ``fn()``: in a worker thread for blocking envs (of ``limiter``; None: anyio's default), inline
+    otherwise."""
     if blocking:
-        return await anyio.to_thread.run_sync(fn)
+        return await anyio.to_thread.run_sync(fn, limiter=limiter)
     return fn()
 
 

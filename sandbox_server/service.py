@@ -41,11 +41,19 @@ class _Session:
     id: str
     sid: str  # backend sandbox id
     state: SessionState
-    created_at: float
-    last_used_at: float
+    created_at: float  # wall time (seconds since the epoch): shown to people only
+    last_used_at: float  # wall time: shown to people only
     restore_point: bytes | None = None  # tar the sandbox is rebuilt from if its agent hangs
     lock: threading.RLock = field(default_factory=threading.RLock)
     deleted: bool = False
+    #: ``time.monotonic()`` of the last use: the idle TTL is measured on it, never on the wall clock (an NTP
+    #: step or a VM resume moves the wall clock, field case S32).
+    used_mono: float = field(default_factory=time.monotonic)
+
+    def touch(self) -> None:
+        """Restart the idle clock (monotonic) and the shown ``last_used_at`` (wall)."""
+        self.used_mono = time.monotonic()
+        self.last_used_at = time.time()
 
 
 class SandboxService:
@@ -114,10 +122,13 @@ class SandboxService:
                 pass
 
     def reap(self, now: float | None = None) -> tuple[int, int]:
-        """Delete sessions idle longer than ``idle_ttl_s`` and expired snapshots. Returns (sessions, snapshots)."""
-        now = time.time() if now is None else now
+        """Delete sessions idle longer than ``idle_ttl_s`` and expired snapshots. Returns (sessions, snapshots).
+
+        ``now``: a ``time.monotonic()`` value (default: now). Every TTL is measured on the monotonic clock, so
+        a step of the wall clock neither expires nor prolongs anything (field case S32)."""
+        now = time.monotonic() if now is None else now
         with self._mu:
-            dead = [s for s in self._sessions.values() if now - s.last_used_at > self.config.idle_ttl_s]
+            dead = [s for s in self._sessions.values() if now - s.used_mono > self.config.idle_ttl_s]
         old = self.snapshots.expire(now)
         for s in dead:
             try:
@@ -208,7 +219,7 @@ class SandboxService:
         with s.lock:
             self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
-            s.last_used_at = time.time()
+            s.touch()
         return data
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -255,7 +266,7 @@ class SandboxService:
                 s.state.env = new_env
             if new_meta is not None:
                 s.state.metadata = new_meta
-            s.last_used_at = time.time()
+            s.touch()
         return self._info(s)
 
     def write_files(self, sandbox_id: str, files: dict[str, bytes]) -> None:
@@ -273,7 +284,7 @@ class SandboxService:
             self._live(s)
             self._with_replace(s, lambda: self.backend.write_files(s.sid, files))
             s.restore_point = self.backend.snapshot(s.sid)
-            s.last_used_at = time.time()
+            s.touch()
 
     # -- tool calls -----------------------------------------------------------------------------------
     def tools(self) -> list[ToolSpec]:
@@ -329,7 +340,7 @@ class SandboxService:
         t0 = time.perf_counter()
         with s.lock:
             self._live(s)
-            s.last_used_at = time.time()
+            s.touch()
             try:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
                                         cap_bytes=self.config.output_cap_bytes, path_args=path_args)
@@ -346,7 +357,7 @@ class SandboxService:
                                      sandbox_replaced=True,
                                      message=f"the sandbox {'stopped answering' if hung else 'failed'}; "
                                              "it was replaced from its last snapshot")
-            s.last_used_at = time.time()
+            s.touch()
         if res.status == "timeout":
             self.metrics.timeouts.inc()
         return res
@@ -455,7 +466,7 @@ class SandboxService:
             self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             state = s.state.model_copy(deep=True)
-            s.last_used_at = time.time()
+            s.touch()
         out = self._clone_data(data, state, n, cancel)
         self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
         return out

@@ -91,12 +91,12 @@ class SessionHost:
                     still_wanted: StillWanted) -> Opened:
         with self.sessions.reserve(1) as slots:
             try:
-                env = await run_env(recipe.blocking, lambda: build(recipe))
+                env = await run_env(recipe.blocking, lambda: build(recipe), self.sessions.pool_threads())
             except Exception as exc:
                 raise env_failure(exc, f"cannot make {recipe.env_id} with kwargs {recipe.kwargs}", True)
             try:
                 try:
-                    obs, info = await run_env(recipe.blocking, lambda: start(env))
+                    obs, info = await run_env(recipe.blocking, lambda: start(env), self.sessions.pool_threads())
                 except Exception as exc:
                     raise env_failure(exc, "reset", True)
                 if still_wanted is not None and not await still_wanted():
@@ -109,22 +109,30 @@ class SessionHost:
         return Opened(sid, env, obs, info)
 
     # ------------------------------------------------------------------------------- one session
-    async def reset(self, sid: str, seed: int | None = None,
-                    options: dict[str, Any] | None = None) -> tuple[EnvSession, str, dict[str, Any]]:
-        """Reset session ``sid``: (the session, observation, info)."""
+    async def reset(self, sid: str, seed: int | None = None, options: dict[str, Any] | None = None,
+                    still_wanted: StillWanted = None) -> tuple[EnvSession, str, dict[str, Any]]:
+        """Reset session ``sid``: (the session, observation, info). ``still_wanted``: see :meth:`step`."""
         s = self.sessions.get(sid)
+        waited = s.lock.locked()
         async with s.lock:
+            await _still_wanted(waited, still_wanted, "reset")
             try:
-                obs, info = await run_env(s.blocking, lambda: s.env.reset(seed=seed, options=options))
+                obs, info = await run_env(s.blocking, lambda: s.env.reset(seed=seed, options=options),
+                                          self.sessions.pool_threads())
             except Exception as exc:
                 raise env_failure(exc, "reset", True)
         return s, obs, info
 
-    async def step(self, sid: str, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """One action in session ``sid``: (observation, reward, terminated, truncated, info)."""
+    async def step(self, sid: str, action: str,
+                   still_wanted: StillWanted = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One action in session ``sid``: (observation, reward, terminated, truncated, info). A step that had to
+        wait for the session's previous request and whose client left meanwhile (``still_wanted`` says False)
+        does not run: 503 (field case S38)."""
         s = self.sessions.get(sid)
         check_action(s.env, action)
+        waited = s.lock.locked()
         async with s.lock:
+            await _still_wanted(waited, still_wanted, "step")
             if s.env.done:
                 raise ended()
             try:
@@ -139,7 +147,7 @@ class SessionHost:
         async with s.lock:
             with self.sessions.reserve(n) as slots:  # room for all n first: all or none
                 try:
-                    children = await run_env(s.blocking, lambda: s.env.fork(n))
+                    children = await run_env(s.blocking, lambda: s.env.fork(n), self.sessions.pool_threads())
                 except Exception as exc:
                     raise env_failure(exc, "fork", False)
                 try:
@@ -175,6 +183,14 @@ class SessionHost:
             with anyio.CancelScope(shield=True):  # popped above: closed now or never
                 await anyio.to_thread.run_sync(lambda: [close_quietly(e) for e in threaded])
         return [s is not None for s in gone]
+
+
+async def _still_wanted(waited: bool, still_wanted: StillWanted, what: str) -> None:
+    """Raise ServiceUnavailable when a request that waited for its session's lock lost its client meanwhile
+    (it then does not run); a request that did not wait is not checked (the hot path stays as it was)."""
+    if waited and still_wanted is not None and not await still_wanted():
+        raise ServiceUnavailable(f"the client closed the connection while its {what} waited for the session; "
+                                 "it did not run")
 
 
 def build(recipe: EnvRecipe) -> TextEnv:

@@ -220,14 +220,16 @@ async def _bounded(jobs: list[Callable[[], Awaitable[None]]]) -> None:
 
 
 async def _per_session(sessions: EnvSessions, items: list[Any], results: list[Item | None],
-                       op: Callable[[EnvSession, int], Item | None]) -> None:
+                       op: Callable[[EnvSession, int], Item | None],
+                       limiter: anyio.CapacityLimiter | None = None) -> None:
     """Answer each item on a session with ``results[i] = op(session, i)`` (sync; it maps its own errors to an
     item; None: the caller fills ``results[i]`` later).
 
     Items are grouped by session and each session is looked up once (404 for each of its items when it is
     unknown). A session's items run in their order under its lock. Sessions of non-blocking envs whose lock
     is free run inline, with no await between the check and the work; the others (blocking envs, or a lock
-    held by another request) run concurrently (:func:`_bounded`), blocking ones in worker threads."""
+    held by another request) run concurrently (:func:`_bounded`), blocking ones in worker threads (of ``limiter``:
+    :meth:`EnvSessions.pool_threads` for work that may wait for the sandbox pool; None: anyio's default)."""
     groups: dict[str, list[int]] = {}
     for i, item in enumerate(items):
         if type(item) is InvalidItem:
@@ -251,7 +253,7 @@ async def _per_session(sessions: EnvSessions, items: list[Any], results: list[It
         async def job(s: EnvSession = s, idx: list[int] = idx) -> None:
             async with s.lock:
                 for i in idx:
-                    results[i] = await anyio.to_thread.run_sync(op, s, i) if s.blocking else op(s, i)
+                    results[i] = await anyio.to_thread.run_sync(op, s, i, limiter=limiter) if s.blocking else op(s, i)
 
         later.append(job)
     if later:
@@ -337,7 +339,8 @@ async def batch_create(request: Request, req: BatchCreateRequest, sessions: Sess
 
                 async def job(i: int = i, item: Any = item, slots: Any = slots, recipe: EnvRecipe = recipe) -> None:
                     try:
-                        made.append((i, slots, recipe, *await anyio.to_thread.run_sync(_make_env, recipe, item)))
+                        made.append((i, slots, recipe, *await anyio.to_thread.run_sync(
+                            _make_env, recipe, item, limiter=sessions.pool_threads())))
                     except Exception as exc:
                         results[i] = item_error(exc)
                         slots.release()
@@ -368,7 +371,7 @@ async def batch_create(request: Request, req: BatchCreateRequest, sessions: Sess
 async def batch_reset(req: BatchResetRequest, sessions: Sessions) -> Response:
     """``results[i]``: 200 with what ``POST /v1/envs/{id}/reset`` answers, or its error."""
     results: list[Item | None] = [None] * len(req.items)
-    await _per_session(sessions, req.items, results, lambda s, i: _reset_op(s, req.items[i]))
+    await _per_session(sessions, req.items, results, lambda s, i: _reset_op(s, req.items[i]), sessions.pool_threads())
     return _json(results)
 
 
@@ -404,7 +407,7 @@ async def batch_fork(request: Request, req: BatchForkRequest, sessions: Sessions
             return None
 
         try:
-            await _per_session(sessions, req.items, results, fork_op)
+            await _per_session(sessions, req.items, results, fork_op, sessions.pool_threads())
             if made and await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
                 raise ServiceUnavailable("the client closed the connection before its forks were made")
             while made:
@@ -464,8 +467,8 @@ async def tools(session_id: str, sessions: Sessions) -> ToolsResponse:
 
 @router.post("/{session_id}/reset", response_model=ResetResponse, summary="Reset a session's env",
              responses=R(404, 413, 422, 503))
-async def reset(session_id: str, req: ResetRequest, host: Host) -> ResetResponse:
-    s, obs, info = await host.reset(session_id, req.seed, req.options)
+async def reset(request: Request, session_id: str, req: ResetRequest, host: Host) -> ResetResponse:
+    s, obs, info = await host.reset(session_id, req.seed, req.options, still_wanted=_connected(request))
     return _reset_response(session_id, s.env, obs, info)
 
 
@@ -474,7 +477,8 @@ async def reset(session_id: str, req: ResetRequest, host: Host) -> ResetResponse
 async def step(session_id: str, req: StepRequest, request: Request) -> Response:
     # The hot path takes the host from the app directly: FastAPI's dependency resolution cost ~50 us of CPU
     # per request here, a tenth of the whole request (measured).
-    obs, reward, term, trunc, info = await request.app.state.env_host.step(session_id, req.action)
+    obs, reward, term, trunc, info = await request.app.state.env_host.step(session_id, req.action,
+                                                                           still_wanted=_connected(request))
     # The hot path: serialise directly (the schema above documents the same fields) instead of
     # validating a StepResponse, which costs more than the ClueProbe step itself.
     return Response(orjson.dumps({"session_id": session_id, "observation": obs, "reward": reward,

@@ -11,7 +11,7 @@ from sandbox_server.deps import Service
 from sandbox_server.http_contract import error_responses as R
 from sandbox_server.models import CloneRequest, CloneResponse, ForkRequest, SnapshotInfo, SnapshotRequest
 from sandbox_server.routes import V1
-from sandbox_server.work import fan_out_deadline_s, release_sandboxes, run_blocking
+from sandbox_server.work import fan_out_deadline_s, on_pool, on_sandbox, release_sandboxes, run_blocking
 
 router = APIRouter(prefix=V1, tags=["snapshots"])
 
@@ -21,7 +21,7 @@ router = APIRouter(prefix=V1, tags=["snapshots"])
 async def snapshot(request: Request, sandbox_id: str, svc: Service, body: SnapshotRequest | None = None) -> SnapshotInfo:
     """Capture /scratch, /tmp and the session state as a stored snapshot (with a TTL)."""
     return await run_blocking(svc.snapshot, sandbox_id, (body or SnapshotRequest()).ttl_s, request=request,
-                              undo=lambda info: svc.delete_snapshot(info.id))
+                              undo=lambda info: svc.delete_snapshot(info.id), queue=on_sandbox(svc, sandbox_id))
 
 
 @router.get("/snapshots/{snapshot_id}", response_model=SnapshotInfo, responses=R(404, 503))
@@ -43,7 +43,7 @@ async def clone(request: Request, snapshot_id: str, svc: Service, body: CloneReq
     """n new independent sandboxes restored to the snapshot (all or none)."""
     t0 = time.perf_counter()
     out = await run_blocking(svc.clone, snapshot_id, (body or CloneRequest()).n, request=request,
-                             undo=release_sandboxes(svc), deadline_s=fan_out_deadline_s(svc.config))
+                             undo=release_sandboxes(svc), deadline_s=fan_out_deadline_s(svc.config), queue=on_pool(svc))
     return CloneResponse(snapshot_id=snapshot_id, sandboxes=out, duration_s=time.perf_counter() - t0)
 
 
@@ -53,5 +53,6 @@ async def fork(request: Request, sandbox_id: str, svc: Service, body: ForkReques
     """Snapshot + clone in one call: n independent copies of the sandbox (all or none)."""
     t0 = time.perf_counter()
     out = await run_blocking(svc.fork, sandbox_id, (body or ForkRequest()).n, request=request,
-                             undo=release_sandboxes(svc), deadline_s=fan_out_deadline_s(svc.config))
+                             undo=release_sandboxes(svc), deadline_s=fan_out_deadline_s(svc.config),
+                             queue=on_sandbox(svc, sandbox_id))
     return CloneResponse(sandboxes=out, duration_s=time.perf_counter() - t0)
