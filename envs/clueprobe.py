@@ -1,6 +1,6 @@
 """ClueProbe-v0: find a hidden target by probing its bits, then answer.
 
-The benchmark task of the granularity study (seed article 000, section 4): a hidden target is one of
+The benchmark task of the granularity study (docs/results/granularity.md): a hidden target is one of
 ``2**bits`` candidates, drawn from the env's seeded RNG at ``reset``. An episode has ``turns`` turns.
 On turns 1..T-1 the agent calls ``probe(k)`` (``0 <= k < bits``), which returns bit ``k`` of the target
 (``target >> k & 1``); on turn T it calls ``answer(c)``. Reward 1.0 for the right answer, else 0.0.

@@ -28,7 +28,7 @@ back as an observation. A call past ``per_turn_timeout_s`` ends the episode as t
 The action set is open, but ``info["legal_actions"]`` offers a finite menu for each question (a few useful
 and useless tool calls and four candidate answers, sorted) so tabular policies apply.
 
-Hard gates (seed article 000, section 5.3): ``min_tool_calls`` tool calls must have run before an answer
+Hard gates (a minimum of tool calls before an answer, against answer-first shortcuts): ``min_tool_calls`` tool calls must have run before an answer
 counts, and every tool in ``required_tools`` must have been called; a gated answer earns 0 and
 ``info["gate"]`` says why. Reward 1.0 for a right answer that passes the gates, else 0.0.
 

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs as the text policy (issue 16): the adapter's cache, the chat template, model
+"""Hugging Face causal LMs as the text policy: the adapter's cache, the chat template, model
 folders (forkyard's and a user's), and the text policy's invariants with a transformers model. Every model is
 built from a config and saved to a temporary folder; nothing is downloaded."""
 

@@ -1,4 +1,4 @@
-"""The import graph keeps the layers apart (issue 13): envs know no service, the service knows envs only by
+"""The import graph keeps the layers apart: envs know no service, the service knows envs only by
 their public API, the in-sandbox files are stdlib-only, and no package imports another in a cycle.
 
 Every ``import`` statement counts, including those inside functions (a lazy import is still a dependency).

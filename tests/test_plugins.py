@@ -1,4 +1,4 @@
-"""Each pluggable part takes one registration (issue 13): a new env, a new advantage estimator and a new
+"""Each pluggable part takes one registration: a new env, a new advantage estimator and a new
 sandbox backend, each defined here in a few lines, registered once, and then used through every path a
 user has (gymnasium.make, a served env session, the training loop, FileQA and the sandbox service)."""
 

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (issue 15): placement by node, forks across nodes, determinism, node loss.
+"""Scale-out on Ray: placement by node, forks across nodes, determinism, node loss.
 
 The cluster tests run ``tests/ray_scenarios.py`` in a network namespace this test makes (``unshare -n``
 with only ``lo`` up), so Ray binds to 127.0.0.1 and sends nothing off the machine; the Docker socket (a

@@ -1,4 +1,4 @@
-"""Recycling released sandboxes (issue 14): a released sandbox is reset, verified and handed out again.
+"""Recycling released sandboxes: a released sandbox is reset, verified and handed out again.
 
 On every backend (docker, local under bubblewrap, and the unisolated local opt-in where it makes sense):
 

@@ -1,4 +1,4 @@
-"""Reliability suite (issue 12, section 5): load and faults against real servers on loopback and a real
+"""Reliability suite (docs/reliability.md): load and faults against real servers on loopback and a real
 Docker engine. Each test ends with no leaked container, no stuck session and a clean error for the
 affected request or episode only. Figures (requests sent, answers by status, leaks) are printed and,
 when ``FORKYARD_RELIABILITY_OUT`` names a file, written there as JSON (``docs/reliability.md``).

@@ -89,7 +89,7 @@ def test_group_rollout_counts_and_degeneration_matches_article_at_t2():
         ro = group_rollout(env, policy, 16, [it * 16 + i for i in range(16)], rng)
         assert ro.env_calls == 32
         degen.append(anchor_stats([s for e in ro.episodes for s in e.steps])["degeneration"])
-    # Seed article: 15.1% of anchors hold one sample at G=16, T=2 (uniform policy; 16 into 6 buckets).
+    # The reference granularity study (docs/results/granularity.md): 15.1% of anchors hold one sample at G=16, T=2 (uniform policy; 16 into 6 buckets).
     assert abs(sum(degen) / len(degen) - 0.151) < 0.02
 
 

@@ -1,4 +1,4 @@
-"""Tools in the text policy's prompt (issue 16): the env's JSON-schema tool definitions open the first user
+"""Tools in the text policy's prompt: the env's JSON-schema tool definitions open the first user
 turn exactly as the Hugging Face chat template renders ``tools=``, model output in every tool-call form maps
 to the env action, anything else reaches the env as written, and a model trained on ``<tool_call>`` JSON
 demonstrations plays the env through that mapping (real env, real SFT, real CLI)."""

@@ -11,7 +11,7 @@ Normalisation (shared by ``traj``, ``anchor`` and ``tree``)::
                                                            and max(R) - min(R) > equal_tol
     A_i = 0                                                otherwise
 
-``std`` is the population standard deviation (ddof=0, as the seed article's anchor code and RAGEN use;
+``std`` is the population standard deviation (ddof=0, as the reference study's anchor code (docs/results/granularity.md) and RAGEN use;
 pass ``ddof=1`` for the unbiased std of verl's GRPO). Rewards are summed in float64, so float32 inputs
 that are equal up to rounding (``[0.35] * 8`` as float32) count as equal; ``std_floor`` (default 1e-3,
 as one public project floors it) bounds the advantage of near-equal rewards. With the population std a
@@ -134,7 +134,7 @@ def anchor_advantages(
 
     Steps are bucketed by their anchor key (the visible history before the action); within a bucket
     the steps' returns are normalised with :func:`normalize`. A bucket of size 1, or whose returns are
-    all equal, gives 0: exactly the first version in the seed article, whose late-turn buckets mostly
+    all equal, gives 0: exactly the first version in the reference granularity study (docs/results/granularity.md), whose late-turn buckets mostly
     hold one sample. ``step_returns[j]`` is the return from step j on (the episode's reward here, as
     rewards come only at the end; GiGPO uses the discounted return-to-go).
 
@@ -201,7 +201,7 @@ def tree_advantages(
     prefix_value: str = "base",
     **kwargs,
 ) -> tuple[list[float], list[list[float]]]:
-    """Tree-fork advantages (the seed article's "prefix fork"; Tree-GRPO and ARPO share the idea).
+    """Tree-fork advantages (the "prefix fork" of the reference granularity study, docs/results/granularity.md; Tree-GRPO, arXiv:2509.21240, and ARPO, arXiv:2507.19849, share the idea).
 
     A tree rollout has ``n_base`` base episodes; base b is forked at turn ``t_b`` into ``m`` branches
     (branch 0 is the base's own continuation, branches 1..m-1 are new). The exact rule:
@@ -211,7 +211,7 @@ def tree_advantages(
       is the step-level advantage with m siblings made on purpose;
     * actions at turns ``< t_b`` of base b (the prefix, taken once, shared by its branches) get the
       trajectory-level advantage over the bases, ``normalize(v)[b]``. With ``prefix_value="base"``
-      (default, the seed article's rule) ``v[b] = base_rewards[b]``, the return of the base's own
+      (default, the reference study's rule) ``v[b] = base_rewards[b]``, the return of the base's own
       episode (branch 0). With ``prefix_value="branch_mean"``, ``v[b]`` is the mean return of base b's
       valid branches: m samples of the same prefix's value instead of one (the node value of
       tree-search RL, e.g. TreeRL, Hou et al. 2025: a node is worth the mean reward of the leaves under

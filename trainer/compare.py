@@ -5,7 +5,7 @@ to ``OUT`` (default ``runs/compare-<time>``): ``results.csv`` (one row per run),
 markdown table it prints), ``accuracy_vs_T.png`` (drawn by :func:`trainer.plot.plot_sweep`) and one
 ``metrics/<run>.jsonl`` per run. The statistics come from :mod:`trainer.stats`.
 
-Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the seed article, plus
+Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the reference granularity study reproduced in docs/results/granularity.md, plus
 ``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn);
 on request ``tree_branchmean`` (prefix valued by its branches' mean) and ``tree_anchor`` (``anchor_fallback`` on
 a tree rollout).
@@ -37,9 +37,9 @@ VARIANTS: dict[str, dict] = {
     # GiGPO's episode + anchor advantage on a tree rollout: the forks make the anchor groups non-degenerate
     "tree_anchor": {"estimator": "anchor_fallback", "rollout": "tree", "fork_selection": "uniform"},
 }
-#: what a sweep runs unless told (the seed article's three plus two; the others on request)
+#: what a sweep runs unless told (the reference study's three plus two; the others on request)
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("tree_branchmean", "tree_anchor"))
-ARTICLE = {  # seed article 000, section 4: T -> (optimum, traj, anchor, tree, degeneration)
+ARTICLE = {  # the reference study's published table (docs/results/granularity.md): T -> (optimum, traj, anchor, tree, degeneration)
     2: (0.25, 0.251, 0.257, 0.257, 0.151),
     3: (0.50, 0.451, 0.430, 0.395, 0.536),
     4: (1.00, 0.556, 0.394, 0.603, 0.709),

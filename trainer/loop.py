@@ -73,7 +73,7 @@ from trainer.rollout import (
 
 log = logging.getLogger(__name__)
 
-#: Warn when more than this fraction of anchors hold a single sample (seed article, section 6).
+#: Warn when more than this fraction of anchors hold a single sample (the degeneration the reference granularity study reports, docs/results/granularity.md).
 DEGENERATION_WARN = 0.30
 
 

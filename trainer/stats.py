@@ -1,4 +1,4 @@
-"""The statistics of forkyard's experiments, in one place (issue 13).
+"""The statistics of forkyard's experiments, in one place.
 
 Used by ``forkyard compare`` (:mod:`trainer.compare`: mean greedy accuracy ± 95% interval per (T, variant)),
 ``scripts/text-policy-stats.py`` (the pre-registered paired tests of docs/results/text_policy.md and the

@@ -31,7 +31,7 @@ from trainer.rollout import EpisodeMetrics
 
 @dataclass
 class TrainConfig(LoopConfig):
-    """Hyperparameters of a tabular run (defaults: the seed article's protocol); the loop's settings are
+    """Hyperparameters of a tabular run (defaults: the protocol of the reference granularity study, docs/results/granularity.md); the loop's settings are
     those of :class:`trainer.loop.LoopConfig`. ``forkyard train`` is generated from these fields."""
 
     turns: int | None = setting(None, group="common",
