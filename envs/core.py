@@ -28,6 +28,7 @@ an episode; an exhausted turn budget *truncates* it (``"max_turns"``, or ``"inva
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -105,6 +106,15 @@ def _generator_from_state(state: dict[str, Any]) -> np.random.Generator:
     return np.random.Generator(bitgen)
 
 
+def _derived_generator(state: dict[str, Any], fork_key: tuple[int, ...]) -> np.random.Generator:
+    """A new PCG64 Generator for the fork copy ``fork_key`` of an env whose RNG is at ``state`` (a numpy
+    ``bit_generator.state``): ``SeedSequence(entropy=BLAKE2b(state), spawn_key=fork_key)``, the same in every
+    process; copies with different keys draw independent streams (field case S40)."""
+    text = json.dumps(state, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    entropy = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest(), "big")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy, spawn_key=fork_key)))
+
+
 class TextEnv(gym.Env):
     """Base class: a multi-turn text environment with ``reset``, ``step``, ``fork``, ``snapshot``, ``restore``.
 
@@ -145,6 +155,10 @@ class TextEnv(gym.Env):
     #: server's backend (FileQA). False: the server constructs the env with the client's kwargs only.
     uses_sandbox: ClassVar[bool] = False
     _rng_pending: dict[str, Any] | None = None  # RNG state copied at fork, turned into a Generator on first use
+    #: A fork copy's key (its index path in the fork tree): its next unseeded reset draws from an RNG derived
+    #: from the current one and this key (see :meth:`fork`); None for an env that is not a pending copy.
+    _fork_key: tuple[int, ...] | None = None
+    _forks_made = 0  # copies this env has made, so that every copy gets its own key
 
     def __init__(self, *, max_turns: int, kwargs: dict[str, Any], render_mode: str | None = None):
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
@@ -219,16 +233,25 @@ class TextEnv(gym.Env):
         ``reset(seed=s)`` gives exactly the episode a freshly constructed env gives for ``s``, whatever
         this env did before (earlier episodes, ``fork``, ``restore``): the RNG is re-seeded from ``s``
         and every piece of episode state is rebuilt. ``reset()`` without a seed continues this env's
-        RNG stream (a fork's child continues its parent's). ``options`` are the subclass's (e.g.
+        RNG stream, except the first one of a fork copy, which switches to the copy's own derived stream
+        (:meth:`fork`): copies share the forked episode, never a later one. ``options`` are the subclass's (e.g.
         ClueProbe's ``{"target": c}``). A reset that raises (bad options) leaves the episode as it was (turn,
         history, RNG, flags; ``_reset_task`` validates its options before it changes the task's state)."""
-        saved = (self._np_random, self._np_random_seed, self._turn, self._history, self._done, self._needs_reset)
+        saved = (self._np_random, self._np_random_seed, self._rng_pending, self._fork_key,
+                 self._turn, self._history, self._done, self._needs_reset)
         super().reset(seed=seed)  # with a seed, installs a new Generator, which outranks a forked RNG state
+        if self._fork_key is not None:
+            state = None if seed is not None else self._rng_state()
+            if state is not None:  # (an RNG never seeded is drawn at random per copy anyway)
+                self._np_random, self._np_random_seed = _derived_generator(state, self._fork_key), -1
+                self._rng_pending = None
+            self._fork_key = None
         self._turn, self._history, self._done, self._needs_reset = 0, [], False, False
         try:
             task_text = self._reset_task(options)
         except BaseException:
-            self._np_random, self._np_random_seed, self._turn, self._history, self._done, self._needs_reset = saved
+            (self._np_random, self._np_random_seed, self._rng_pending, self._fork_key,
+             self._turn, self._history, self._done, self._needs_reset) = saved
             raise
         obs = fit_text(task_text, self.max_observation_length)
         self._first_observation = obs
@@ -307,9 +330,17 @@ class TextEnv(gym.Env):
     def fork(self, n: int = 1) -> list["TextEnv"]:
         """Return ``n`` independent copies of this env at its current state.
 
-        Each copy has its own hidden state, visible history, turn counter and RNG (a copy of this env's,
-        so a copy draws the same numbers this env would). Stepping or closing a copy never changes
-        another copy or this env. Copies are bare envs (no Gymnasium wrappers): fork
+        Each copy has its own hidden state, visible history, turn counter and RNG. Within the forked
+        episode a copy's RNG is a copy of this env's (a copy draws the same numbers this env would, so
+        copies given the same actions step alike). Later episodes are independent (field case S40): a
+        copy's first ``reset()`` without a seed switches to a stream derived from its RNG state and its
+        fork key (``SeedSequence(entropy=BLAKE2b(rng state), spawn_key=key)``; the key is the copy's index
+        path in the fork tree, ``(k,)`` for this env's k-th copy ever, ``key + (k,)`` for a copy of a copy),
+        so the copies of one fork, later forks and this env itself draw different later episodes, and
+        the same fork history gives the same draws in every process. ``reset(seed=s)`` drops the key (a
+        fresh env's episode for ``s``). Vector envs over copies (Gymnasium's, :class:`envs.RemoteVectorEnv`
+        after its ``fork``) thereby autoreset to independent episodes. Stepping or closing a copy never
+        changes another copy or this env. Copies are bare envs (no Gymnasium wrappers): fork
         ``env.unwrapped`` of an env made by ``gymnasium.make``.
 
         Raises:
@@ -319,6 +350,10 @@ class TextEnv(gym.Env):
             raise ValueError(f"fork(n) needs an int n >= 1, got {n!r}")
         children = [self._clone() for _ in range(n)]
         self._fork_into(children)
+        base = self._fork_key or ()
+        for k, child in enumerate(children, self._forks_made):
+            child._fork_key, child._forks_made = base + (k,), 0
+        self._forks_made += n
         return children
 
     def _clone(self) -> "TextEnv":
@@ -338,6 +373,24 @@ class TextEnv(gym.Env):
             "independent copies (or copy.deepcopy for an in-process deep copy without external resources)"
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle (and deepcopy) support (field case S44): an env of plain Python state pickles whole
+        (episode, RNG, fork key, ``spec``), and unpickles into an env that continues exactly where it was.
+
+        Raises:
+            TypeError: the env runs its tools in a sandbox (:attr:`uses_sandbox`): its sandbox provider and
+                live sandbox cannot cross a process boundary. Send ``env.snapshot().to_bytes()`` and restore it
+                into an env built in the other process, or pickle ``env.spec`` and make the env there.
+        """
+        if self.uses_sandbox:
+            provider = getattr(getattr(self, "_provider", None), "name", None)
+            raise TypeError(
+                f"cannot pickle {type(self).__name__}: it holds a sandbox provider ({provider or 'unnamed'}) and "
+                "a live sandbox, which cannot cross a process boundary; send env.snapshot().to_bytes() and "
+                f"restore() it into a {type(self).__name__} built in the other process, or pickle env.spec and "
+                "gymnasium.make(spec) there")
+        return self.__dict__.copy()
+
     def snapshot(self) -> Snapshot:
         """Capture this env's full state as a :class:`Snapshot` (plain data, JSON-serialisable)."""
         rng = self._rng_state()
@@ -354,6 +407,8 @@ class TextEnv(gym.Env):
                 "needs_reset": self._needs_reset,
                 "rng": rng,
                 "rng_seed": self._np_random_seed,
+                "fork_key": None if self._fork_key is None else list(self._fork_key),
+                "forks_made": self._forks_made,
                 "task": self._task_state(),
             },
         )
@@ -398,6 +453,9 @@ class TextEnv(gym.Env):
         # A Generator with an unknown seed is marked -1 (Gymnasium's convention); leaving None would make
         # Gymnasium's ``np_random_seed`` property replace the restored Generator with a random one.
         self._np_random_seed = -1 if seed is None and self._np_random is not None else seed
+        key = st.get("fork_key")  # absent from snapshots taken before field case S40
+        self._fork_key = None if key is None else tuple(int(k) for k in key)
+        self._forks_made = int(st.get("forks_made", 0))
         self._load_task_state(st["task"])
 
     def current_info(self) -> dict[str, Any]:

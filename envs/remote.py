@@ -223,7 +223,8 @@ class RemoteEnv(gym.Env):
         return self._request("GET", f"/v1/envs/{self.session_id}/tools")["tools"]
 
     def fork(self, n: int = 1) -> list["RemoteEnv"]:
-        """n remote envs at this env's state (server-side fork: env, history and sandbox).
+        """n remote envs at this env's state (server-side fork: env, history and sandbox). The copies share this
+        episode; their later unseeded resets draw independent episodes (``envs.core.TextEnv.fork``, field case S40).
 
         Raises:
             EnvInfraError: the server or the connection failed (with ``"ws"``, children attached before the

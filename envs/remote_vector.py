@@ -7,8 +7,11 @@ sub-env i with ``s + i``; ``step(actions)`` returns ``(observations, rewards, te
 infos)`` with observations a tuple of ``num_envs`` strings, rewards a float64 array, terminations and
 truncations bool arrays, and infos in Gymnasium's vector form (``infos[key]`` an array over the sub-envs,
 ``infos["_" + key]`` the mask of those that have it); a sub-env whose episode ended is reset by the next
-``step`` (next-step autoreset: its action is ignored, its reward is 0). ``fork`` forks sub-envs on the
-server into a new vector env; ``close`` closes every session.
+``step`` (next-step autoreset: its action is ignored, its reward is 0; the reset is unseeded, so it continues
+the sub-env's RNG). ``fork`` forks sub-envs on the server into a new vector env; ``close`` closes every
+session. The copies share the forked episode, but their autoresets draw independent later episodes: each
+server-side copy switches to its own RNG stream, derived per copy (``envs.core.TextEnv.fork``, field case
+S40), so a trainer never collects one later episode once per copy.
 
 Per-item errors never vanish. A batch in which an item failed raises :class:`BatchItemError` after the
 other items were applied (``failures`` maps each failed sub-env to its :class:`ItemFailure`; ``partial`` is
@@ -452,7 +455,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """Fork sub-envs on the server (env, history and sandbox) into a new vector env sharing this one's
         connection: ``n`` copies of every sub-env (an int), or ``n[i]`` copies of sub-env i (0: none). The
         children are ordered by parent (``child.parents[j]`` is child j's parent index) and inherit each
-        parent's pending autoreset. All or nothing: if any item fails, the copies made are closed and
+        parent's pending autoreset. Each copy's later (auto)resets draw its own episodes (the module docstring,
+        field case S40). All or nothing: if any item fails, the copies made are closed and
         :class:`BatchItemError` is raised (``partial`` None).
 
         Raises:

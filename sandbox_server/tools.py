@@ -11,7 +11,9 @@ Validation (:func:`validate_call`) happens once, before any backend sees the cal
 * strings with a NUL byte, longer than :data:`MAX_ARG_CHARS`, or a path with a control character;
 * paths that are absolute outside the readable roots (``/data``, ``/scratch``), or contain ``..``;
 * option injection: paths and patterns never reach a tool where it would read them as an option
-  (patterns go after ``-e``, paths after ``--``; ``find``'s start path is made ``./-x``);
+  (patterns go after ``-e``, paths after ``--``; a relative path that starts with anything but a letter,
+  digit, ``_`` or ``.`` gets ``./`` in front, so ``find``'s start path ``!``, ``(`` or ``-name`` is a path,
+  never an expression: field case S45);
 * ``find`` takes only ``name`` / ``type`` / ``maxdepth``: there is no way to pass ``-exec`` & co.
 
 Session environments (:func:`validate_session_env`) are an allow-list of locale, time-zone and display
@@ -148,8 +150,18 @@ class PreparedCall:
 
 
 def _path_arg(value: str) -> str:
-    """Normalise a path argument so no tool can read it as an option (``-x`` -> ``./-x``)."""
-    return "./" + value if value.startswith("-") else value
+    """Normalise a path argument so that every tool reads it as a path, whatever it looks like (field case S45).
+
+    A relative path whose first character is not a letter, digit, ``_`` or ``.`` gets ``./`` in front: no
+    tool then reads it as an option (``-x``, ``--help``), as stdin (``-``) or, at ``find``'s start path
+    (where ``--`` cannot help), as an expression (``!``, ``(``, ``)``, ``,``, ``-name``). ``./`` names the
+    same file, so nothing is refused; ordinary names (``notes.txt``, ``Lib``, ``café``) are passed unchanged,
+    and absolute paths (under :data:`READABLE_ROOTS`) start with ``/``. Type: ``str -> str``.
+    """
+    first = value[:1]
+    if first == "/" or first == "." or first == "_" or first.isalnum():
+        return value
+    return "./" + value
 
 
 def _ls(a: dict) -> tuple[list[str], list[int]]:
@@ -192,7 +204,8 @@ def _grep(a: dict) -> tuple[list[str], list[int]]:
 
 
 def _find(a: dict) -> tuple[list[str], list[int]]:
-    # `find` takes its start path before any option, so `--` cannot protect it: -x became ./-x above.
+    # `find` takes its start path before any option, so `--` cannot protect it: `-x`, `!`, `(` became
+    # `./-x`, `./!`, `./(` in check_path (field case S45).
     argv = ["find", "-P", a["path"]]
     if a.get("maxdepth") is not None:
         argv += ["-maxdepth", str(a["maxdepth"])]

@@ -84,13 +84,15 @@ def test_s13_seeded_reset_ignores_every_kind_of_past(seed):
         assert trajectory(env, seed) == want  # and again, after that episode
 
 
-def test_s13_unseeded_reset_of_a_child_still_continues_the_parent_stream():
+def test_s13_s40_unseeded_reset_parent_continues_its_stream_a_child_draws_its_own():
     p = ClueProbeEnv(**KW)
     p.reset(seed=0)
     c = p.fork(1)[0]
+    assert target(c) == target(p)  # the forked episode is shared
     c.reset()
     p.reset()
-    assert target(c) == target(p) == 163
+    assert target(p) == 163  # the parent's own next draw, as if it had never forked
+    assert target(c) != 163  # field case S40: the copy draws another later episode
 
 
 def test_np_random_set_by_hand_survives_a_seed_query():
@@ -340,3 +342,118 @@ def test_s28_training_runs_through_fork_failures_and_writes_the_count(tmp_path):
     assert m["trained_steps"] == m["env_calls"] > 0
     # a ClueProbe subclass inherits ClueProbe's EvaluationResets: every one of the 2**3 targets, once
     assert result.evaluation["episodes"] == 8
+
+
+# ---------------------------------------------------------------------------------------------- S40
+# Field case S40: one ClueProbe env reset with seed 11 and forked 4 times; every later autoreset gave all
+# four copies the same target ([32]*4, then [204]*4). The forked episode stays shared; later ones must not.
+S40_ACTIONS = ["probe(0)", "probe(7)", "answer(0)"]  # with KW (turns=3): the answer names the target if wrong
+
+
+def answered_target(observation: str) -> int:
+    """The target an ``answer(0)`` observation reveals: the number it names when wrong, else 0."""
+    return int(observation.split("the target was ")[1].split(".")[0]) if "the target was" in observation else 0
+
+
+def episode_targets(step, n: int, episodes: int) -> list[tuple[int, ...]]:
+    """Drive a NEXT_STEP vector env (``step(actions) -> (obs, ...)``) of ``n`` sub-envs, all at turn 0, through
+    ``episodes`` episodes (each ``S40_ACTIONS`` and one autoreset step); the targets, one tuple per episode."""
+    out = []
+    for _ in range(episodes):
+        for action in S40_ACTIONS:
+            obs = step([action] * n)[0]
+        out.append(tuple(answered_target(o) for o in obs))
+        step(["probe(0)"] * n)  # the autoreset step: actions ignored, new episodes start
+    return out
+
+
+def assert_s40(targets: list[tuple[int, ...]], n: int) -> None:
+    assert len(set(targets[0])) == 1  # the forked episode is shared, by design
+    per_copy = [tuple(t[i] for t in targets[1:]) for i in range(n)]
+    assert len(set(per_copy)) == n, f"copies drew the same later episodes: {targets}"
+    assert all(len(set(t)) > 1 for t in targets[1:]), f"an autoreset gave every copy the same target: {targets}"
+
+
+def test_s40_the_case_gymnasium_vector_env_over_forked_envs():
+    p = ClueProbeEnv(**KW)
+    p.reset(seed=11)
+    kids = p.fork(4)
+    vec = gym.vector.SyncVectorEnv([lambda k=k: k for k in kids])
+    try:
+        targets = episode_targets(vec.step, 4, episodes=4)
+    finally:
+        vec.close()
+    assert_s40(targets, 4)
+    again = ClueProbeEnv(**KW)  # the same fork history draws the same episodes (per copy, in any process)
+    again.reset(seed=11)
+    vec = gym.vector.SyncVectorEnv([lambda k=k: k for k in again.fork(4)])
+    try:
+        assert episode_targets(vec.step, 4, episodes=4) == targets
+    finally:
+        vec.close()
+
+
+def test_s40_async_vector_env_over_forked_envs_with_spawn():
+    p = ClueProbeEnv(**KW)
+    p.reset(seed=11)
+    vec = gym.vector.AsyncVectorEnv([lambda k=k: k for k in p.fork(3)], context="spawn")
+    try:
+        assert_s40(episode_targets(vec.step, 3, episodes=3), 3)
+    finally:
+        vec.close()
+
+
+def test_s40_through_remote_vector_env_against_a_real_server(server):
+    vec = envs.RemoteVectorEnv("forkyard/ClueProbe-v0", server.url, 1, **KW)
+    try:
+        vec.reset(seed=11)
+        forked = vec.fork(4)
+        try:
+            targets = episode_targets(forked.step, 4, episodes=4)
+            assert_s40(targets, 4)
+            local = ClueProbeEnv(**KW)  # the server forks as TextEnv.fork does: the same draws
+            local.reset(seed=11)
+            sync = gym.vector.SyncVectorEnv([lambda k=k: k for k in local.fork(4)])
+            assert episode_targets(sync.step, 4, episodes=4) == targets
+        finally:
+            forked.close()
+    finally:
+        vec.close()
+
+
+def test_s40_a_seeded_reset_still_gives_every_copy_the_seed_s_episode():
+    p = ClueProbeEnv(**KW)
+    p.reset(seed=11)
+    kids = p.fork(3)
+    assert {target(k) for k in kids} == {target(p)}
+    for k in kids:
+        k.reset(seed=5)
+    assert {target(k) for k in kids} == {171}  # what a fresh env draws for seed 5 (S13)
+    for k in kids:
+        k.reset()
+    assert len({target(k) for k in kids}) == 1  # all three continue seed 5's stream, as fresh envs would
+
+
+_TREE = st.lists(st.tuples(st.integers(0, 50), st.integers(1, 3), st.booleans()), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_TREE, st.integers(0, 2**31 - 1))
+def test_s40_property_no_two_envs_of_a_fork_tree_share_later_episodes(tree, seed):
+    """Any fork tree (fork any env so far, n copies, optionally after an unseeded reset of it): every env's
+    next two unseeded episodes (16-bit targets) differ from every other env's."""
+    root = ClueProbeEnv(turns=3, bits=16)
+    root.reset(seed=seed)
+    envs_ = [root]
+    for pick, n, reset_first in tree:
+        src = envs_[pick % len(envs_)]
+        if reset_first:
+            src.reset()
+        envs_.extend(src.fork(n))
+    later = []
+    for e in envs_:
+        e.reset()
+        first = target(e)
+        e.reset()
+        later.append((first, target(e)))
+    assert len(set(later)) == len(later)

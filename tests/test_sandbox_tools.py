@@ -1,8 +1,10 @@
-"""The tool registry and its validation (no sandbox needed): every refusal rule, table-driven."""
+"""The tool registry and its validation (no sandbox needed): every refusal rule, table-driven. At the end,
+field case S45 (a path argument that looks like an operator) also on every backend (the ``service`` fixture)."""
 
 from __future__ import annotations
 
 import math
+import posixpath
 
 import pytest
 from hypothesis import given
@@ -64,7 +66,7 @@ SHELLISH = ["notes.txt; rm -rf /data", "$(touch /tmp/pwned)", "`touch /tmp/pwned
 @pytest.mark.parametrize("path", SHELLISH)
 def test_shell_syntax_stays_one_literal_argument(path):
     call = validate_call("cat", {"path": path})
-    assert call.argv == ["cat", "--", path]
+    assert call.argv in (["cat", "--", path], ["cat", "--", "./" + path])  # ./ for odd first characters (S45)
 
 
 @pytest.mark.parametrize("tool,args", [("cat", {"path": "-rf"}), ("grep", {"pattern": "-r", "path": "-rf"}),
@@ -179,3 +181,103 @@ def test_stat_prints_a_fixed_host_independent_format():
     assert call.argv == ["stat", "--printf", STAT_FORMAT, "--", "./-x"] and call.path_args == [4]
     for field in ("%i", "%d", "%D", "%x", "%z", "%w", "%u", "%g", "%U", "%G", "%h", "%b"):
         assert field not in STAT_FORMAT
+
+
+# -- S45: a path argument is a path, whatever it looks like ---------------------------------------------------
+# Field case S45: `find` with path "!" and type "f" ran `find ! -type f` (an expression, not a start path).
+# Every value a tool could read as an operator, an option or stdin: find's expression tokens, options of
+# every tool, "-" (stdin), and other odd first characters.
+OPERATOR_LIKE = ["!", "(", ")", ",", "-name", "-type", "-", "--help", "-delete", "!x", "(a", "-exec", "+5", "\\(", "@x"]
+PATH_TOOLS = sorted(name for name, tool in TOOLS.items() if any(p.is_path for p in tool.params))
+_FIND_EXPRESSION_START = ("-", "!", "(", ")", ",")
+
+
+def _required(tool: str) -> dict:
+    return {"pattern": "x"} if tool == "grep" else {}
+
+
+def _path_items(call) -> list[str]:
+    return [call.argv[i] for i in call.path_args]
+
+
+@pytest.mark.parametrize("tool", PATH_TOOLS)
+@pytest.mark.parametrize("value", OPERATOR_LIKE)
+def test_s45_every_operator_like_path_becomes_a_path(tool, value):
+    call = validate_call(tool, {**_required(tool), "path": value})
+    (item,) = _path_items(call)
+    assert item == "./" + value  # the same file, and no tool reads "./..." as an option or expression
+    if tool == "find":
+        assert call.argv[:3] == ["find", "-P", "./" + value]
+    else:
+        assert call.argv[call.argv.index("--") + 1] == item  # after `--` too
+
+
+@given(tool=st.sampled_from(PATH_TOOLS),
+       value=st.text(st.characters(blacklist_categories=("Cs",), min_codepoint=32, blacklist_characters="\x7f"),
+                     min_size=1, max_size=12))
+def test_s45_property_a_path_item_never_starts_like_an_operator(tool, value):
+    try:
+        call = validate_call(tool, {**_required(tool), "path": value})
+    except ToolRefused:
+        return  # refused ('..' or outside the roots): nothing runs, which also satisfies the case
+    (item,) = _path_items(call)
+    assert item == value or item == "./" + value
+    assert posixpath.normpath(posixpath.join("/data", item)) == posixpath.normpath(posixpath.join("/data", value))
+    first = item[:1]
+    assert first == "/" or first == "." or first == "_" or first.isalnum()
+    assert not item.startswith(_FIND_EXPRESSION_START)
+
+
+@pytest.fixture
+def odd_names_sb(service):
+    """A sandbox whose cwd is /scratch, holding one file per :data:`OPERATOR_LIKE` name (text ``file NAME``)
+    and a folder ``!d`` with ``inner.txt``."""
+    files = {name: f"file {name}\n".encode() for name in OPERATOR_LIKE}
+    files["!d/inner.txt"] = b"inner\n"
+    info = service.create(cwd="/scratch", files=files)
+    yield info.id
+    service.delete(info.id)
+
+
+def test_s45_operator_like_paths_name_their_files_on_every_backend(service, odd_names_sb):
+    sid = odd_names_sb
+
+    def run(tool, **args):
+        r = service.exec(sid, tool, args)
+        assert r.status == "ok", (tool, args, r)
+        return r
+
+    for name in OPERATOR_LIKE:
+        text = f"file {name}\n"
+        assert run("cat", path=name).stdout == text
+        assert run("head", path=name, lines=1).stdout == text
+        assert run("head", path=name, bytes=4).stdout == "file"
+        assert run("tail", path=name, lines=1).stdout == text
+        assert run("wc", path=name).stdout.split() == ["1", "2", str(len(text.encode())), "./" + name]
+        assert "Size: %d" % len(text.encode()) in run("stat", path=name).stdout
+        assert run("ls", path=name).stdout == f"./{name}\n"
+        assert run("grep", pattern="file", path=name, recursive=False).stdout == f"1:{text}"
+        assert run("grep", pattern="file", path=name, fixed=True).stdout == f"1:{text}"
+        r = run("find", path=name, type="f")  # S45's own call: the file itself, not every non-file
+        assert (r.stdout, r.exit_code) == (f"./{name}\n", 0)
+        assert run("find", path=name, type="d").stdout == ""
+        assert run("find", path=name, name="*", maxdepth=0).stdout == f"./{name}\n"
+    assert run("ls", path="!d").stdout == "inner.txt\n"
+    assert run("find", path="!d", type="f").stdout == "./!d/inner.txt\n"
+    assert run("grep", pattern="inner", path="!d").stdout == "./!d/inner.txt:1:inner\n"
+
+
+@pytest.mark.parametrize("value", ["!", "(", "-name", ")", ","])
+def test_s45_a_missing_operator_like_start_path_lists_nothing(service, value):
+    """In /data (no such names): `find` reports the missing start path instead of running an expression
+    over the working directory, and every other tool reports the missing file."""
+    sid = service.create().id
+    try:
+        r = service.exec(sid, "find", {"path": value, "type": "f"})
+        assert (r.status, r.stdout, r.exit_code) == ("ok", "", 1) and "No such file" in r.stderr
+        for tool in PATH_TOOLS:
+            r = service.exec(sid, tool, {**_required(tool), "path": value})
+            assert r.stdout == "" and r.exit_code not in (0, None), (tool, r)
+    finally:
+        service.delete(sid)
+
