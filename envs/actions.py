@@ -9,6 +9,9 @@ Grammar (a subset of Python call syntax, parsed with :mod:`ast`, never evaluated
 Examples: ``probe(2)``, ``answer(5)``, ``cat("Lib/os.py")``, ``grep(pattern="def main", path=".")``.
 Whitespace around tokens is ignored; the canonical spelling produced by :func:`format_action`
 (``name(arg, key=value)`` with ``repr`` literals) is what ``info["legal_actions"]`` lists.
+:func:`canonical_text` gives any spelling's canonical text, and :func:`is_legal_action` compares an action
+with ``legal_actions`` through it (field case S43): every component that asks whether an action is legal
+asks the env's parser, never string equality.
 """
 
 from __future__ import annotations
@@ -112,6 +115,41 @@ def _parse_text(text: str) -> ToolCall:
             raise ActionParseError(f"**arguments are not allowed. {FORMAT_HELP}")
         kwargs.append((kw.arg, _literal(kw.value, f"argument {kw.arg!r}")))
     return ToolCall(call.func.id, args, tuple(kwargs))
+
+
+def canonical_text(text: str) -> str:
+    """What an action text means to an env, in its one spelling: ``parse_action(text).text()``.
+
+    ``ｐｒｏｂｅ(0)``, ``probe( 0 )``, ``probe(0x0)`` and ``probe((0))`` all give ``probe(0)`` (Python's reading of
+    identifiers and literals), while ``probe(True)``, ``probe(0.0)`` and ``probe(k=0)`` stay distinct
+    (``repr`` keeps the type and the keyword), as they are to :meth:`envs.core.TextEnv.step`.
+
+    Raises:
+        ActionParseError: ``text`` is not an action (:func:`parse_action`).
+    """
+    return parse_action(text).text()
+
+
+def is_legal_action(action: str, legal_actions: list[str] | tuple[str, ...]) -> bool:
+    """Whether ``action`` means one of ``legal_actions`` (``info["legal_actions"]``) to the env: their
+    :func:`canonical_text` forms are compared, never the strings (field case S43). Text that is no action is
+    not legal; an entry of ``legal_actions`` that is no action matches nothing."""
+    try:
+        key = canonical_text(action)
+    except ActionParseError:
+        return False
+    return key in _canonical_menu(tuple(legal_actions))
+
+
+@lru_cache(maxsize=1024)
+def _canonical_menu(legal_actions: tuple[str, ...]) -> frozenset[str]:
+    menu = set()
+    for a in legal_actions:
+        try:
+            menu.add(canonical_text(a))
+        except ActionParseError:
+            pass
+    return frozenset(menu)
 
 
 def bind_arguments(call: ToolCall, params: list[str]) -> dict[str, Any]:

@@ -17,28 +17,57 @@ skipped, the rest as keywords (``grep('x', 'Lib')``, ``find('.', type='f')``). T
 ``call_to_action(action_to_call(a)) == canonical_action(a)`` for every action that binds, and
 ``action_to_call(call_to_action(c)) == c`` for every call with scalar arguments (tested with hypothesis).
 
-Model output (:func:`parse_model_output`) is accepted in three forms, each exactly one call:
+Model output is read by one parser, :func:`read_calls` (what every trainer, the text policy, the
+OpenAI-compatible client and the SkyRL / TRL adapters use, through :func:`parse_model_output` or directly). It
+finds every call of a turn, in order, in the forms serving stacks produce:
 
-* ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, as Qwen and Hermes chat templates emit (text
-  around the block is ignored);
-* the bare JSON object ``{"name": ..., "arguments": {...}}`` (``"parameters"`` for ``"arguments"``, as
-  Llama 3 writes it, and ``arguments`` as a JSON string, as the OpenAI API returns it, are accepted too);
-* forkyard's own ``name(args)``.
+* ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, as Qwen and Hermes chat templates emit
+  (text around them is ignored). A block is delimited by the JSON grammar, not by the first closing-tag text:
+  ``{"pattern": "</tool_call>"}`` is a string argument (field case S35). A closing tag missing at the very
+  end of the output (a stop string cut it) is accepted;
+* otherwise, bare calls making up the whole visible output, separated by whitespace or ``;``: JSON call
+  objects ``{"name": ..., "arguments": {...}}`` (``"parameters"`` for ``"arguments"``, as Llama 3 writes it,
+  and ``arguments`` as a JSON string, as the OpenAI API returns it, are accepted too; a JSON array of them
+  too) and forkyard ``name(args)`` calls, each delimited by its grammar (the JSON decoder, Python's
+  tokenizer), so tags inside their strings are text. ``name(args)`` is read by the env's own parser
+  (:mod:`envs.actions`): ``ｐｒｏｂｅ(0)``, ``probe( 0 )`` and ``probe(0x0)`` mean ``probe(0)``, as to the env.
 
-Anything else raises :class:`envs.actions.ActionParseError`; a trainer then sends the raw text to the env,
-which answers with its invalid-action observation. Standard library only.
+Reasoning is never a call (field case S36): text inside ``<think>...</think>``, after an unclosed ``<think>``,
+and before a ``</think>`` that has no opening tag (templates that open the reasoning in the prompt) is
+skipped, drafted ``<tool_call>`` blocks in it included (their JSON is skipped by its grammar too, so a
+``</think>`` inside a drafted string does not end the reasoning). Tool and argument names are read as Python
+reads identifiers (NFKC: ``ｐｒｏｂｅ`` is ``probe``) and stripped of surrounding spaces.
+
+One action per env turn: :func:`parse_model_output` gives the action of an output that holds exactly one call
+and raises otherwise (several calls: "write exactly one tool call per turn"), so the text policy, the SkyRL
+and TRL adapters and the OpenAI client read the same text alike. Structured ``tool_calls`` carry ids the chat
+API wants answered: the OpenAI client (:mod:`trainer.openai_rollout`) runs the first and answers the others
+"not executed" (field case S34). :func:`calls_from_openai` reads the structured ``tool_calls`` of a chat
+answer the same way. Whether an action text means one of ``legal_actions`` is decided by the env's parser
+(:func:`envs.actions.is_legal_action`: canonical forms, never string equality; field case S43). Text that
+holds no call goes to the env as written, which answers with its invalid-action observation. Standard library
+only.
+
+Why one file: the schema mapping and the model-output reader keep one invariant together: every form of a
+call, in text or structured, reads to the canonical action text the env's own parser gives; split, one form
+could drift from the others unseen.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+import tokenize
+import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
-from envs.actions import ActionParseError, Scalar, bind_arguments, format_action, parse_action
+from envs.actions import MAX_ACTION_CHARS, ActionParseError, Scalar, bind_arguments, format_action, parse_action
 
-TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+#: The tags of a call block and of a reasoning block, as Qwen / Hermes / DeepSeek-R1 templates write them.
+CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE = "<tool_call>", "</tool_call>", "<think>", "</think>"
 
 
 def function_tool(name: str, description: str, properties: dict[str, dict[str, Any]],
@@ -58,6 +87,11 @@ def param_names(tool: dict[str, Any]) -> list[str]:
 
 def _by_name(tools: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {t["function"]["name"]: param_names(t) for t in tools}
+
+
+def _ident(name: str) -> str:
+    """A tool or argument name as Python reads an identifier: NFKC-normalised, surrounding spaces dropped."""
+    return unicodedata.normalize("NFKC", name).strip()
 
 
 def action_to_call(action: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,13 +125,20 @@ def call_to_action(call: dict[str, Any], tools: list[dict[str, Any]]) -> str:
     """
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ActionParseError('a tool call is a JSON object {"name": ..., "arguments": {...}}.')
-    name = call["name"]
+    name = _ident(call["name"])
     params = _by_name(tools).get(name)
     if params is None:
         raise ActionParseError(f"unknown tool {name!r}; tools: {', '.join(sorted(_by_name(tools)))}.")
     args = call.get("arguments", {})
     if not isinstance(args, dict):
         raise ActionParseError(f"the arguments of {name} must be a JSON object, got {type(args).__name__}.")
+    named: dict[str, Any] = {}
+    for k, v in args.items():
+        key = _ident(k) if isinstance(k, str) else k
+        if key in named:
+            raise ActionParseError(f"{name}() got argument {key!r} twice.")
+        named[key] = v
+    args = named
     unknown = [k for k in args if k not in params]
     if unknown:
         raise ActionParseError(f"{name}() has no argument {unknown[0]!r}; its arguments are: {', '.join(params) or 'none'}.")
@@ -121,11 +162,8 @@ def canonical_action(action: str, tools: list[dict[str, Any]]) -> str:
     return call_to_action(action_to_call(action, tools), tools)
 
 
-def _json_call(text: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ActionParseError(f"the tool call is not valid JSON ({exc}).") from None
+def _json_call(obj: Any) -> dict[str, Any]:
+    """A decoded JSON value as a call ``{"name", "arguments"}`` (arguments still unchecked). Raises ActionParseError."""
     if not isinstance(obj, dict):
         raise ActionParseError('a tool call is a JSON object {"name": ..., "arguments": {...}}.')
     extra = set(obj) - {"name", "arguments", "parameters"}
@@ -140,23 +178,231 @@ def _json_call(text: str) -> dict[str, Any]:
     return {"name": obj.get("name"), "arguments": args}
 
 
-def parse_model_output(text: str, tools: list[dict[str, Any]]) -> str:
-    """The canonical action text of a model's output in one of the three forms (module docstring).
+@dataclass(frozen=True)
+class ReadCall:
+    """One tool call found in model output (:func:`read_calls`, :func:`calls_from_openai`).
+
+    Attributes:
+        action: the canonical action text (:func:`call_to_action`), or None when the call does not map.
+        error: why it does not map (the :class:`envs.actions.ActionParseError` message), or None.
+        text: the call as the model wrote it (the JSON, the ``name(args)`` text, or the structured call's
+            ``name`` and ``arguments`` as JSON).
+    """
+
+    action: str | None
+    error: str | None
+    text: str
+
+
+def _read(value: Any, tools: list[dict[str, Any]], text: str) -> ReadCall:
+    """A decoded JSON call (or an ActionParseError raised while decoding) as a :class:`ReadCall`."""
+    try:
+        if isinstance(value, ActionParseError):
+            raise value
+        return ReadCall(call_to_action(_json_call(value), tools), None, text)
+    except ActionParseError as exc:
+        return ReadCall(None, str(exc), text)
+
+
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"\s*")
+_TAGS = re.compile("|".join(map(re.escape, (THINK_OPEN, THINK_CLOSE, CALL_OPEN))))
+_IN_THINK = re.compile("|".join(map(re.escape, (THINK_CLOSE, CALL_OPEN))))
+
+
+def _decode_at(text: str, pos: int) -> tuple[Any, int]:
+    """``(JSON value, end)`` of the value starting at ``pos`` (leading whitespace skipped).
+    Raises ActionParseError when none starts there."""
+    pos = _WS.match(text, pos).end()
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except (ValueError, RecursionError) as exc:
+        raise ActionParseError(f"the tool call is not valid JSON ({exc}).") from None
+
+
+def _block(text: str, start: int) -> tuple[Any, int, int]:
+    """The ``<tool_call>`` block whose JSON starts at ``start`` (just after the opening tag), delimited by the
+    JSON grammar: ``(decoded value or ActionParseError, end of the JSON, end of the block)``. A block whose
+    JSON does not parse, or is followed by other text than the closing tag, ends at the next closing tag."""
+    try:
+        value, end = _decode_at(text, start)
+        after = _WS.match(text, end).end()
+        if text.startswith(CALL_CLOSE, after):
+            return value, end, after + len(CALL_CLOSE)
+        if after == len(text):  # the closing tag was cut (a stop string, the token limit)
+            return value, end, after
+        raise ActionParseError(f"text after the JSON of a {CALL_OPEN} block: write {CALL_CLOSE} right after it.")
+    except ActionParseError as exc:
+        close = text.find(CALL_CLOSE, start)
+        stop = len(text) if close < 0 else close + len(CALL_CLOSE)
+        return exc, (len(text) if close < 0 else close), stop
+
+
+def _skip_reasoning(text: str, pos: int) -> int:
+    """The end of a reasoning block whose text starts at ``pos``: just after its ``</think>``, or the end of
+    the text. Drafted ``<tool_call>`` blocks in it are skipped whole (a ``</think>`` in a JSON string does not
+    end the reasoning)."""
+    while True:
+        m = _IN_THINK.search(text, pos)
+        if m is None:
+            return len(text)
+        if m.group() == THINK_CLOSE:
+            return m.end()
+        value, _, stop = _block(text, m.end())
+        pos = stop if not isinstance(value, ActionParseError) else m.end()
+
+
+def read_calls(text: str, tools: list[dict[str, Any]]) -> list[ReadCall]:
+    """Every tool call in a model output, in order, each mapped to its canonical action (module docstring:
+    the forms, reasoning skipped, blocks delimited by the JSON grammar).
+
+    Args:
+        text: the decoded model output of one turn.
+        tools: the env's tool definitions (``env.tool_schemas()``).
+
+    Returns:
+        One :class:`ReadCall` per call (``action`` set when it maps, else ``error``); an output whose visible
+        text (outside reasoning) is not a call in any form gives one ReadCall with ``action=None``; an output
+        with nothing outside reasoning gives ``[]``.
 
     Raises:
-        ActionParseError: no call, more than one ``<tool_call>`` block, or a call that does not map.
+        ActionParseError: ``text`` is not a ``str``.
     """
     if not isinstance(text, str):
         raise ActionParseError(f"model output must be text, got {type(text).__name__}.")
-    blocks = TOOL_CALL_BLOCK.findall(text)
-    if len(blocks) > 1:
-        raise ActionParseError(f"{len(blocks)} <tool_call> blocks; write exactly one tool call per turn.")
-    if blocks:
-        return call_to_action(_json_call(blocks[0]), tools)
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        return call_to_action(_json_call(stripped), tools)
-    return canonical_action(stripped, tools)
+    pieces: list[tuple[str, str, Any]] = []  # visible segments outside reasoning: (kind, text, JSON value)
+    calls: list[ReadCall] = []
+    pos = 0
+    while True:
+        pos = _calls_at(text, pos, pieces)
+        m = _TAGS.search(text, pos)
+        pieces.append(("text", text[pos:m.start() if m else len(text)], None))
+        if m is None:
+            break
+        if m.group() == THINK_OPEN:
+            pos = _skip_reasoning(text, m.end())
+        elif m.group() == THINK_CLOSE:  # the reasoning was opened by the prompt: all so far was reasoning
+            pieces, calls, pos = [], [], m.end()
+        else:
+            value, end, pos = _block(text, m.end())
+            calls.append(_read(value, tools, text[m.end():end].strip()))
+    if calls:
+        return calls
+    visible = "".join(t for _, t, _ in pieces).strip()
+    if not visible:
+        return []
+    found = [(kind, t, v) for kind, t, v in pieces if kind != "text"]
+    if found and not "".join(t for kind, t, _ in pieces if kind == "text").strip():
+        if len(found) == 1 and isinstance(found[0][2], list):  # a JSON array of calls
+            if not found[0][2]:
+                return [ReadCall(None, "an empty JSON array holds no tool call.", found[0][1])]
+            return [_read(v, tools, json.dumps(v, ensure_ascii=False)) for v in found[0][2]]
+        return [_read(v, tools, t) if kind == "json" else _action(t, tools) for kind, t, v in found]
+    if visible[0] in "{[":
+        try:
+            _decode_at(visible, 0)
+        except ActionParseError as exc:
+            return [ReadCall(None, str(exc), visible)]
+    return [_action(visible, tools)]
+
+
+def _action(text: str, tools: list[dict[str, Any]]) -> ReadCall:
+    """A ``name(args)`` text as a :class:`ReadCall` (the env's parser, :func:`canonical_action`)."""
+    try:
+        return ReadCall(canonical_action(text, tools), None, text)
+    except ActionParseError as exc:
+        return ReadCall(None, str(exc), text)
+
+
+_CALL_HEAD = re.compile(r"\s*([^\W\d]\w*\s*\()")
+
+
+_CALL_TOKENS = {tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT,
+                tokenize.INDENT, tokenize.DEDENT}
+_CALL_OPS = {"(", ")", ",", "=", "+", "-"}
+
+
+def _call_end(text: str, start: int) -> int | None:
+    """The end of the ``name(args)`` call that starts at ``start``, found with Python's tokenizer (so a tag or
+    a parenthesis inside a string literal is part of the string), or None when no call starts there. The scan
+    stops at the first token no action holds (a ``<`` of a tag outside a string, say) and within
+    :data:`envs.actions.MAX_ACTION_CHARS`, so reading an output stays linear in its length."""
+    if start >= len(text) or not text[start].isidentifier():
+        return None
+    window = text[start:start + MAX_ACTION_CHARS + 1]
+    lines = [0] + [m.end() for m in re.finditer("\n", window)]  # the lines io.StringIO reads
+    depth = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(window).readline):
+            if tok.type == tokenize.OP and tok.string in _CALL_OPS:
+                depth += tok.string == "("
+                if tok.string == ")":
+                    depth -= 1
+                    if depth <= 0:
+                        return start + lines[tok.end[0] - 1] + tok.end[1]
+            elif tok.type not in _CALL_TOKENS:
+                return None
+    except (tokenize.TokenError, SyntaxError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _calls_at(text: str, pos: int, out: list[tuple[str, str, Any]]) -> int:
+    """Read the calls that open the visible segment at ``pos`` (JSON values or ``name(args)``, separated by
+    whitespace or ``;``), delimited by their grammar, into ``out`` as ``("json", text, value)`` /
+    ``("call", text, None)``; return where the segment goes on. Text that starts neither is left as text."""
+    while True:
+        start = _WS.match(text, pos).end()
+        if start < len(text) and text[start] in "{[":
+            try:
+                value, end = _decode_at(text, start)
+            except ActionParseError:
+                return pos
+            out.append(("json", text[start:end], value))
+        else:
+            head = _CALL_HEAD.match(text, start)
+            end = _call_end(text, start) if head else None
+            if end is None:
+                return pos
+            out.append(("call", text[start:end], None))
+        pos = _WS.match(text, end).end()
+        if text.startswith(";", pos):
+            pos += 1
+
+
+def calls_from_openai(tool_calls: Any, tools: list[dict[str, Any]]) -> list[ReadCall]:
+    """The structured ``tool_calls`` of an OpenAI chat answer (``[{"id", "type": "function", "function":
+    {"name", "arguments": JSON string}}]``), each mapped like a call in text (:func:`read_calls`).
+
+    Returns:
+        One :class:`ReadCall` per entry, in order (a malformed entry gives one with ``action=None``).
+    """
+    out = []
+    for entry in tool_calls if isinstance(tool_calls, list) else []:
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(fn, dict):
+            out.append(ReadCall(None, 'a tool call entry has {"function": {"name", "arguments"}}.', json.dumps(entry)))
+            continue
+        value = {"name": fn.get("name"), "arguments": fn.get("arguments") or {}}
+        out.append(_read(value, tools, json.dumps(value, ensure_ascii=False)))
+    return out
+
+
+def parse_model_output(text: str, tools: list[dict[str, Any]]) -> str:
+    """The canonical action text of a model output that holds exactly one tool call (:func:`read_calls`).
+
+    Raises:
+        ActionParseError: no call outside reasoning, more than one call, or a call that does not map (the
+            message says why).
+    """
+    calls = read_calls(text, tools)
+    if not calls:
+        raise ActionParseError("no tool call: the output is empty outside the reasoning (<think>...</think>).")
+    if len(calls) > 1:
+        raise ActionParseError(f"{len(calls)} tool calls in one turn; write exactly one tool call per turn.")
+    if calls[0].action is None:
+        raise ActionParseError(calls[0].error or "the tool call does not map to an action.")
+    return calls[0].action
 
 
 def format_tool_call(call: dict[str, Any]) -> str:
@@ -165,5 +411,6 @@ def format_tool_call(call: dict[str, Any]) -> str:
     return "<tool_call>" + json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False) + "</tool_call>"
 
 
-__all__ = ["TOOL_CALL_BLOCK", "action_to_call", "call_to_action", "canonical_action", "format_tool_call",
-           "function_tool", "param_names", "parse_model_output"]
+__all__ = ["CALL_CLOSE", "CALL_OPEN", "THINK_CLOSE", "THINK_OPEN", "ReadCall", "action_to_call", "call_to_action",
+           "calls_from_openai", "canonical_action", "format_tool_call", "function_tool", "param_names",
+           "parse_model_output", "read_calls"]

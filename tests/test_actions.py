@@ -9,7 +9,9 @@ from envs.actions import (
     ActionParseError,
     ToolCall,
     bind_arguments,
+    canonical_text,
     format_action,
+    is_legal_action,
     parse_action,
 )
 
@@ -95,3 +97,62 @@ def test_a_keyword_called_name_is_an_argument_like_any_other():
     call = parse_action("find('Lib', name='*.py')")
     assert call.text() == "find('Lib', name='*.py')"
     assert format_action("find", name="x") == "find(name='x')"
+
+
+# ------------------------------------------------------------------ field case S43: legality by meaning
+@pytest.mark.parametrize("spelling", ["ｐｒｏｂｅ(0)", "probe( 0 )", "probe(0x0)", "probe(0o0)", "probe(0b0)", "probe((0))",
+                                      " probe(0)\n", "probe(+0)", "probe(-0)", "probe(0,)", "\U0001d429robe(0)"])
+def test_field_case_s43_every_spelling_the_env_runs_as_probe_0_is_legal(spelling):
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+
+    env = gym.make("forkyard/ClueProbe-v0").unwrapped
+    _, info = env.reset(seed=0)
+    assert "probe(0)" in info["legal_actions"] and spelling not in info["legal_actions"]
+    assert canonical_text(spelling) == "probe(0)" and is_legal_action(spelling, info["legal_actions"])
+    obs, _, _, _, after = env.step(spelling)
+    assert not after["invalid_action"] and obs.startswith("probe(0) -> bit 0")
+    env.close()
+
+
+@pytest.mark.parametrize("spelling", ["probe(True)", "probe(0.0)", "probe(k=0)", "probe('0')", "probe(0, 1)",
+                                      "probe(０)", "probe(0)probe(1)", "", "probe", "<tool_call>probe(0)</tool_call>"])
+def test_spellings_the_env_refuses_are_illegal(spelling):
+    assert not is_legal_action(spelling, ["probe(0)", "probe(1)", "probe(2)"])
+
+
+def _int_spelling(draw, v: int) -> str:
+    base = draw(st.sampled_from([str, hex, oct, bin]))(abs(v))
+    base = base if v >= 0 else "-" + base
+    return draw(st.sampled_from(["{}", "({})", "+{}" if v >= 0 else "{}", " {} "])).format(base)
+
+
+def _name_spelling(draw, name: str) -> str:
+    # fullwidth letters (U+FF41..) are NFKC-equal to ASCII: Python reads them as the same identifier
+    return "".join(chr(ord(c) + 0xFEE0) if c.isalpha() and draw(st.booleans()) else c for c in name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.integers(0, 8))
+def test_is_legal_action_agrees_with_the_env_on_every_respelling(data, seed):
+    """Whatever an action's spelling, ``is_legal_action`` says what the env does with it: ClueProbe runs
+    exactly its legal actions and answers anything else with its invalid-action observation."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    env = gym.make("forkyard/ClueProbe-v0", turns=3).unwrapped
+    _, info = env.reset(seed=seed)
+    for _ in range(3):
+        name = data.draw(st.sampled_from(["probe", "answer"]))
+        value = data.draw(st.integers(-2, 9))
+        arg = data.draw(st.one_of(st.just(_int_spelling(data.draw, value)), st.sampled_from(["True", "0.0", "'1'", "k=0", "None"])))
+        text = data.draw(st.sampled_from(["{}({})", " {} ( {} ) ", "{}({},)"])).format(_name_spelling(data.draw, name), arg)
+        text = data.draw(st.one_of(st.just(text), st.text(max_size=12)))
+        legal = is_legal_action(text, info["legal_actions"])
+        _, _, terminated, truncated, info = env.step(text)
+        assert legal == (not info["invalid_action"]), text
+        if terminated or truncated:
+            break
+    env.close()

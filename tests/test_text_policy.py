@@ -311,3 +311,71 @@ def test_long_observations_are_cut_for_the_model_alike_in_sft_and_sampling():
     assert len(ids) < 200  # 3 observations of 500 tokens each fit in under 200
     with pytest.raises(ValueError, match="max_obs_tokens"):
         ChatTemplate(TOK, max_obs_tokens=0)
+
+
+# ------------------------------------------------------------------ field case S43: legal by meaning
+S43_SPELLINGS = {0: ["ｐｒｏｂｅ(0)", "probe( 0 )", "answer( 0 )"], 1: ["ｐｒｏｂｅ(0)", "probe( 0 )", "answer(0x1)"]}
+
+
+def _memorized(spellings: dict[int, list[str]], steps: int = 120):
+    """A real model fitted (Adam on the action tokens' log-probs) until its greedy output is, for each ClueProbe
+    target (bits=1, turns=3), exactly that target's action texts: what a policy that learned unusual spellings
+    writes."""
+    model = build_model(LMConfig(d_model=32, n_layers=1, n_heads=2, context=1024), device="cpu", seed=0)
+    template = policy(model).template
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    rows, masks = [], []
+    for target, actions in spellings.items():
+        obs, _ = env.reset(seed=0, options={"target": target})
+        ids, mask = template.first(obs), []
+        for a in actions:
+            gen = TOK.encode(a) + [TOK.eot_id]
+            mask += [0] * (len(ids) - len(mask)) + [1] * len(gen)
+            obs, *_ = env.step(a)
+            ids = ids + gen + template.observation(obs)
+        rows.append(ids)
+        masks.append(mask + [0] * (len(ids) - len(mask)))
+    env.close()
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [TOK.pad_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        (-(token_logprobs(model, ids)[0] * mask).sum()).backward()
+        opt.step()
+    return model.eval()
+
+
+def test_field_case_s43_actions_the_env_runs_are_legal_however_spelled():
+    """``ｐｒｏｂｅ(0)``, ``probe( 0 )``, ``answer(0x1)``: the env runs them as ``probe(0)`` / ``answer(1)``, so the
+    text policy marks them legal (the env's parser decides, not string equality): invalid_share is 0 and
+    ``--invalid-penalty 0.5`` leaves a correct episode's return at 1.0."""
+    from trainer.rollout import group_rollout
+    from trainer.text_train import PPOTextPolicy, apply_invalid_penalty
+
+    model = _memorized(S43_SPELLINGS)
+    ppo = PPOTextPolicy(model, TOK, SamplingConfig(temperature=0.0, max_new_tokens=32), lr=1e-3, ppo=PPOConfig(),
+                        ppo_epochs=1, max_grad_norm=1.0)
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    ro = group_rollout(env, ppo, 6, list(range(6)), random.Random(0))
+    env.close()
+    written = {s.action for s in ro.steps}
+    assert written == {a for acts in S43_SPELLINGS.values() for a in acts}  # the spellings the model learned
+    assert not written & {"probe(0)", "answer(0)", "answer(1)"}  # none of them the canonical string
+    assert [e.reward for e in ro.episodes] == [1.0] * 6  # the env ran every one: every episode answered right
+    assert all(s.data.legal is True for s in ro.steps)
+    assert ppo.rollout_metrics(ro)["invalid_share"] == 0.0
+    apply_invalid_penalty(ro, 0.5)
+    assert [e.reward for e in ro.episodes] == [1.0] * 6
+    # a spelling the env refuses is still illegal, and penalised: the same check, one function
+    wrong = PPOTextPolicy(_memorized({0: ["probe(k=0)", "probe(True)", "answer(0)"],
+                                      1: ["probe(k=0)", "probe(True)", "answer(0)"]}, steps=60), TOK,
+                          SamplingConfig(temperature=0.0, max_new_tokens=32), lr=1e-3, ppo=PPOConfig(), ppo_epochs=1,
+                          max_grad_norm=1.0)
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    ro = group_rollout(env, wrong, 2, [0, 1], random.Random(0))
+    env.close()
+    assert [[s.data.legal for s in e.steps] for e in ro.episodes] == [[False, False, True]] * 2
+    assert wrong.rollout_metrics(ro)["invalid_share"] == pytest.approx(2 / 3)

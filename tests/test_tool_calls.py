@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import envs  # noqa: F401  (registers the ids)
 from envs.actions import ActionParseError, format_action, parse_action
 from envs.features import ToolSchemas
-from envs.tool_calls import (action_to_call, call_to_action, canonical_action, format_tool_call, function_tool,
-                             parse_model_output)
+from envs.tool_calls import (action_to_call, call_to_action, calls_from_openai, canonical_action, format_tool_call,
+                             function_tool, parse_model_output, read_calls)
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
 
@@ -87,7 +87,11 @@ def test_every_common_form_maps_to_one_action(output):
 
 @pytest.mark.parametrize("output, says", [
     ('<tool_call>{"name": "probe", "arguments": {"k": 1}}</tool_call><tool_call>{"name": "probe", '
-     '"arguments": {"k": 2}}</tool_call>', "2 <tool_call> blocks"),
+     '"arguments": {"k": 2}}</tool_call>', "2 tool calls in one turn"),
+    ('{"name": "probe", "arguments": {"k": 1}}; probe(2)', "2 tool calls in one turn"),
+    ('<tool_call>{"name": "probe", "arguments": {"k": 1}</tool_call>', "not valid JSON"),
+    ('<think>probe(2) is the call to make.</think>', "empty outside the reasoning"),
+    ('<think>Unfinished reasoning <tool_call>{"name": "probe", "arguments": {"k": 2}}</tool_call>', "empty"),
     ('<tool_call>{"name": "probe", "arguments": {"k": 1}</tool_call>', "not valid JSON"),
     ('{"name": "rm", "arguments": {}}', "unknown tool 'rm'"),
     ('{"name": "probe", "arguments": {"k": [1, 2]}}', "must be a string, a number"),
@@ -176,3 +180,155 @@ def test_keyword_names_are_refused_not_mangled():
     with pytest.raises(ActionParseError, match="could not parse"):
         call_to_action({"name": "as", "arguments": {}}, tools)
     assert call_to_action({"name": "f", "arguments": {"if": 1}}, tools) == "f(1)"  # positional: still an action
+
+
+# ------------------------------------------------------------------ field cases S34, S35, S36: one parser
+FILEQA_TOOLS = gym.make("forkyard/FileQA-v0").unwrapped.tool_schemas()
+PROBE = '{"name": "probe", "arguments": {"k": %d}}'
+
+
+def test_field_case_s35_a_closing_tag_inside_a_json_argument_is_a_string():
+    grep = '{"name": "grep", "arguments": {"pattern": "</tool_call>", "path": "."}}'
+    for output in (f"<tool_call>{grep}</tool_call>", f"<tool_call>\n{grep}\n</tool_call>", grep,
+                   "grep('</tool_call>', '.')", f"Searching.\n<tool_call>{grep}</tool_call>\nDone."):
+        assert parse_model_output(output, FILEQA_TOOLS) == "grep('</tool_call>', '.')"
+    # the other tags inside strings, and the closing tag cut by a stop string at the very end
+    think = '{"name": "grep", "arguments": {"pattern": "<think>x</think><tool_call>", "path": "."}}'
+    assert parse_model_output(f"<tool_call>{think}", FILEQA_TOOLS) == "grep('<think>x</think><tool_call>', '.')"
+
+
+def test_field_case_s36_a_call_drafted_in_the_reasoning_is_never_a_call():
+    draft = f"<think>I could call <tool_call>{PROBE % 0}</tool_call>, but bit 2 tells more.</think>"
+    assert parse_model_output(draft + f"<tool_call>{PROBE % 2}</tool_call>", CLUE_TOOLS) == "probe(2)"
+    assert read_calls(draft, CLUE_TOOLS) == []
+    with pytest.raises(ActionParseError, match="no tool call"):
+        parse_model_output(draft, CLUE_TOOLS)
+    # what a trainer then does: the raw text goes to the env, which answers with its invalid-action observation
+    env = gym.make("forkyard/ClueProbe-v0").unwrapped
+    env.reset(seed=0)
+    obs, reward, _, _, info = env.step(draft)
+    assert info["invalid_action"] and obs.startswith("Invalid action") and reward == 0.0
+    env.close()
+    # a template that opens the reasoning in the prompt: the output holds only the closing tag
+    assert parse_model_output(f"probe(0) first? <tool_call>{PROBE % 0}</tool_call></think>\nprobe(1)",
+                              CLUE_TOOLS) == "probe(1)"
+    # a </think> inside a drafted call's JSON string does not end the reasoning
+    tricky = ('<think><tool_call>{"name": "grep", "arguments": {"pattern": "</think>", "path": "."}}</tool_call>'
+              '</think><tool_call>{"name": "cat", "arguments": {"path": "a.txt"}}</tool_call>')
+    assert [c.action for c in read_calls(tricky, FILEQA_TOOLS)] == ["cat('a.txt')"]
+
+
+def test_field_case_s34_several_calls_of_a_turn_are_read_in_order():
+    two = f"<tool_call>{PROBE % 1}</tool_call>\n<tool_call>{PROBE % 2}</tool_call>"
+    assert [c.action for c in read_calls(two, CLUE_TOOLS)] == ["probe(1)", "probe(2)"]
+    with pytest.raises(ActionParseError, match="write exactly one tool call per turn"):
+        parse_model_output(two, CLUE_TOOLS)  # one env action per turn: the same text is refused everywhere
+    for bare in (f"{PROBE % 1}; {PROBE % 2}", f"{PROBE % 1}\n{PROBE % 2}", f"[{PROBE % 1}, {PROBE % 2}]"):
+        assert [c.action for c in read_calls(bare, CLUE_TOOLS)] == ["probe(1)", "probe(2)"]
+    mixed = read_calls(f'<tool_call>{{"name": "rm", "arguments": {{}}}}</tool_call><tool_call>{PROBE % 2}</tool_call>',
+                       CLUE_TOOLS)
+    assert mixed[0].action is None and "unknown tool 'rm'" in mixed[0].error and mixed[1].action == "probe(2)"
+    structured = [{"id": "a", "type": "function", "function": {"name": "probe", "arguments": '{"k": 1}'}},
+                  {"id": "b", "type": "function", "function": {"name": "rm", "arguments": "{}"}},
+                  {"id": "c", "type": "function", "function": {"name": "answer", "arguments": {"c": 3}}}]
+    assert [c.action for c in calls_from_openai(structured, CLUE_TOOLS)] == ["probe(1)", None, "answer(3)"]
+
+
+@pytest.mark.parametrize("output", ["ｐｒｏｂｅ(0)", "probe( 0 )", "probe(0x0)", "probe(0b0)", "probe((0))",
+                                    '{"name": "ｐｒｏｂｅ", "arguments": {"k": 0}}', '{"name": " probe ", "arguments": {" k": 0}}',
+                                    '<tool_call>{"name": "probe", "arguments": {"ｋ": 0}}</tool_call>'])
+def test_unusual_spellings_mean_what_they_mean_to_the_env(output):
+    # Python reads identifiers NFKC-normalised and literals by value: the JSON forms read names the same way
+    assert parse_model_output(output, CLUE_TOOLS) == "probe(0)"
+
+
+# Strings full of the delimiters and the syntax of every form: tags, quotes, braces, parentheses, escapes.
+NASTY = st.lists(st.one_of(st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", '"', "'", "{", "}",
+                                            "(", ")", "[", "]", ",", ";", "\\", "\\n", "\n", " ", "=", "0x0", "ｐ"]),
+                           st.text(max_size=6)), max_size=8).map("".join)
+NASTY_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                          st.floats(allow_nan=False, allow_infinity=False), NASTY)
+PLAIN = st.text(st.characters(blacklist_characters="<", blacklist_categories=("Cs",)), max_size=30)
+
+
+@st.composite
+def tools_and_calls(draw, n=st.integers(1, 3)):
+    """A few tools and a list of calls of them whose string arguments hold tags and syntax."""
+    names = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
+    tools, calls = [], []
+    for name in names:
+        params = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
+        tools.append(function_tool(name, "a tool", {p: {"type": "string"} for p in params}))
+    for _ in range(draw(n)):
+        tool = draw(st.sampled_from(tools))
+        params = list(tool["function"]["parameters"]["properties"])
+        given_ = draw(st.lists(st.sampled_from(params), unique=True))
+        calls.append({"name": tool["function"]["name"], "arguments": {p: draw(NASTY_SCALARS) for p in given_}})
+    return tools, calls
+
+
+def _ws(draw):
+    return draw(st.sampled_from(["", " ", "\n", "\n\n", "\t "]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tools_and_calls(n=st.just(1)), st.data())
+def test_every_form_of_one_call_gives_the_same_action(tc, data):
+    tools, (call,) = tc
+    expected = call_to_action(call, tools)
+    body = json.dumps(call, ensure_ascii=data.draw(st.booleans()))
+    ws = data.draw(st.sampled_from(["", " ", "\n"]))
+    forms = [f"<tool_call>{ws}{body}{ws}</tool_call>", body, expected, f"{ws}{body}{ws}",
+             f"<tool_call>{body}",  # the closing tag cut at the end
+             json.dumps({"name": call["name"], "arguments": json.dumps(call["arguments"])}),  # OpenAI's string
+             json.dumps({"name": call["name"], "parameters": call["arguments"]})]  # Llama 3's key
+    for form in forms:
+        assert parse_model_output(form, tools) == expected, form
+    structured = [{"id": "x", "type": "function",
+                   "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+    assert [c.action for c in calls_from_openai(structured, tools)] == [expected]
+
+
+@settings(max_examples=300, deadline=None)
+@given(tools_and_calls(), tools_and_calls(n=st.integers(0, 2)), st.lists(PLAIN, min_size=8, max_size=8),
+       st.booleans())
+def test_the_calls_of_a_turn_are_found_in_order_and_drafts_in_reasoning_never(tc, drafts_tc, texts, opened_by_prompt):
+    """Reasoning with drafted calls (their strings full of tags), then the real calls with text between them;
+    the reasoning opened by the prompt (only ``</think>`` in the output) or in the output."""
+    tools, calls = tc
+    drafts = [c for c in drafts_tc[1]]
+    draft_tools = drafts_tc[0]
+    reasoning = texts[0] + "".join(format_tool_call(d) + t for d, t in zip(drafts, texts[1:]))
+    out = ("" if opened_by_prompt else "<think>") + reasoning + "</think>" + texts[3]
+    for c, t in zip(calls, texts[4:]):
+        out += format_tool_call(c) + t
+    got = read_calls(out, tools + [t for t in draft_tools if t["function"]["name"] not in {x["function"]["name"] for x in tools}])
+    assert [c.action for c in got] == [call_to_action(c, tools) for c in calls]
+    if len(calls) == 1:
+        assert parse_model_output(out, tools) == call_to_action(calls[0], tools)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200) | NASTY)
+def test_any_output_reads_or_raises_action_parse_error(text):
+    for tools in (CLUE_TOOLS, FILEQA_TOOLS):
+        for c in read_calls(text, tools):
+            assert (c.action is None) != (c.error is None)
+            if c.action is not None:
+                assert canonical_action(c.action, tools) == c.action  # what reaches the env is canonical
+        try:
+            parse_model_output(text, tools)
+        except ActionParseError:
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(tools_and_calls(), st.lists(st.sampled_from(["\n", "; ", " ", ";\n"]), min_size=3, max_size=3),
+       st.lists(st.sampled_from(["json", "call"]), min_size=3, max_size=3), st.sampled_from(["", "<think>", "</think>"]))
+def test_several_bare_calls_in_one_turn_are_delimited_by_their_grammar(tc, seps, kinds, reasoning):
+    tools, calls = tc
+    out = {"": "", "<think>": f"<think>{format_tool_call(calls[0])}</think>",
+           "</think>": f"{format_tool_call(calls[-1])}</think>"}[reasoning]
+    for c, sep, kind in zip(calls, seps, kinds):
+        out += (json.dumps(c) if kind == "json" else call_to_action(c, tools)) + sep
+    assert [c.action for c in read_calls(out, tools)] == [call_to_action(c, tools) for c in calls]

@@ -5,11 +5,13 @@ elsewhere (``forkyard rollout-openai``).
 forkyard's own policies. Each action is one request:
 
 * ``api="chat"``: ``POST {base_url}/chat/completions`` with the episode's messages (the first observation
-  as the user turn, each tool output as a ``tool`` message answering the call, or a ``user`` message) and the
-  env's tools (:class:`envs.features.ToolSchemas`) as ``tools=``. A structured ``tool_calls`` answer, or a
-  call written in the content (``<tool_call>`` JSON, bare JSON, ``name(args)``), becomes the action through
-  :mod:`envs.tool_calls`; text that is no call goes to the env as it is, which answers with its
-  invalid-action observation.
+  as the user turn; after a structured ``tool_calls`` answer one ``tool`` message per call id, after a call
+  written in the content a ``user`` message) and the env's tools (:class:`envs.features.ToolSchemas`) as
+  ``tools=``. A structured ``tool_calls`` answer, or a call written in the content (``<tool_call>`` JSON,
+  bare JSON, ``name(args)``, reasoning skipped), is read by the one parser of :mod:`envs.tool_calls`: of
+  structured calls the first is the action and the others are answered "not executed" (:class:`OpenAISession`,
+  field case S34); content is read as every forkyard policy reads text (:func:`envs.tool_calls.parse_model_output`),
+  and text that is no single call goes to the env as it is, which answers with its invalid-action observation.
 * ``api="completions"``: ``POST {base_url}/completions`` with the messages rendered to one prompt by
   ``render`` (for example a tokenizer's ``apply_chat_template(..., tokenize=False,
   add_generation_prompt=True)``); the completion text is the model output.
@@ -36,7 +38,7 @@ from typing import Any, Callable
 import httpx
 
 from envs.actions import ActionParseError
-from envs.tool_calls import call_to_action, parse_model_output
+from envs.tool_calls import calls_from_openai, parse_model_output
 from trainer.rollout import Rollout, Step
 
 TOKEN_ID = re.compile(r"^token_id:(\d+)$")
@@ -134,44 +136,77 @@ class OpenAIPolicy:
         return record, reply
 
 
+#: The ``tool`` message answering a call of a turn that was not executed (an env step runs one call).
+NOT_EXECUTED = "Not executed: the env runs one tool call per turn, and this turn's first call ran."
+
+
+def _history_calls(calls: list[Any], turn: int) -> list[dict[str, Any]]:
+    """The server's ``tool_calls`` as the chat API takes them back in the history: every entry with a string
+    ``id`` (``call_{turn}_{i}`` when the server gave none), ``"type": "function"`` and its ``arguments`` as
+    a JSON string."""
+    out = []
+    for i, c in enumerate(calls):
+        c = c if isinstance(c, dict) else {}
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        args = fn.get("arguments")
+        cid = c.get("id") if isinstance(c.get("id"), str) and c.get("id") else f"call_{turn}_{i}"
+        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        args = args if isinstance(args, str) else json.dumps(args if args is not None else {})
+        out.append({**c, "id": cid, "type": "function", "function": {**fn, "name": name, "arguments": args}})
+    return out
+
+
 class OpenAISession:
-    """One episode branch of an :class:`OpenAIPolicy`: the chat so far."""
+    """One episode branch of an :class:`OpenAIPolicy`: the chat so far.
+
+    Every call of a turn is answered (field case S34), so the chat API accepts the next request: with
+    structured ``tool_calls``, the first call is the env action and its ``tool`` message holds the env's
+    observation (the invalid-action one when the call does not map, :func:`envs.tool_calls.calls_from_openai`),
+    every other call gets a ``tool`` message :data:`NOT_EXECUTED`. A call written in the content
+    (:func:`envs.tool_calls.parse_model_output`) has no id: the observation comes back as a ``user`` message.
+    """
 
     def __init__(self, policy: OpenAIPolicy, messages: list[dict[str, Any]], info: dict[str, Any]):
         self.policy, self.messages = policy, messages
         self.turn, self.anchor_key = info.get("turn", 0), info.get("anchor_key", "")
-        self._call_id: str | None = None
+        self._answers: list[tuple[str, str | None]] = []  # (tool_call_id, note; None: the observation)
 
     def act(self, rng: random.Random) -> Step:
         record, reply = self.policy.request(self.messages, rng.randrange(2**31))
-        action = record.text
-        try:
-            if record.tool_calls:
-                fn = record.tool_calls[0]["function"]
-                args = fn.get("arguments") or "{}"
-                call = {"name": fn.get("name"), "arguments": json.loads(args) if isinstance(args, str) else args}
-                action = call_to_action(call, self.policy.tools or [])
-                self._call_id = record.tool_calls[0].get("id")
-            else:
-                action = parse_model_output(record.text, self.policy.tools) if self.policy.tools else record.text.strip()
-                self._call_id = None
-            record.parsed = True
-        except (ActionParseError, ValueError, KeyError, TypeError):
-            action, self._call_id = record.text, None  # the env answers with its invalid-action observation
+        tools = self.policy.tools or []
+        self._answers = []
+        if record.tool_calls:
+            reply["tool_calls"] = _history_calls(record.tool_calls, self.turn)
+            calls = calls_from_openai(reply["tool_calls"], tools)
+            first = calls[0]
+            # an unmappable call goes to the env as its JSON text, which no env reads as an action
+            action = first.action if first.action is not None else first.text
+            record.parsed = first.action is not None
+            self._answers = [(c["id"], None if i == 0 else NOT_EXECUTED) for i, c in enumerate(reply["tool_calls"])]
+        elif self.policy.tools:
+            try:
+                action, record.parsed = parse_model_output(record.text, tools), True
+            except ActionParseError:
+                action = record.text  # the env answers with its invalid-action observation
+        else:
+            action, record.parsed = record.text.strip(), True
         self.messages.append(reply)
         logp = math.fsum(record.token_logprobs) if record.token_logprobs is not None else float("nan")
         return Step(self.turn, self.anchor_key, action, logp, 0.0, record)
 
     def observe(self, observation: str, info: dict[str, Any]) -> None:
-        if self._call_id is not None:
-            self.messages.append({"role": "tool", "tool_call_id": self._call_id, "content": observation})
+        if self._answers:
+            self.messages += [{"role": "tool", "tool_call_id": cid, "content": observation if note is None else note}
+                              for cid, note in self._answers]
         else:
             self.messages.append({"role": "user", "content": observation})
+        self._answers = []
         self.turn, self.anchor_key = info.get("turn", self.turn), info.get("anchor_key", "")
 
     def fork(self) -> "OpenAISession":
         twin = copy.copy(self)
         twin.messages = copy.deepcopy(self.messages)
+        twin._answers = list(self._answers)
         return twin
 
     def entropy(self) -> float:

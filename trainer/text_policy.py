@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from envs.actions import ActionParseError
+from envs.actions import ActionParseError, is_legal_action
 from envs.tool_calls import parse_model_output
 from trainer.lm import ByteTokenizer, KVCache
 from trainer.rollout import Step
@@ -187,8 +187,9 @@ class TextRecord:
         window_start: first context position the model saw (left truncation; 0 when it all fit).
         temperature, top_p: the sampling settings.
         stop: ``"eot"``, ``"stop_string"`` or ``"max_tokens"``.
-        legal: whether the action text is one of ``info["legal_actions"]`` (None when the env's action
-            set is open).
+        legal: whether the action text means one of ``info["legal_actions"]`` to the env
+            (:func:`envs.actions.is_legal_action`: canonical forms, not strings; field case S43), None when
+            the env's action set is open.
     """
 
     context: list[int]
@@ -352,7 +353,7 @@ class TextSession:
             self.mask.append(0)
         self._next_logits = None
         text = self.policy.to_action(tok.decode([i for i in gen if i != tok.eot_id]))
-        legal = None if self.legal_actions is None else text in self.legal_actions
+        legal = None if self.legal_actions is None else is_legal_action(text, self.legal_actions)
         record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal)
         step = Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record)
         return step
