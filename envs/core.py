@@ -356,6 +356,12 @@ class TextEnv(gym.Env):
         self._forks_made += n
         return children
 
+    def count_forks(self, n: int) -> None:
+        """Count ``n`` copies of this env made elsewhere from its snapshot (a cross-node fork restores the
+        snapshot on another node and forks it there, :meth:`sandbox_server.ray_nodes.NodeHost.adopt`): they took
+        this env's next ``n`` fork keys, so its later forks take the ones after (no two copies share a stream)."""
+        self._forks_made += int(n)
+
     def _clone(self) -> "TextEnv":
         child = object.__new__(type(self))
         child.__dict__.update(self.__dict__)

@@ -123,14 +123,19 @@ class NodeHost:
         return self._add(env)
 
     def adopt(self, env_id: str, kwargs: dict[str, Any], snapshot: bytes, n: int) -> list[str] | None:
-        """``n`` sessions at the state of ``snapshot`` (bytes of :meth:`envs.core.TextEnv.snapshot`): one env
-        restored from it, forked here into the others. None (nothing made) when ``n`` do not fit."""
+        """``n`` sessions at the state of ``snapshot`` (bytes of :meth:`envs.core.TextEnv.snapshot`): the
+        snapshot restored here and forked into ``n`` copies, which take the fork keys a local ``fork(n)`` of
+        the source would have given (the source counts them, :meth:`envs.core.TextEnv.count_forks`), so they
+        draw independent later episodes. None (nothing made) when ``n`` do not fit."""
         if not self.reserve(n):
             return None
         try:
-            env = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
-            env.restore(snapshot)
-            envs_ = [env] + (env.fork(n - 1) if n > 1 else [])
+            template = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+            try:
+                template.restore(snapshot)
+                envs_ = template.fork(n)
+            finally:
+                template.close()
         except BaseException:
             self.release(n)
             raise

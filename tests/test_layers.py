@@ -7,6 +7,7 @@ Every ``import`` statement counts, including those inside functions (a lazy impo
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -111,3 +112,16 @@ def test_long_modules_state_why():
             if text.count("\n") > 400 and "Why one file:" not in (ast.get_docstring(ast.parse(text)) or ""):
                 long.append(f"{p.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert long == []
+
+
+def test_every_reference_can_be_opened_by_a_reader_of_the_repo():
+    """Code, tests and docs cite papers by name and arXiv id and docs by path: never an issue number of a
+    tracker the reader cannot see, nor an unnamed source article."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.toml", "*.yaml", "*.sh", "Makefile"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    pattern = re.compile(r"\bissues? #?\d+|" + "seed" + r"\s+article", re.IGNORECASE)  # split: not a hit itself
+    found = [f"{f}:{n}" for f in files if not f.startswith("docker/vendor/")
+             for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+    assert found == []

@@ -1,4 +1,4 @@
-"""OpenAI-compatible rollouts (issue 16) against a real server on loopback: ``transformers serve`` with a tiny
+"""OpenAI-compatible rollouts against a real server on loopback: ``transformers serve`` with a tiny
 Llama that forkyard SFT'd and saved as a Hugging Face folder (built from a config; nothing downloaded).
 
 ``transformers serve`` (5.24) returns text but ignores ``logprobs``, so these tests check the text path and

@@ -1,4 +1,4 @@
-"""Tools as JSON schemas and tool calls in model output (issue 16): the mapping to env actions is lossless
+"""Tools as JSON schemas and tool calls in model output: the mapping to env actions is lossless
 both ways (hypothesis), every env's legal actions survive it, malformed output gets the env's invalid-action
 observation, and the schemas are served over HTTP (a real uvicorn on loopback)."""
 

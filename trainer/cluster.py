@@ -86,6 +86,7 @@ class PlacedEnv:
                 log.warning("fork to node %s failed: %s", name, exc)
                 continue
             if sids:
+                self.env.count_forks(n)  # the remote copies took this env's next fork keys
                 w.stats["forks_remote"] += 1
                 w.stats["fork_bytes"] += len(snapshot)
                 return [ClusterEnv(peer, sid, node=name) for sid in sids]
