@@ -409,6 +409,8 @@ def _fileqa_cpu_line(what: str, sessions: int, steps: float, busy: float, srv: f
 
 
 def main(argv: list[str] | None = None) -> None:
+    for var in ("FORKYARD_API_KEY", "FORKYARD_API_KEY_FILE"):  # its own loopback servers; raw clients send no key
+        os.environ.pop(var, None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", choices=["clueprobe", "fileqa", "both"], default="both")
     ap.add_argument("--seconds", type=float, default=3.0)

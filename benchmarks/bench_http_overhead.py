@@ -76,6 +76,8 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    for var in ("FORKYARD_API_KEY", "FORKYARD_API_KEY_FILE"):  # its own loopback servers; raw clients send no key
+        os.environ.pop(var, None)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="local", help="sandbox backend of the server and of the direct service")
     ap.add_argument("--n", type=int, default=300, help="calls per figure")

@@ -173,6 +173,8 @@ def remote_env(url: str, seconds: float, transport: str) -> tuple[float, float]:
 
 
 def main() -> None:
+    for var in ("FORKYARD_API_KEY", "FORKYARD_API_KEY_FILE"):  # its own loopback servers; raw clients send no key
+        os.environ.pop(var, None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0)
     args = ap.parse_args()

@@ -16,6 +16,7 @@ variables at once is a ValueError naming the variable, never echoing the value. 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Mapping
 
@@ -54,9 +55,18 @@ def api_key(explicit: str | None = None, environ: Mapping[str, str] | None = Non
     return None if value is None else check_key(value, KEY_VAR)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its user info hidden (``http://forkyard:KEY@host/x`` -> ``http://***@host/x``): how clients
+    name a server in messages and errors, so that a key carried in a URL never shows."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def auth_headers(key: str | None) -> dict[str, str]:
     """The request headers that carry ``key`` (``{}`` for None)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-__all__ = ["KEY_FILE_VAR", "KEY_VAR", "api_key", "auth_headers", "check_key"]
+__all__ = ["KEY_FILE_VAR", "KEY_VAR", "api_key", "auth_headers", "check_key", "redact_url"]

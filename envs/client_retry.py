@@ -1,4 +1,6 @@
-"""When a forkyard client sends a request again: the one policy of every HTTP and WebSocket client.
+"""When a forkyard client sends a request again: the one policy of forkyard's clients (``RemoteEnv`` over HTTP
+and WebSocket, ``RemoteVectorEnv``, ``SandboxClient``, ``AsyncSandboxClient``; ``ForkyardEnvClient`` keeps
+OpenEnv's client behaviour and retries nothing).
 
 Two cases, and only these, are retried:
 
@@ -7,8 +9,9 @@ Two cases, and only these, are retried:
   sent again. Clients wait what ``Retry-After`` says (at least :data:`MIN_WAIT_S`) and try again until
   ``busy_timeout_s`` seconds (default :data:`BUSY_TIMEOUT_S`, a constructor argument of every client; 0
   never retries) have passed since the first answer, on a monotonic clock; then the 503 is raised as
-  before. Other 503s (``"infra_error"``, ``"sandbox_error"``: something failed while running) are not
-  retried here: trainers drop such episodes.
+  before. Other 503s (``"infra_error"``, ``"sandbox_error"``: something failed while running;
+  ``"abandoned"``: the server gave up on work that may have run, past its deadline or cut by a stop) are
+  not retried here: trainers drop such episodes.
 * **A connection the server closed while it was idle.** A server closes keep-alive connections idle past
   its timeout (uvicorn: 5 s); a request sent as that happens fails with no answer. Clients keep idle
   connections for :data:`KEEPALIVE_EXPIRY_S` (under the server's timeout, so the race is rare), and send a
@@ -21,6 +24,7 @@ Standard library only.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 #: Seconds a client keeps retrying requests answered ``503 unavailable`` (default of ``busy_timeout_s``).
@@ -40,11 +44,13 @@ def is_busy(status_code: int, error_status: str | None) -> bool:
 
 def retry_after_s(value: str | float | int | None) -> float:
     """Seconds to wait from a ``Retry-After`` value (delta-seconds) or a ``retry_after_s`` field;
-    :data:`MIN_WAIT_S` when missing or unreadable (HTTP dates are not sent by forkyard servers)."""
+    :data:`MIN_WAIT_S` when missing, unreadable or not finite (HTTP dates are not sent by forkyard servers;
+    the budget of :class:`BusyWait` bounds a large one)."""
     try:
-        return max(float(value), MIN_WAIT_S) if value is not None else MIN_WAIT_S
+        seconds = float(value) if value is not None else MIN_WAIT_S
     except (TypeError, ValueError):
         return MIN_WAIT_S
+    return max(seconds, MIN_WAIT_S) if math.isfinite(seconds) else MIN_WAIT_S
 
 
 def safe_to_repeat(method: str, path: str) -> bool:

@@ -32,7 +32,7 @@ from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import connect as ws_connect
 
 from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers
+from envs.api_key import auth_headers, redact_url
 
 
 class ForkyardEnvClient(GenericEnvClient):
@@ -60,7 +60,7 @@ class ForkyardEnvClient(GenericEnvClient):
                 self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
                                             max_size=self._max_message_size, additional_headers=self._headers)
             except Exception as exc:  # noqa: BLE001 - as OpenEnv's client: any failure to open is a ConnectionError
-                raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+                raise ConnectionError(f"Failed to connect to {redact_url(self._ws_url)}: {exc}") from exc
         return self
 
     async def fork(self, n: int = 1) -> list[str]:

@@ -39,7 +39,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers
+from envs.api_key import auth_headers, redact_url
 from envs.client_retry import (
     BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat,
 )
@@ -120,7 +120,7 @@ class RemoteEnv(gym.Env):
                 if not repeated and isinstance(exc, _NO_ANSWER) and safe_to_repeat(method, path):
                     repeated = True  # the server closed an idle connection under it: once more, on a new one
                     continue
-                raise EnvInfraError(f"{method} {self.server_url}{path} failed: {exc!r}") from exc
+                raise EnvInfraError(f"{method} {redact_url(self.server_url)}{path} failed: {exc!r}") from exc
             if resp.status_code == 503 and is_busy(503, _error_status(resp)):
                 busy = busy or BusyWait(self.busy_timeout_s)
                 if busy.wait(retry_after_s(resp.headers.get("Retry-After"))):
@@ -154,11 +154,11 @@ class RemoteEnv(gym.Env):
                 answer = json.loads(self._socket.recv(timeout=self.timeout_s))
             except InvalidStatus as exc:
                 if exc.response.status_code == 401:
-                    raise PermissionError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws: HTTP 401: the server "
+                    raise PermissionError(f"{kind} over {redact_url(self.server_url)}/openenv/{self.env_id}/ws: HTTP 401: the server "
                                           "requires an API key (set FORKYARD_API_KEY or api_key=)") from None
-                raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
+                raise EnvInfraError(f"{kind} over {redact_url(self.server_url)}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
             except (OSError, TimeoutError, WebSocketException) as exc:
-                raise EnvInfraError(f"{kind} over {self.server_url}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
+                raise EnvInfraError(f"{kind} over {redact_url(self.server_url)}/openenv/{self.env_id}/ws failed: {exc!r}") from exc
             if answer.get("type") != "error":
                 return answer["data"]
             err = answer["data"]
@@ -282,7 +282,7 @@ class RemoteEnv(gym.Env):
         if self.session_id is not None or self._socket is not None or getattr(self, "_closed", False):
             raise TypeError(
                 f"cannot pickle a RemoteEnv holding live server session {self.session_id!r} of {self.env_id!r} on "
-                f"{self.server_url} (or a closed one): the session and its connection cannot cross a process "
+                f"{redact_url(self.server_url)} (or a closed one): the session and its connection cannot cross a process "
                 "boundary; pickle the env before reset(), or make a new one in the other process")
         state = {k: v for k, v in self.__dict__.items() if k not in ("_client", "_client_refs", "_socket")}
         pool = getattr(self._client._transport, "_pool", None)  # httpx keeps the retries on its pool

@@ -53,7 +53,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers
+from envs.api_key import auth_headers, redact_url
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
 from envs.text_space import TextSpace
@@ -193,7 +193,7 @@ class _Connection:
                 except OSError as exc:
                     self._conn.close()
                     if attempt == self._retries:
-                        raise EnvInfraError(f"cannot connect to {self.url}: {exc!r}") from exc
+                        raise EnvInfraError(f"cannot connect to {redact_url(self.url)}: {exc!r}") from exc
                     time.sleep(0.1 * 2 ** attempt)
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
@@ -208,7 +208,7 @@ class _Connection:
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
             self._conn.close()
-            raise EnvInfraError(f"POST {self.url}{path} failed: {exc!r}") from exc
+            raise EnvInfraError(f"POST {redact_url(self.url)}{path} failed: {exc!r}") from exc
         return resp.status, data, resp.getheader("Retry-After")
 
     def close(self) -> None:
@@ -280,31 +280,29 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         to ``busy_timeout_s`` seconds (nothing of them ran). Raises EnvInfraError (network, 404 or 5xx for the
         whole request) or ValueError (other 4xx)."""
         out: list[dict[str, Any]] = []
+        busy = BusyWait(self.busy_timeout_s)  # one budget for the whole call, every chunk and retry included
         for start in range(0, len(items), BATCH_ITEMS):
             chunk = items[start:start + BATCH_ITEMS]
-            results = self._post_batch(route, chunk)
-            busy = None
+            results = self._post_batch(route, chunk, busy)
             while True:
                 waiting = [k for k, r in enumerate(results)
                            if is_busy(r.get("status_code", 0), (r.get("error") or {}).get("status"))]
                 if not waiting:
                     break
-                busy = busy or BusyWait(self.busy_timeout_s)
                 if not busy.wait(max(retry_after_s(results[k].get("retry_after_s")) for k in waiting)):
                     break
-                for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting])):
+                for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting], busy)):
                     results[k] = r
             out.extend(results)
         return out
 
-    def _post_batch(self, route: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _post_batch(self, route: str, items: list[dict[str, Any]], busy: BusyWait) -> list[dict[str, Any]]:
         """One ``POST /v1/envs/batch/{route}`` of at most :data:`BATCH_ITEMS` items; a whole request answered
-        ``503 unavailable`` is sent again within ``busy_timeout_s``."""
-        path, body, busy = f"/v1/envs/batch/{route}", _dumps({"items": items}), None
+        ``503 unavailable`` is sent again while ``busy`` (the call's budget) lasts."""
+        path, body = f"/v1/envs/batch/{route}", _dumps({"items": items})
         while True:
             status, data, retry_after = self._client.post(path, body)
             if status == 503 and is_busy(status, _error_status(data)):
-                busy = busy or BusyWait(self.busy_timeout_s)
                 if busy.wait(retry_after_s(retry_after)):
                     continue
             if status == 401:

@@ -43,7 +43,7 @@ from fastapi import FastAPI, Request
 
 from envs.api_key import api_key as resolve_api_key
 from sandbox_server import http_contract
-from sandbox_server.auth import ApiKeyMiddleware
+from sandbox_server.auth import ApiKeyMiddleware, HiddenKey
 from sandbox_server.backends import Backend, make_backend
 from sandbox_server.env_sessions import EnvSessions, reaper
 from sandbox_server.errors import ServiceUnavailable
@@ -99,8 +99,13 @@ class Drain:
             task.cancel("the server is shutting down")
 
     @staticmethod
-    def answer() -> Any:
-        """The 503 of a request the drain refused or cut."""
+    def answer(cut: bool = False) -> Any:
+        """The 503 of a request the drain refused (``unavailable``: it did not run) or cut while it ran
+        (``abandoned``: it may have run, so clients do not send it again by themselves)."""
+        if cut:
+            return http_contract.error_response(503, "the server is shutting down and cut this request while it ran; "
+                                                     "it may have run", "abandoned",
+                                                {**http_contract.retry_after(5.0), "Connection": "close"})
         return http_contract.error_response(503, "the server is shutting down; retry on another replica or once it "
                                                  "is back", "unavailable",
                                             {**http_contract.retry_after(5.0), "Connection": "close"})
@@ -135,7 +140,7 @@ class DrainMiddleware:
                 raise
             task.uncancel()  # cut by the drain, which answers it
             if not started:
-                await drain.answer()(scope, receive, send)
+                await drain.answer(cut=True)(scope, receive, send)
         finally:
             drain._inflight.discard(task)
             drain._cut.discard(task)
@@ -277,7 +282,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.state.api_key_required = door_key is not None
     if door_key is not None:  # outermost: before any route, body limit or body read
-        app.add_middleware(ApiKeyMiddleware, key=door_key)
+        app.add_middleware(ApiKeyMiddleware, key=HiddenKey(door_key))
     app.include_router(env_routes.router)
     app.include_router(openenv.router)
     if sandboxes:

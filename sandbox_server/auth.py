@@ -29,6 +29,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 OPEN_PATHS = frozenset({"/healthz"})
 
 
+class HiddenKey(str):
+    """A key whose ``repr`` hides it (Starlette's ``Middleware`` records show their keyword arguments)."""
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+
 class ApiKeyMiddleware:
     """Refuse (401) every HTTP request and WebSocket handshake that does not carry ``key`` (module docstring).
 
@@ -40,6 +47,9 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, key: str):
         self.app = app
         self._key = key.encode("ascii")
+
+    def __repr__(self) -> str:
+        return f"ApiKeyMiddleware(app={self.app!r}, key=<hidden>)"
 
     def authorized(self, scope: Scope) -> bool:
         """Whether the request's ``Authorization`` header carries the key (Bearer, or Basic's password)."""
@@ -79,4 +89,4 @@ class ApiKeyMiddleware:
             await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
 
 
-__all__ = ["ApiKeyMiddleware", "OPEN_PATHS"]
+__all__ = ["ApiKeyMiddleware", "HiddenKey", "OPEN_PATHS"]

@@ -363,6 +363,8 @@ class SandboxClient(_ClientBase):
                 busy = busy or BusyWait(self.busy_timeout_s)
                 if busy.wait(wait):
                     continue
+            if repeated and req.method == "DELETE" and resp.status_code == 404:
+                return None  # the first delete ran before its connection closed: done
             return self._parse(name, resp)
 
     @_op("health")
@@ -472,6 +474,8 @@ class AsyncSandboxClient(_ClientBase):
                 busy = busy or BusyWait(self.busy_timeout_s)
                 if await busy.wait_async(wait):
                     continue
+            if repeated and req.method == "DELETE" and resp.status_code == 404:
+                return None  # the first delete ran before its connection closed: done
             return self._parse(name, resp)
 
     @_op("health")

@@ -34,6 +34,12 @@ class ServiceUnavailable(SandboxError):
         self.retry_after_s = retry_after_s
 
 
+class WorkAbandoned(ServiceUnavailable):
+    """Work that may have started was given up (HTTP 503 ``abandoned``): its deadline passed, its client left or
+    the server stopped while it ran. Unlike a plain :class:`ServiceUnavailable` (nothing ran), it may have had
+    its effect: clients never send it again by themselves (``envs.client_retry``)."""
+
+
 class CapacityReached(ServiceUnavailable):
     """The env-session cap has no room for the sessions asked for (HTTP 503 with ``Retry-After``)."""
 

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envs.core import EnvInfraError, EpisodeFinishedError
 from sandbox_server.errors import (
-    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported, ToolRefused,
+    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported, ToolRefused, WorkAbandoned,
 )
 from sandbox_server.models import ErrorBody
 
@@ -42,7 +42,8 @@ DOMAIN_ERRORS: dict[type[BaseException], tuple[int, str]] = {
     ToolRefused: (422, "refused"),                # nothing was executed
     SnapshotUnsupported: (422, "refused"),        # the writable areas hold what a snapshot cannot carry (a FIFO)
     SandboxNotFound: (404, "not_found"),
-    ServiceUnavailable: (503, "unavailable"),     # engine down, pool exhausted, env-session cap: Retry-After
+    WorkAbandoned: (503, "abandoned"),            # given up after it may have started: it may have run
+    ServiceUnavailable: (503, "unavailable"),     # engine down, pool exhausted, env-session cap: nothing ran
     SandboxError: (503, "sandbox_error"),         # a sandbox failed (it is replaced): retry
     EnvInfraError: (503, "infra_error"),          # an env's infrastructure (or its code) failed: retry
     EpisodeFinishedError: (409, "conflict"),      # step after the end: reset first

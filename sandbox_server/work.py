@@ -41,7 +41,7 @@ from typing import Any, Callable
 import anyio
 from fastapi import Request
 
-from sandbox_server.errors import ServiceUnavailable, ToolRefused
+from sandbox_server.errors import ServiceUnavailable, ToolRefused, WorkAbandoned
 from sandbox_server.service import CancelToken, SandboxService
 from sandbox_server.settings import ServiceConfig
 from sandbox_server.tools import clamp_timeout
@@ -372,8 +372,9 @@ async def run_blocking(fn: Callable[..., Any], *args: Any, deadline_s: float = E
     else:
         work.add_done_callback(_consume)
     if client_gone:
-        raise ServiceUnavailable("the client closed the connection before the work finished; nothing was kept")
-    raise ServiceUnavailable(f"the sandbox engine did not answer within {deadline_s:g} s", retry_after_s=ENGINE_RETRY_S)
+        raise WorkAbandoned("the client closed the connection before the work finished; nothing was kept")
+    raise WorkAbandoned(f"the sandbox engine did not answer within {deadline_s:g} s; the work may have run",
+                        retry_after_s=ENGINE_RETRY_S)
 
 
 def release_sandboxes(svc: SandboxService) -> Callable[[Any], None]:

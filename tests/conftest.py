@@ -38,6 +38,9 @@ from tests.docker_support import (  # noqa: E402 - after the path set-up above
 # session's label, so the leak check sees it. Documented commands run without FORKYARD_* variables
 # (tests/test_docs_commands.py), as a user's shell would.
 os.environ["FORKYARD_SERVER_NAME"] = SERVER_NAME
+# The servers tests start are their own: no API key unless a test gives one (tests/test_auth.py).
+for _var in ("FORKYARD_API_KEY", "FORKYARD_API_KEY_FILE"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")

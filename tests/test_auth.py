@@ -76,6 +76,9 @@ def test_every_route_but_healthz_refuses_a_missing_or_wrong_key(server):
             ok = http.request(method, path, headers={"Authorization": f"Bearer {KEY}"}, content=b'{"items": []}')
             assert ok.status_code != 401, (method, path)
         assert http.get("/healthz").status_code == 200  # probes need no secret
+        for method, path in (("GET", "/healthz/"), ("GET", "//v1/pool"), ("HEAD", "/v1/pool"), ("OPTIONS", "/v1/pool"),
+                             ("GET", "/HEALTHZ"), ("GET", "/healthz/../v1/pool"), ("GET", "/v1/%70ool")):
+            assert http.request(method, path).status_code == 401, (method, path)
         basic = base64.b64encode(f"anyone:{KEY}".encode()).decode()
         assert http.get("/v1/pool", headers={"Authorization": f"Basic {basic}"}).status_code == 200
         assert http.get("/v1/pool", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
@@ -181,6 +184,25 @@ def test_check_key_accepts_exactly_visible_ascii(text):
     else:
         with pytest.raises(ValueError):
             check_key(text, "k")
+
+
+def test_apps_read_the_key_from_the_environment_and_never_show_it(monkeypatch):
+    from envs.api_key import redact_url
+
+    monkeypatch.setenv(KEY_VAR, KEY)
+    app = create_env_app()
+    assert KEY not in repr(app.user_middleware)
+    srv = UvicornThread(app).start()
+    try:
+        assert httpx.post(f"{srv.url}/v1/envs", json={"env_id": CLUE}).status_code == 401
+        assert httpx.post(f"{srv.url}/v1/envs", json={"env_id": CLUE},
+                          headers={"Authorization": f"Bearer {KEY}"}).status_code == 201
+        with pytest.raises(PermissionError) as err:
+            RemoteEnv(CLUE, srv.url, api_key="not-the-key").reset(seed=0)
+        assert "not-the-key" not in str(err.value) and KEY not in str(err.value)
+    finally:
+        srv.stop()
+    assert redact_url(f"http://forkyard:{KEY}@127.0.0.1:1/x") == "http://***@127.0.0.1:1/x"
 
 
 def test_an_env_server_without_a_key_stays_open():

@@ -54,7 +54,7 @@ def test_remote_env_waits_for_room_on_a_full_server(full_server, transport):
     env = RemoteEnv(CLUE, srv.url, transport=transport)
     obs, _ = env.reset(seed=1)  # answered 503 + Retry-After first, then given the freed slot
     waited = time.monotonic() - t0
-    assert "Turn 1" in obs and waited >= 0.5
+    assert "Turn 1" in obs and waited >= 4.5  # it waited what Retry-After said (5 s), not less
     env.close()
 
 
@@ -105,13 +105,16 @@ def test_sandbox_client_waits_for_a_free_sandbox():
 class ClosingProxy:
     """A loopback TCP proxy to ``target_port``: bytes pass both ways, except that after :meth:`arm` the next
     request arriving on a connection that already carried an answer closes that connection unanswered (the
-    request never reaches the server), as a server closing an idle keep-alive connection does."""
+    request never reaches the server), as a server closing an idle keep-alive connection does; after
+    :meth:`arm_answer` the next answer on such a connection is dropped instead (the request ran, its client
+    never hears of it)."""
 
     def __init__(self, target_port: int):
         self.target = target_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
+        self.answer_armed = threading.Event()
         self.cut = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -121,6 +124,9 @@ class ClosingProxy:
 
     def arm(self) -> None:
         self.armed.set()
+
+    def arm_answer(self) -> None:
+        self.answer_armed.set()
 
     def _accept(self) -> None:
         while True:
@@ -153,6 +159,11 @@ class ClosingProxy:
     def _down(self, upstream: socket.socket, client: socket.socket, answered: threading.Event) -> None:
         try:
             while data := upstream.recv(65536):
+                if answered.is_set() and self.answer_armed.is_set():
+                    self.answer_armed.clear()
+                    self.cut += 1
+                    client.shutdown(socket.SHUT_RDWR)
+                    break
                 client.sendall(data)
                 answered.set()
         except OSError:
@@ -188,12 +199,35 @@ def test_a_safe_request_is_repeated_after_an_idle_close_and_a_step_never_is():
         srv.stop()
 
 
+def test_sandbox_client_repeats_safe_calls_and_a_delete_that_ran_is_done():
+    require_bwrap()
+    srv = UvicornThread(create_app("local", ServiceConfig(min_idle=0, max_total=2), warm=False)).start()
+    proxy = ClosingProxy(srv.port)
+    try:
+        with SandboxClient(proxy.url) as c:
+            sb = c.create(files={"q.txt": b"hi"})
+            proxy.arm()
+            assert c.exec(sb.id, "cat", {"path": "/scratch/q.txt"}).stdout == "hi"  # cut, then sent again
+            proxy.arm_answer()
+            assert c.delete(sb.id) is None  # it ran, its answer was lost; sent again: 404, which means done
+            assert proxy.cut == 2 and c.list() == []
+            sb2 = c.create()
+            proxy.arm()
+            with pytest.raises(ServiceUnavailable, match="did not answer"):
+                c.fork(sb2.id, 1)  # a fork may have run: never sent twice
+            assert len(c.list()) == 1  # the cut fork never reached the server
+    finally:
+        proxy.close()
+        srv.stop()
+
+
 def test_the_policy_functions():
     assert safe_to_repeat("GET", "/v1/envs/x/tools") and safe_to_repeat("DELETE", "/v1/envs/x")
     assert safe_to_repeat("POST", "/v1/envs/x/reset") and safe_to_repeat("POST", "/v1/sandboxes/x/exec")
     for path in ("/v1/envs/x/step", "/v1/envs", "/v1/envs/x/fork", "/v1/sandboxes/x/snapshot", "/v1/envs/batch/step"):
         assert not safe_to_repeat("POST", path)
     assert retry_after_s("5") == 5.0 and retry_after_s(None) == retry_after_s("soon") == retry_after_s("0") == 0.05
+    assert retry_after_s("nan") == retry_after_s(float("inf")) == retry_after_s("-inf") == 0.05
     with pytest.raises(ValueError):
         BusyWait(-1)
     budget = BusyWait(0.2)
