@@ -19,10 +19,11 @@ FastAPI's own validation errors included; each route documents the ones it can r
 * 422 ``invalid`` / ``refused``: malformed JSON, a value of the wrong type (strict: ``true`` is not an
   integer, ``2.0`` is not one either), out of range, an unknown field, or a tool call / kwarg the server
   refuses. Nothing ran.
-* 503 ``unavailable`` / ``sandbox_error`` / ``infra_error`` with ``Retry-After``: the engine is down, the
-  pool or the env-session cap is exhausted, a sandbox or an env failed, the server gave up on work past
-  its deadline, or it is shutting down (:class:`Drain`: a stop answers or cuts every request within
-  :data:`DRAIN_GRACE_S`). A failed request keeps nothing: work abandoned after an error answer (a
+* 503 with ``Retry-After``: ``unavailable`` (nothing ran: the engine is down, the pool or the env-session
+  cap is exhausted, or the server is shutting down and refused it), ``sandbox_error`` / ``infra_error``
+  (a sandbox or an env failed), ``abandoned`` (work that may have started was given up: past its
+  deadline, or cut by a stop, :class:`Drain`, within :data:`DRAIN_GRACE_S`; clients never send it again
+  by themselves). A failed request keeps nothing: work abandoned after an error answer (a
   deadline, a client that hung up, a shutdown) releases what it took.
 * 500 ``internal``: only for a bug (logged); the keep-alive connection stays usable.
 
