@@ -38,6 +38,7 @@ batched routes), read together.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import select
@@ -177,7 +178,12 @@ class _Connection:
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self._conn = cls(parts.hostname, parts.port, timeout=timeout_s)
         self._retries = retries
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)}
+        if api_key is None and parts.username is not None:  # a key in the URL's user info, as the other clients take it
+            creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            auth = {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode("ascii")}
+        else:
+            auth = auth_headers(api_key)
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth}
         self.closed = False
 
     def _ready(self) -> None:

@@ -20,6 +20,7 @@ unset while the server listens beyond loopback, the server says so loudly at sta
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         problems.append(explain(exc, ServiceConfig, FLAGS))
     if problems:  # every bad setting at once, each in the same words whichever way it came
         ap.error("bad setting: " + "; ".join(problems))
+    # A flag wins over its variable everywhere: later reads of the settings (the app, the backends, the
+    # corpus) see the values this command runs with, never a bad variable the flag replaced.
+    for field, value in given.items():
+        os.environ[f"FORKYARD_{field.upper()}"] = str(getattr(settings if field in ServerSettings.model_fields
+                                                              else config, field))
 
     # the server's own modules only once the settings are known to be good: a refusal is quick
     from envs.api_key import api_key

@@ -145,6 +145,9 @@ def test_vector_and_sandbox_clients_send_the_key(server, monkeypatch, tmp_path):
     obs, _ = vec.reset(seed=0)
     assert len(obs) == 2 and vec.step(["probe(0)", "probe(1)"])[0][0]
     vec.close()
+    vec = RemoteVectorEnv(CLUE, server.url.replace("http://", f"http://forkyard:{KEY}@"), 1)  # as the others take it
+    assert len(vec.reset(seed=0)[0]) == 1
+    vec.close()
     with pytest.raises(PermissionError, match="401"):
         SandboxClient(server.url).pool_status()
     key_file = tmp_path / "key"

@@ -166,3 +166,18 @@ def test_openapi_schema_names_each_model_once():
         names = list(app.openapi()["components"]["schemas"])
         assert [n for n in names if "__" in n] == [], names
         assert "ForkRequest" in names and "ErrorBody" in names
+
+
+@pytest.mark.parametrize("extra", [[], ["--backend", "local"]], ids=["env sessions", "local pool"])
+def test_a_flag_wins_over_a_bad_variable_everywhere(extra):
+    """``--port`` / ``--log-level`` / ``--backend`` given: the variables they replace are never read again,
+    however bad (the app, the backends and the corpus read the settings later, field case S33)."""
+    if extra:
+        require_bwrap()
+    argv = [sys.executable, "-m", "sandbox_server", *(extra or ["--no-sandboxes"])]
+    srv = Server(argv, "cmd-flag-wins", FORKYARD_PORT="abc", FORKYARD_LOG_LEVEL="verbose",
+                 **({"FORKYARD_BACKEND": "nope", "FORKYARD_MIN_IDLE": "0"} if extra else {}))
+    try:
+        assert httpx.get(f"{srv.url}/healthz", timeout=10).status_code == 200
+    finally:
+        assert srv.stop() in (0, -signal.SIGTERM)
