@@ -334,6 +334,20 @@ def check_new_run_dir(run_dir: str | None, names: Iterable[str] = RUN_RECORDS, c
                           f"`forkyard {command} --resume {run_dir}`, or give another --run-dir")
 
 
+def run_config(cfg: Any, command: str = "train", config_file: str = "config.json",
+               records: Iterable[str] = RUN_RECORDS) -> Any:
+    """The config a command runs with: the resumed run's (:func:`resume_config`) when ``cfg.resume`` is set,
+    else ``cfg`` once its run folder is known to hold no run's ``records`` (:func:`check_new_run_dir`).
+
+    Raises:
+        RunDirError: as :func:`resume_config` or :func:`check_new_run_dir`.
+    """
+    if cfg.resume:
+        return resume_config(cfg, config_file)
+    check_new_run_dir(cfg.run_dir, records, command=command)
+    return cfg
+
+
 def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
     """The config of a resumed run: ``RUN_DIR/config_file`` (``RUN_DIR = cfg.resume``) with the settings
     :data:`RESUME_MAY_CHANGE` taken from ``cfg`` where given, ``run_dir = RUN_DIR``. A setting counts as given

@@ -154,18 +154,14 @@ def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
         StopSignals,
         TrainingInterrupted,
         as_random_state,
-        check_new_run_dir,
         continue_records,
-        resume_config,
         rng_state,
+        run_config,
         save_state,
         set_rng_state,
     )
 
-    if cfg.resume:
-        cfg = resume_config(cfg, "sft_config.json")
-    else:
-        check_new_run_dir(cfg.run_dir, SFT_RECORDS, command="sft")
+    cfg = run_config(cfg, "sft", "sft_config.json", SFT_RECORDS)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)

@@ -37,10 +37,9 @@ from trainer.estimators import Assigned
 from trainer.lm import load_checkpoint, save_checkpoint
 from trainer.loop import (
     TrainResult,
-    check_new_run_dir,
     collect,
     make_env,
-    resume_config,
+    run_config,
     train_loop,
     write_summary,
 )
@@ -289,10 +288,7 @@ def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
             holds another run's records, or has no run to resume.
         trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
     """
-    if cfg.resume:
-        cfg = resume_config(cfg)
-    else:
-        check_new_run_dir(cfg.run_dir, command="train-lm")
+    cfg = run_config(cfg, "train-lm")
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -19,10 +19,9 @@ from trainer.config import setting
 from trainer.loop import (
     LoopConfig,
     TrainResult,
-    check_new_run_dir,
     evaluation_resets,
     make_env,
-    resume_config,
+    run_config,
     train_loop,
     write_summary,
 )
@@ -84,7 +83,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the
     last and on SIGTERM) and ``summary.json`` to ``cfg.run_dir`` when set; ``cfg.resume`` continues the run
-    in that folder (:func:`trainer.loop.resume_config`, :func:`trainer.loop.train_loop`).
+    in that folder (:func:`trainer.loop.run_config`, :func:`trainer.loop.train_loop`).
 
     Raises:
         ValueError: on an invalid config; :class:`trainer.loop.RunDirError` (a ValueError) when the run folder
@@ -93,10 +92,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     """
     from trainer.tabular import TabularPolicy
 
-    if cfg.resume:
-        cfg = resume_config(cfg)
-    else:
-        check_new_run_dir(cfg.run_dir)
+    cfg = run_config(cfg)
     cfg.validate()
     t0 = time.perf_counter()
     env = make_env(cfg.env_id, cfg.env_options(), cfg.server_url)
