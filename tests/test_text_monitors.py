@@ -61,20 +61,21 @@ def test_plot_command_writes_png(tmp_path):
 
 
 def test_format_collapse_detector_on_the_recorded_runs():
-    """The 54 recorded BPE runs (docs/results/text_policy_runs: 15 of section 1, 26 of section 0's
+    """The 54 recorded BPE runs (experiments/text_policy/data, gzip: 15 of section 1, 26 of section 0's
     confirmation, 13 of section 0a's entropy-fork arm): replayed, the format-collapse detector fires on
     exactly the six runs whose invalid-action share rose, at the iteration the windowed share crossed;
     the Echo-Trap detector on four. For runs recorded by train-lm with the detectors in the loop, the
     replay gives the iterations that were logged."""
+    import gzip
     from pathlib import Path
 
     from trainer.monitors import FormatCollapseDetector
 
-    runs = sorted(Path(__file__).resolve().parents[1].glob("docs/results/text_policy_runs/*.metrics.jsonl"))
+    runs = sorted(Path(__file__).resolve().parents[1].glob("experiments/text_policy/data/*.metrics.jsonl.gz"))
     assert len(runs) == 54
     fired, echoed = {}, {}
     for path in runs:
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
         det, echo = FormatCollapseDetector(), EchoTrapDetector()
         name = path.name.split(".")[0]
         for m in rows:

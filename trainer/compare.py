@@ -3,12 +3,14 @@
 ``forkyard compare`` sweeps T (turns) x variant x seed, one process per run on every core, and writes
 to ``OUT`` (default ``runs/compare-<time>``): ``results.csv`` (one row per run), ``table.md`` (the
 markdown table it prints), ``accuracy_vs_T.png`` (drawn by :func:`trainer.plot.plot_sweep`) and one
-``metrics/<run>.jsonl`` per run. The statistics come from :mod:`trainer.stats`.
+``metrics/<run>.jsonl`` per run. The statistics come from :mod:`trainer.stats`. The granularity study's own
+runs, its comparison with the reference study's published numbers and the commands that regenerate its tables
+and figures are in ``experiments/granularity/``.
 
-Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the reference granularity study reproduced in docs/results/granularity.md, plus
-``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork at the highest-entropy turn);
-on request ``tree_branchmean`` (prefix valued by its branches' mean) and ``tree_anchor`` (``anchor_fallback`` on
-a tree rollout).
+Variants: ``traj``, ``anchor``, ``tree`` (uniform fork turns) as in the reference granularity study
+(docs/results/granularity.md), plus ``anchor_fallback`` (GiGPO's combined advantage) and ``tree_entropy`` (fork
+at the highest-entropy turn); on request ``tree_branchmean`` (prefix valued by its branches' mean) and
+``tree_anchor`` (``anchor_fallback`` on a tree rollout).
 Greedy accuracy is exact: the greedy policy plays every one of the ``2**bits`` targets once.
 """
 
@@ -39,12 +41,6 @@ VARIANTS: dict[str, dict] = {
 }
 #: what a sweep runs unless told (the reference study's three plus two; the others on request)
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("tree_branchmean", "tree_anchor"))
-ARTICLE = {  # the reference study's published table (docs/results/granularity.md): T -> (optimum, traj, anchor, tree, degeneration)
-    2: (0.25, 0.251, 0.257, 0.257, 0.151),
-    3: (0.50, 0.451, 0.430, 0.395, 0.536),
-    4: (1.00, 0.556, 0.394, 0.603, 0.709),
-    5: (1.00, 0.691, 0.168, 0.778, 0.797),
-}
 
 
 @dataclass

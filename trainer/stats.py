@@ -1,8 +1,9 @@
 """The statistics of forkyard's experiments, in one place.
 
 Used by ``forkyard compare`` (:mod:`trainer.compare`: mean greedy accuracy ± 95% interval per (T, variant)),
-``scripts/text-policy-stats.py`` (the pre-registered paired tests of docs/results/text_policy.md and the
-±1 s.e. bands of its curves) and ``benchmarks/bench_gradient_alignment.py`` (± s.e. of mean cosines).
+``experiments/text_policy/stats.py`` (the pre-registered paired tests of docs/results/text_policy.md and the
+±1 s.e. bands of its curves), the other studies under ``experiments/`` (paired differences by seed) and
+``benchmarks/bench_gradient_alignment.py`` (± s.e. of mean cosines).
 
 * :func:`sample_sd`, :func:`standard_error`: the sample standard deviation (``ddof=1``) and the standard
   error of the mean, ``sd / sqrt(n)``;
