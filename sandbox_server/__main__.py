@@ -41,6 +41,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                                  "/v1/snapshots, /v1/tools, /v1/pool) and env sessions (/v1/envs) over HTTP.")
     ap.add_argument("--host", default=None, help="address to listen on (default: FORKYARD_HOST or 127.0.0.1)")
     ap.add_argument("--port", default=None, metavar="PORT", help="TCP port (default: FORKYARD_PORT or 8000)")
+    # BACKENDS loads the plugins of forkyard.backends on this first lookup; the settings model checks the value
     ap.add_argument("--backend", default=None, metavar="{" + ",".join(sorted(BACKENDS)) + "}",
                     help="where every sandbox of this server runs, env sessions included "
                          "(default: FORKYARD_BACKEND or local)")
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except pydantic.ValidationError as exc:
         problems.append(explain(exc, ServiceConfig, FLAGS))
     if problems:  # every bad setting at once, each in the same words whichever way it came
+        from sandbox_server.backends import BACKENDS
+
+        problems += [BACKENDS.plugin_errors[name] for name in {given.get("backend"), os.environ.get("FORKYARD_BACKEND")}
+                     if name in BACKENDS.plugin_errors]  # a backend plugin that failed to load: why
         ap.error("bad setting: " + "; ".join(problems))
     # A flag wins over its variable everywhere: later reads of the settings (the app, the backends, the
     # corpus) see the values this command runs with, never a bad variable the flag replaced.

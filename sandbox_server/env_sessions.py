@@ -1,7 +1,8 @@
 """The env sessions of one server: which env classes it serves and with which kwargs, the sessions it holds
 (create, look up, fork, close, reap idle ones), and how env code runs (inline or in a worker thread).
 
-The HTTP routes over these are :mod:`sandbox_server.routes.envs`.
+The operations over these (create, reset, step, fork, snapshot, restore, delete), which every transport
+shares, are :mod:`sandbox_server.session_host`.
 
 * Env classes: every served env is an :class:`envs.core.TextEnv` subclass registered in
   :data:`envs.ENV_SPECS`; the server builds the class itself (not through ``gymnasium.make``, whose
@@ -31,7 +32,7 @@ import typing
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 import anyio
 import gymnasium as gym
@@ -40,10 +41,8 @@ from fastapi import HTTPException
 from pydantic import BaseModel
 
 import envs
-from envs.core import EnvInfraError, EpisodeFinishedError, TextEnv
-from sandbox_server.errors import CapacityReached, SandboxError, ServiceUnavailable, ToolRefused
-
-T = TypeVar("T")
+from envs.core import EnvInfraError, TextEnv
+from sandbox_server.errors import CapacityReached, ServiceUnavailable
 
 #: ``gymnasium.make``'s own keywords (and those of older Gymnasium versions): never passed on silently.
 GYM_MAKE_KEYWORDS = frozenset(
@@ -94,6 +93,9 @@ class EnvSessions:
         max_sessions: most sessions at once; creates and forks past it answer 503.
         sandbox_provider: the sandbox service that sandbox-backed envs (``uses_sandbox = True``) take
             their sandboxes from; None: such envs are refused (see ``sandbox_unavailable``).
+        operator_kwargs: the kwargs come from the operator, not from a client (a Ray node host: the trainer's
+            config): passed to the env's constructor unchecked (``backend`` included; no provider added).
+        new_id: makes a new session id (default: 32 hex digits, never guessable).
 
     Attributes:
         sandbox_unavailable: why the server's sandbox service is down (then sandbox-backed envs answer
@@ -103,15 +105,19 @@ class EnvSessions:
         ValueError: ``ttl_s`` not positive or ``max_sessions`` below 1.
     """
 
-    def __init__(self, ttl_s: float = 600.0, max_sessions: int = 256, sandbox_provider: Any = None):
+    def __init__(self, ttl_s: float = 600.0, max_sessions: int = 256, sandbox_provider: Any = None,
+                 operator_kwargs: bool = False, new_id: Callable[[], str] | None = None):
         if not ttl_s > 0 or max_sessions < 1:
             raise ValueError(f"need ttl_s > 0 and max_sessions >= 1, got {ttl_s!r}, {max_sessions!r}")
         self.ttl_s = float(ttl_s)
         self.max_sessions = int(max_sessions)
         self.sandbox_provider = sandbox_provider
+        self.operator_kwargs = operator_kwargs
         self.sandbox_unavailable: str | None = None
+        self._new_id = new_id or (lambda: uuid.uuid4().hex)
         self._sessions: dict[str, EnvSession] = {}
         self._reserved = 0
+        self._outside = 0  # envs counted against the cap that are not sessions (hold / unhold)
         self._closed = False
         self._guard = threading.Lock()
         #: The limiter of :meth:`pool_threads` once made (read its ``borrowed_tokens`` from any thread).
@@ -119,6 +125,17 @@ class EnvSessions:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def in_use(self) -> int:
+        """Envs counted against ``max_sessions``: sessions, room reserved for sessions being made, and envs held
+        outside sessions (:meth:`hold`)."""
+        return len(self._sessions) + self._reserved + self._outside
+
+    def held(self) -> dict[str, EnvSession]:
+        """A copy of ``{session id: session}`` (idle clocks untouched)."""
+        with self._guard:
+            return dict(self._sessions)
 
     def pool_threads(self) -> anyio.CapacityLimiter:
         """The worker-thread limiter (:data:`POOL_THREADS` threads; made on first use, on the event loop) of
@@ -138,6 +155,8 @@ class EnvSessions:
             ServiceUnavailable: a sandbox-backed env while the server's sandbox backend is down.
         """
         cls, defaults = env_class(env_id)
+        if self.operator_kwargs:
+            return EnvRecipe(env_id, cls, {**defaults, **kwargs}, {})
         check_kwargs(env_id, cls, kwargs)
         extra: dict[str, Any] = {}
         if cls.uses_sandbox:
@@ -152,16 +171,16 @@ class EnvSessions:
 
     # -- sessions -----------------------------------------------------------------------------------
     @contextmanager
-    def reserve(self, n: int) -> Iterator["Slots"]:
-        """Hold room for ``n`` new sessions while they are made (503 if the cap has no room or the
-        server is shutting down). :meth:`Slots.commit` registers them; leaving the block without a
+    def reserve(self, n: int, force: bool = False) -> Iterator["Slots"]:
+        """Hold room for ``n`` new sessions while they are made (503 if the cap has no room, unless ``force``,
+        or the server is shutting down). :meth:`Slots.commit` registers them; leaving the block without a
         commit gives the room back."""
         with self._guard:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
-            if len(self._sessions) + self._reserved + n > self.max_sessions:
+            if not force and self.in_use + n > self.max_sessions:
                 raise CapacityReached(
-                    f"{len(self._sessions) + self._reserved} of {self.max_sessions} env sessions are in use and "
+                    f"{self.in_use} of {self.max_sessions} env sessions are in use and "
                     f"{n} more were asked for; close some (DELETE /v1/envs/{{id}})", retry_after_s=SESSIONS_RETRY_S)
             self._reserved += n
         slots = Slots(self, n)
@@ -174,7 +193,7 @@ class EnvSessions:
         with self._guard:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
-            sids = [uuid.uuid4().hex for _ in env_list]
+            sids = [self._new_id() for _ in env_list]
             for sid, env in zip(sids, env_list):
                 self._sessions[sid] = EnvSession(env_id, env, blocking)
             self._reserved -= len(env_list)  # the room held for them is now theirs
@@ -199,6 +218,20 @@ class EnvSessions:
             raise HTTPException(404, f"no env session {sid!r} (unknown, closed, or expired after {self.ttl_s:g} s idle)")
         s.last_used = now
         return s
+
+    def hold(self, n: int, force: bool = False) -> bool:
+        """Count ``n`` envs that are not sessions (a Ray rollout worker's) against the cap if they fit (always
+        when ``force``); returns whether counted."""
+        with self._guard:
+            if not force and self.in_use + n > self.max_sessions:
+                return False
+            self._outside += n
+            return True
+
+    def unhold(self, n: int = 1) -> None:
+        """Count ``n`` envs of :meth:`hold` fewer (never below zero)."""
+        with self._guard:
+            self._outside = max(self._outside - n, 0)
 
     def peek(self, sid: str) -> EnvSession | None:
         """The session ``sid`` if it is held, without touching its idle clock."""
@@ -264,14 +297,6 @@ def close_quietly(env: Any) -> None:
         pass
 
 
-async def run_env(blocking: bool, fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
-    """Call ``fn()``: in a worker thread for blocking envs (of ``limiter``; None: anyio's default), inline
-    otherwise."""
-    if blocking:
-        return await anyio.to_thread.run_sync(fn, limiter=limiter)
-    return fn()
-
-
 async def reaper(sessions: EnvSessions, period_s: float | None = None) -> None:
     """Background task: close idle sessions every ``period_s`` seconds (default: a quarter of the TTL,
     between 0.05 and 5 s) until cancelled."""
@@ -281,33 +306,27 @@ async def reaper(sessions: EnvSessions, period_s: float | None = None) -> None:
         await anyio.to_thread.run_sync(sessions.reap)
 
 
-# ------------------------------------------------------------------------------------------- failures
-_PASS_ON = (HTTPException, EnvInfraError, EpisodeFinishedError, gym.error.ResetNeeded, SandboxError, ToolRefused)
-
-
-def env_failure(exc: Exception, what: str, client_values: bool) -> Exception:
-    """What to raise for an exception of env code: domain errors as they are (the one mapping,
-    :data:`sandbox_server.http_contract.DOMAIN_ERRORS`, answers them); with ``client_values`` (kwargs,
-    seed, options came from the client) TypeError / ValueError / Gymnasium errors are 422; anything else
-    is the env's failure: :class:`EnvInfraError` (503), never a 500."""
-    if isinstance(exc, _PASS_ON):
-        return exc
-    if client_values and isinstance(exc, (TypeError, ValueError, gym.error.Error)):
-        return HTTPException(422, f"{what}: {exc}")
-    return EnvInfraError(f"{what} failed: {type(exc).__name__}: {exc}")
-
-
 # ------------------------------------------------------------------------------------ classes, kwargs
 def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
-    """(env class, default kwargs) of a registered id.
+    """(env class, default kwargs) of a registered id: an id of :data:`envs.ENV_SPECS` (plugins of
+    ``forkyard.envs`` included), or Gymnasium's ``"module:Id"`` form: the module is imported (it registers
+    with :func:`envs.register_env`), then ``Id`` is looked up.
 
     Raises:
-        HTTPException: 404 for an id not in :data:`envs.ENV_SPECS`; 422 for a class that is not a TextEnv
-            (the server relies on its declared ``blocking`` / ``uses_sandbox``, fork and spaces).
+        HTTPException: 404 for an id not registered (a module that cannot be imported, or that registered no
+            such id); 422 for a class that is not a TextEnv (the server relies on its declared ``blocking`` /
+            ``uses_sandbox``, fork and spaces).
     """
-    if env_id not in envs.ENV_SPECS:
-        raise HTTPException(404, f"unknown env id {env_id!r}; registered: {sorted(envs.ENV_SPECS)}")
-    entry, defaults = envs.ENV_SPECS[env_id]
+    module, _, name = env_id.rpartition(":")  # no colon: module "", name env_id
+    if module and name not in envs.ENV_SPECS:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure to import is a bad id for this client
+            raise HTTPException(404, f"env id {env_id!r}: cannot import {module!r} ({type(exc).__name__}: {exc})")
+    if name not in envs.ENV_SPECS:
+        raise HTTPException(404, f"unknown env id {env_id!r}; registered: {sorted(envs.ENV_SPECS)}"
+                                 f"{envs.ENV_SPECS.explain(name)}")
+    entry, defaults = envs.ENV_SPECS[name]
     module, _, name = entry.partition(":")
     cls = getattr(importlib.import_module(module), name)
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
@@ -367,5 +386,4 @@ def _accepted(params: dict[str, inspect.Parameter]) -> list[str]:
 
 
 __all__ = ["GYM_MAKE_KEYWORDS", "NO_BACKEND_RETRY_S", "SERVER_DECIDED_KWARGS", "SESSIONS_RETRY_S", "EnvRecipe",
-           "EnvSession", "EnvSessions", "Slots", "check_kwargs", "close_quietly", "env_class", "env_failure", "reaper",
-           "run_env"]
+           "EnvSession", "EnvSessions", "Slots", "check_kwargs", "close_quietly", "env_class", "reaper"]

@@ -1,6 +1,9 @@
-"""Each pluggable part takes one registration: a new env, a new advantage estimator and a new
-sandbox backend, each defined here in a few lines, registered once, and then used through every path a
-user has (gymnasium.make, a served env session, the training loop, FileQA and the sandbox service)."""
+"""Each pluggable part takes one registration: a new env, a new advantage estimator, a new sandbox backend
+and a new policy, each defined here in a few lines, registered once, and then used through every path a
+user has (gymnasium.make, a served env session, the training loop, ``forkyard train``, FileQA and the sandbox
+service); and every built-in backend meets the backend contract
+(:func:`sandbox_server.backends.checks.check_backend_contract`). The same parts from an installed package,
+through entry points: tests/test_entry_point_plugins.py."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import envs
 from envs.actions import ToolCall
 from envs.core import IllegalActionError, Outcome, TextEnv
 from sandbox_server.backends import BACKENDS, LocalBackend, LocalBackendConfig, make_backend, register_backend
-from tests.docker_support import UvicornThread, require_bwrap
+from sandbox_server.backends.checks import check_backend_contract
+from tests.docker_support import SERVER_NAME, UvicornThread, backend_for, require_bwrap
 from trainer.estimators import episode_scores, estimator_names, register_estimator, unregister_estimator
+from trainer.policies import Policy, get_policy, policy_names, register_policy, unregister_policy
 
 ENV_ID = "forkyard-test/Coin-v0"
 
@@ -150,3 +155,40 @@ def test_a_new_backend_is_one_registration_away_from_envs_and_services():
         if svc is not None:
             svc.close()
         BACKENDS.pop("test-counting", None)
+
+
+def test_a_new_policy_is_one_registration_away_from_forkyard_train(coin_env_id, tmp_path, capsys):
+    from trainer.cli import main
+    from trainer.train import TrainConfig, train
+
+    results = []
+    register_policy("test-tabular", config=TrainConfig, train=train, report=results.append,  # the one registration
+                    help="the tabular policy, reported to a list")
+    try:
+        assert policy_names()[-1] == "test-tabular" and isinstance(get_policy("test-tabular"), Policy)
+        assert main(["train", "--policy", "test-tabular", "--env", coin_env_id, "--iterations", "2", "--group-size",
+                     "4", "--eval-episodes", "4", "--device", "cpu", "--run-dir", str(tmp_path / "run")]) == 0
+        (result,) = results
+        assert len(result.metrics) == 2 and result.evaluation["episodes"] == 4
+        assert result.config.env_id == coin_env_id and (tmp_path / "run" / "summary.json").is_file()
+        with pytest.raises(ValueError, match="already registered"):
+            register_policy("test-tabular", config=TrainConfig, train=train)
+    finally:
+        unregister_policy("test-tabular")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # gone: argparse refuses it, listing the registered ones
+        main(["train", "--policy", "test-tabular"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'test-tabular'" in err and "'tabular'" in err and "'lm'" in err
+
+
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_every_built_in_backend_meets_the_backend_contract(kind, fixture_data):
+    if kind == "local":
+        require_bwrap()  # docker: backend_for skips without an engine (fails in CI)
+    backend = backend_for(kind, f"{SERVER_NAME}-contract", fixture_data)
+    try:
+        check_backend_contract(backend)
+    finally:
+        backend.close()

@@ -2,11 +2,11 @@
 
 Every subcommand registers a ``handler(args) -> int`` with ``set_defaults(handler=...)``. The options of
 the training commands are generated from their config dataclasses (:mod:`trainer.config`): ``train``
-from :class:`trainer.train.TrainConfig` (``--policy tabular``, the default) or
-:class:`trainer.text_config.TextTrainConfig` (``--policy lm``, the same options as ``train-lm``),
-``compare`` from :class:`trainer.compare.SweepConfig`, ``sft`` / ``train-lm`` / ``eval-lm`` in
-:mod:`trainer.text_cli`. Only the invoked subcommand's options are built (they may read registries
-and, for the text policy, torch).
+from the config of the ``--policy`` registered in :mod:`trainer.policies` (:class:`trainer.train.TrainConfig`
+for ``tabular``, the default; :class:`trainer.text_config.TextTrainConfig` for ``lm``, the same options as
+``train-lm``; a plugin's own), ``compare`` from :class:`trainer.compare.SweepConfig`, ``sft`` / ``train-lm`` /
+``eval-lm`` in :mod:`trainer.text_cli`. Only the invoked subcommand's options are built (they may read
+registries and, for the text policy, torch).
 """
 
 from __future__ import annotations
@@ -15,9 +15,6 @@ import argparse
 import json
 import logging
 import sys
-
-#: ``train --policy`` values.
-POLICIES = ("tabular", "lm")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -41,18 +38,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def train_config(args: argparse.Namespace):
-    """The run config of a parsed ``forkyard train``: a :class:`~trainer.train.TrainConfig` (``--policy
-    tabular``) or a :class:`~trainer.text_config.TextTrainConfig` (``--policy lm``) holding every option
-    given, with ``progress`` on."""
+    """The run config of a parsed ``forkyard train``: the config class of ``--policy``
+    (:func:`trainer.policies.get_policy`; tabular: :class:`~trainer.train.TrainConfig`, lm:
+    :class:`~trainer.text_config.TextTrainConfig`) holding every option given, with ``progress`` on."""
     from trainer.config import from_args
+    from trainer.policies import get_policy
 
-    if args.policy == "lm":
-        from trainer.text_config import TextTrainConfig
-
-        return from_args(TextTrainConfig, args, progress=True)
-    from trainer.train import TrainConfig
-
-    return from_args(TrainConfig, args, progress=True)
+    return from_args(get_policy(args.policy).part("config"), args, progress=True)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -62,27 +54,16 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a usage error: a line and status 2, not a traceback
         print(f"forkyard train: error: {exc}", file=sys.stderr)
         return 2
+    from trainer.policies import get_policy
     from trainer.text_cli import guarded
 
-    if args.policy == "lm":
-        from trainer.text_train import print_result, train_rl
-
-        print_result(guarded("train", train_rl, cfg))
-        return 0
-    from trainer.train import train
-
-    result = guarded("train", train, cfg)
-    ms = result.metrics
-    tail = ms[-min(20, len(ms)):]
-    print(f"run: {result.config.run_dir or '(not saved)'}  iterations: {len(ms)}  wall: {result.wall_s:.1f} s")
-    print(f"mean reward (last {len(tail)} iterations): {sum(m['reward_mean'] for m in tail) / len(tail):.3f}")
-    print(f"env calls per iteration: {sum(m['env_calls'] for m in ms) / len(ms):.1f}  "
-          f"anchor degeneration: {100 * sum(m['degeneration'] for m in ms) / len(ms):.1f}%")
-    print(f"greedy evaluation: {json.dumps(result.evaluation)}")
-    if result.config.ray is not None:
-        from trainer.cluster import cluster_totals
-
-        print(f"ray: {json.dumps(cluster_totals(ms))}")
+    policy = get_policy(args.policy)
+    try:
+        train, report = policy.part("train"), policy.part("report")
+    except (ImportError, AttributeError) as exc:  # a plugin's parts that cannot be imported: named, status 2
+        print(f"forkyard train: error: --policy {args.policy}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    report(guarded("train", train, cfg))
     return 0
 
 
@@ -169,19 +150,17 @@ def _rollout_openai_args(p: argparse.ArgumentParser) -> None:
 
 def _train_args(p: argparse.ArgumentParser, policy: str) -> None:
     from trainer.config import add_arguments
+    from trainer.policies import get_policy, policy_names
 
-    p.add_argument("--policy", choices=POLICIES, default="tabular",
-                   help="tabular: a logit table trained by REINFORCE; lm: the text policy (the options of "
-                        "train-lm; `forkyard train --policy lm --help` lists them)")
-    if policy == "lm":
-        from trainer.text_cli import RL_GROUPS
-        from trainer.text_config import TextTrainConfig
-
-        add_arguments(p, TextTrainConfig, groups=RL_GROUPS)
-    else:
-        from trainer.train import TrainConfig
-
-        add_arguments(p, TrainConfig)
+    names = policy_names()  # the registry's, plugins of forkyard.policies included
+    p.add_argument("--policy", choices=names, default="tabular",
+                   help="; ".join(f"{n}: {get_policy(n).help}" if get_policy(n).help else n for n in names))
+    spec = get_policy(policy)
+    try:
+        config, groups = spec.part("config"), spec.part("groups")
+    except (ImportError, AttributeError) as exc:  # a plugin's config that cannot be imported: a usage error
+        p.error(f"--policy {policy}: cannot import its config: {type(exc).__name__}: {exc}")
+    add_arguments(p, config, groups=groups)
 
 
 def _compare_args(p: argparse.ArgumentParser) -> None:
@@ -248,12 +227,14 @@ def serve(server_args: list[str]) -> int:
 
 
 def _policy_of(argv: list[str]) -> str:
-    """The ``--policy`` of a ``train`` command line (tabular when absent or not one of :data:`POLICIES`:
-    the full parser then reports the bad value)."""
+    """The ``--policy`` of a ``train`` command line (tabular when absent or not a registered policy,
+    :func:`trainer.policies.policy_names`: the full parser then reports the bad value)."""
+    from trainer.policies import policy_names
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--policy", default="tabular")
     known, _ = pre.parse_known_args(argv)
-    return known.policy if known.policy in POLICIES else "tabular"
+    return known.policy if known.policy in policy_names() else "tabular"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,10 @@ gigpo     anchor_fallback     episode + omega * anchor term (Feng et al. 2025, a
 tree                          fork siblings share one anchor; prefixes valued over the bases (tree rollouts)
 ========  ==================  ===========================================================================
 
+From an installed package, declare the function in the entry-point group ``forkyard.estimators`` under its
+name (``mine = "my_pkg.estimators:mine"``; a ``needs_tree = True`` attribute of the function says it needs a
+tree rollout): the registry loads the group on first lookup (:class:`envs.PluginRegistry`).
+
 The group filters (``drop_zero_variance``, ``filter_top_p``: :func:`trainer.advantages.keep_groups`) and
 the grouping statistics are applied by :func:`step_advantages` to the groups each estimator declares
 (:class:`Scores`), the same way for every estimator.
@@ -33,6 +37,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from envs import PluginRegistry
 from trainer import advantages as adv
 from trainer.rollout import Rollout, Step
 
@@ -71,7 +76,7 @@ class Estimator:
     needs_tree: bool = False
 
 
-_REGISTRY: dict[str, Estimator] = {}  # name or alias -> estimator
+_REGISTRY: PluginRegistry = PluginRegistry()  # name or alias -> estimator; plugins join on first lookup
 
 
 def register_estimator(name: str, fn: EstimatorFn | None = None, *, aliases: tuple[str, ...] = (),
@@ -125,7 +130,8 @@ def get_estimator(name: str) -> Estimator:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"estimator must be one of {estimator_names()}, got {name!r}") from None
+        raise ValueError(f"estimator must be one of {estimator_names()}, got {name!r}"
+                         f"{_REGISTRY.explain(name)}") from None
 
 
 def rollout_kind(estimator: str, rollout: str | None) -> str:
@@ -239,6 +245,16 @@ def tree(rollout: Rollout, cfg: Any) -> Scores:
             values.append(branch[bi][k])
             step_group.append(bi)
     return Scores(values, groups, step_group)
+
+
+def _add_plugin(name: str, fn: Any) -> None:
+    """A ``forkyard.estimators`` entry point: an estimator function, registered as ``name``."""
+    if not callable(fn):
+        raise TypeError(f"names a {type(fn).__name__}, not an estimator function fn(rollout, cfg) -> Scores")
+    register_estimator(name, fn, needs_tree=bool(getattr(fn, "needs_tree", False)))
+
+
+_REGISTRY.load_from("forkyard.estimators", _add_plugin)
 
 
 # ---------------------------------------------------------------------------------------------- per step

@@ -41,6 +41,7 @@ evaluations average each name over the episodes that reported it and log it unde
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -78,8 +79,9 @@ DEGENERATION_WARN = 0.30
 
 
 def env_id_arg(text: str) -> str:
-    """``--env`` value: an id without a namespace is a forkyard one (``ClueProbe-v0`` -> ``forkyard/ClueProbe-v0``)."""
-    return text if "/" in text else f"forkyard/{text}"
+    """``--env`` value: an id without a namespace is a forkyard one (``ClueProbe-v0`` -> ``forkyard/ClueProbe-v0``);
+    Gymnasium's ``"module:Id-v0"`` form is kept as given."""
+    return text if "/" in text or ":" in text else f"forkyard/{text}"
 
 
 @dataclass
@@ -229,6 +231,9 @@ def held_out_resets(n_seeds: int) -> list[tuple[int | None, dict | None]]:
 def env_class(env_id: str) -> type | None:
     """The class a registered ``env_id`` builds locally (a forkyard id: its class in :data:`envs.ENV_SPECS`,
     whatever ``server_url`` would make of it), or None when the entry point is no class."""
+    module, _, env_id = env_id.rpartition(":")  # Gymnasium's "module:Id" form: importing the module registers Id
+    if module:
+        importlib.import_module(module)
     if env_id in envs.ENV_SPECS:
         entry: Any = envs.ENV_SPECS[env_id][0]
     else:
@@ -252,7 +257,7 @@ def evaluation_resets(env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 25
     on the same resets as a local one."""
     cls = env_class(env_id)
     if cls is not None and issubclass(cls, EvaluationResets):
-        return list(cls.evaluation_resets({**gym.spec(env_id).kwargs, **env_kwargs}, n_seeds))
+        return list(cls.evaluation_resets({**gym.spec(env_id.rpartition(":")[2]).kwargs, **env_kwargs}, n_seeds))
     return held_out_resets(n_seeds)
 
 
@@ -503,14 +508,16 @@ def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: 
     """Steps 1-2 of an iteration: the rollout on ``iteration``'s training seeds (made by ``rollouts``
     when given: a Ray run's :meth:`trainer.cluster.RayCollector.rollout`), the reward shaping if any, and
     the per-step advantages. Returns ``(rollout, assigned)``."""
+    engine = getattr(policy, "engine", None)  # the policy's batched rollouts (trainer.engine), or None: serial
     if rollouts is not None:
         ro = rollouts(iteration)
     elif rollout_kind(cfg.estimator, cfg.rollout) == "tree":
         seeds = training_seeds(cfg.seed, iteration, cfg.n_base)
-        ro = tree_rollout(env, policy, cfg.n_base, cfg.branches, seeds, rng, cfg.fork_selection)
+        ro = (engine.tree_rollout if engine else tree_rollout)(env, policy, cfg.n_base, cfg.branches, seeds, rng,
+                                                                cfg.fork_selection)
     else:
         seeds = training_seeds(cfg.seed, iteration, cfg.group_size)
-        ro = group_rollout(env, policy, cfg.group_size, seeds, rng)
+        ro = (engine.group_rollout if engine else group_rollout)(env, policy, cfg.group_size, seeds, rng)
     if shaping is not None:
         shaping(ro)
     return ro, step_advantages(ro, cfg)

@@ -16,6 +16,10 @@ command uses. To add one, write a :class:`BackendConfig` subclass whose ``type``
 
     register_backend(MyConfig)          # now: make_backend("mine"), python -m sandbox_server --backend mine
 
+or, from an installed package, declare the config class in the entry-point group ``forkyard.backends``
+under its ``type`` (``mine = "my_pkg.backend:MyConfig"``): :data:`BACKENDS` loads the group on first lookup
+(:class:`envs.PluginRegistry`; a plugin that fails is reported by name, never fatal).
+
 Shared defaults (``server_name``, the docker ``image``) come from
 :class:`sandbox_server.settings.ServerSettings` (``FORKYARD_SERVER_NAME``, ``FORKYARD_SANDBOX_IMAGE``).
 """
@@ -26,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import envs
 from sandbox_server.backends.base import (
     AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, AgentBackend, Backend, Channel, agent_sha, check_write_limits,
     machine_id, owner_alive, owner_record, process_start,
@@ -86,8 +91,8 @@ class DockerBackendConfig(BackendConfig):
         return DockerBackend(self.image, **kw)
 
 
-#: Registered backends by name: their config models.
-BACKENDS: dict[str, type[BackendConfig]] = {}
+#: Registered backends by name: their config models (plugins of ``forkyard.backends`` join on first lookup).
+BACKENDS: envs.PluginRegistry = envs.PluginRegistry()
 
 
 def register_backend(config_cls: type[BackendConfig]) -> type[BackendConfig]:
@@ -103,8 +108,18 @@ def register_backend(config_cls: type[BackendConfig]) -> type[BackendConfig]:
     return config_cls
 
 
+def _add_plugin(name: str, obj: Any) -> None:
+    """A ``forkyard.backends`` entry point: a :class:`BackendConfig` subclass whose ``type`` is ``name``."""
+    if not (isinstance(obj, type) and issubclass(obj, BackendConfig)):
+        raise TypeError(f"names {obj!r}, not a sandbox_server.backends.BackendConfig subclass")
+    if obj.model_fields["type"].default != name:
+        raise ValueError(f"the entry point's name must be the config's type, {obj.model_fields['type'].default!r}")
+    register_backend(obj)
+
+
 register_backend(LocalBackendConfig)
 register_backend(DockerBackendConfig)
+BACKENDS.load_from("forkyard.backends", _add_plugin)
 
 
 def backend_config(kind: str, **options: Any) -> BackendConfig:
@@ -116,7 +131,7 @@ def backend_config(kind: str, **options: Any) -> BackendConfig:
     """
     cls = BACKENDS.get(kind)
     if cls is None:
-        raise ValueError(f"unknown backend {kind!r}; choose one of {sorted(BACKENDS)}")
+        raise ValueError(f"unknown backend {kind!r}; choose one of {sorted(BACKENDS)}{BACKENDS.explain(kind)}")
     if options.get("unsafe_no_isolation") and not cls.accepts_unsafe:
         raise ValueError(f"unsafe_no_isolation applies to the local backend only, not to {kind!r}")
     if not cls.accepts_unsafe:

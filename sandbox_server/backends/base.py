@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-import hashlib
 import itertools
 import json
 import logging
@@ -19,16 +18,17 @@ import struct
 import tarfile
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from sandbox_server.agent import AREA_BYTES, MAX_WRITE_FILES, PAGE_BYTES
+from sandbox_server.agent_bundle import AGENT_PACKAGE, agent_sha as agent_sha  # re-exported (backends.agent_sha)
 from sandbox_server.errors import (
     AgentFailed, AgentTimeout, IsolationUnavailable, LimitExceeded, SandboxNotFound, SnapshotUnsupported,
 )
 from sandbox_server.tools import ToolRefused, ToolResult
 
-AGENT_PATH = Path(__file__).resolve().parents[1] / "agent.py"
+#: The agent package (sandbox_server/agent/); sandboxes run it as one zipapp (sandbox_server/agent_bundle.py).
+AGENT_PATH = AGENT_PACKAGE
 #: Label set on every forkyard sandbox container; its value is the server name (see ``server_name``).
 LABEL = "forkyard.sandbox"
 #: Labels naming the process that owns a container: machine (boot id + PID namespace), pid, process
@@ -41,17 +41,10 @@ RECYCLE_KILL_S, RECYCLE_TIMEOUT_S = 2.0, 10.0
 
 _log = logging.getLogger("forkyard.sandbox")
 
-def agent_sha() -> str:
-    """SHA-256 (hex, first 16) of agent.py + corpus.py: the sandbox image is rebuilt when it changes."""
-    h = hashlib.sha256()
-    for p in (AGENT_PATH, AGENT_PATH.with_name("corpus.py")):
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
 
 @runtime_checkable
 class Backend(Protocol):
-    """What the pool needs from a sandbox implementation."""
+    """What the pool and the service need from a sandbox (checked: ``checks.check_backend_contract``)."""
 
     name: str
     #: True when every sandbox runs isolated from the host (container, or bubblewrap namespaces).
@@ -85,6 +78,9 @@ class Backend(Protocol):
 
     def destroy(self, sid: str) -> None:
         """Stop and remove the sandbox (idempotent)."""
+
+    def alive(self, sid: str) -> bool:
+        """Whether ``sid`` exists and its agent answers (soon, within seconds); never raises."""
 
     def cleanup_orphans(self) -> int:
         """Remove what an earlier run of this server left behind. Returns how many sandboxes were removed."""
@@ -302,9 +298,10 @@ class AgentBackend:
         return self._call(sid, {"op": "ps"})["procs"]
 
     def reset(self, sid: str, timeout_s: float = RECYCLE_TIMEOUT_S) -> dict[str, Any]:
-        """The agent's ``recycle`` op (see ``agent.py``): kill every other process, empty the writable areas,
-        clean other writable places and IPC objects, check. Returns its report: ``clean`` (bool), ``killed``,
-        ``problems`` (one line per thing left), ``duration_s``. Raises AgentTimeout, AgentFailed, SandboxNotFound."""
+        """The agent's ``recycle`` op (see ``sandbox_server/agent/recycle.py``): kill every other process, empty
+        the writable areas, clean other writable places and IPC objects, check. Returns its report: ``clean``
+        (bool), ``killed``, ``problems`` (one line per thing left), ``duration_s``. Raises AgentTimeout,
+        AgentFailed, SandboxNotFound."""
         ans = self._call(sid, {"op": "recycle", "kill_timeout_s": RECYCLE_KILL_S}, timeout_s)
         ans.pop("id", None)
         return ans
