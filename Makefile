@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_envs.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docker/agent.pyz
 
 images: $(STAMP)
 	./scripts/ensure-docker.sh

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH  # noqa: E402
 from sandbox_server.backends import BACKENDS, make_backend  # noqa: E402
 from sandbox_server.client import SandboxClient  # noqa: E402
 from sandbox_server.service import SandboxService, ServiceConfig  # noqa: E402
@@ -106,8 +107,9 @@ def bench_backend(kind: str, n: int, forks: int) -> dict:
 
             def naive():
                 img = c.commit()
-                cs = [backend.client.containers.create(img.id, command=["python3", "-u", "-I", "/opt/forkyard/agent.py"],
-                                                       stdin_open=True, detach=True, **kw) for _ in range(4)]
+                argv = ["python3", "-u", "-I", SANDBOX_AGENT_PATH]
+                cs = [backend.client.containers.create(img.id, command=argv, stdin_open=True, detach=True, **kw)
+                      for _ in range(4)]
                 for x in cs:
                     x.start()
                 naive.last = (img, cs)

@@ -17,7 +17,7 @@ if ! docker info >/dev/null 2>&1; then
 fi
 if [ "$BASE_IMAGE" = "forkyard-base:bookworm" ]; then ./scripts/build-base-image.sh "$BASE_IMAGE"; fi
 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || { echo "build-images: base $BASE_IMAGE missing" >&2; exit 1; }
-SHA="$("$PY" -c 'from sandbox_server.backends import agent_sha; print(agent_sha())')"
+SHA="$("$PY" -m sandbox_server.agent_bundle docker/agent.pyz)"  # the agent zipapp the Dockerfile copies
 have="$(docker image inspect -f '{{ index .Config.Labels "forkyard.agent_sha" }}' "$SANDBOX_IMAGE" 2>/dev/null || true)"
 if [ "$have" != "$SHA" ]; then
     echo "build-images: building $SANDBOX_IMAGE (agent $SHA)" >&2

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export BASE_IMAGE="${BASE_IMAGE:-forkyard-base:bookworm}"
 [ "$BASE_IMAGE" = "forkyard-base:bookworm" ] && ./scripts/build-base-image.sh "$BASE_IMAGE"
 ./scripts/vendor-server-deps.sh
-export AGENT_SHA="$("${PYTHON:-.venv/bin/python}" -c 'from sandbox_server.backends import agent_sha; print(agent_sha())')"
+export AGENT_SHA="$("${PYTHON:-.venv/bin/python}" -m sandbox_server.agent_bundle docker/agent.pyz)"  # zipapp the image copies
 ./scripts/ensure-compose.sh
 export DOCKER_BUILDKIT=0 COMPOSE_BAKE=false
 if [ $# -eq 0 ]; then set -- -d --build --wait; fi

@@ -60,7 +60,8 @@ def test_envs_import_neither_the_service_nor_the_trainer():
 
 #: What the service may use of envs: the package (the registry) and its public protocol modules (the API key
 #: and the retry policy are the wire's, shared by the server and every client).
-ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox", "envs.api_key", "envs.client_retry"}
+ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox", "envs.api_key", "envs.client_retry",  # envs.wire: the answers,
+               "envs.wire", "envs.session_client"}  # one model for both; session_client: ClusterEnv is its shim
 
 
 def test_the_service_uses_envs_only_through_their_public_api_and_never_the_trainer():
@@ -87,12 +88,24 @@ def test_the_trainer_reaches_the_service_only_to_start_it_or_its_node_hosts():
                                "sandbox_server.ray_nodes.require_ray", "sandbox_server.ray_nodes.start_hosts"]}
 
 
-@pytest.mark.parametrize("name", ["agent.py", "corpus.py"])
+AGENT_MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sandbox_server" / "agent").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", [*AGENT_MODULES, "sandbox_server/corpus.py"])
 def test_files_copied_into_the_sandbox_image_use_the_standard_library_only(name):
-    mods = imports_of(ROOT / "sandbox_server" / name)
+    """corpus.py and every module of the agent package (one zipapp in the sandbox) import only the standard
+    library and, for the agent, its own package, by relative imports (the package is ``forkyard_agent``
+    inside the zipapp, so ``sandbox_server`` is not there to import)."""
+    path = ROOT / name
+    mods = imports_of(path)
+    own = "sandbox_server.agent"
     outside = sorted(m for m in mods if m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"
-                     and not m.startswith("__future__."))
-    assert outside == []
+                     and not m.startswith("__future__.") and not (name in AGENT_MODULES and m.startswith(own)))
+    absolute = sorted(ast.dump(n) for n in ast.walk(ast.parse(path.read_text()))
+                      if (isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").startswith(own))
+                      or (isinstance(n, ast.Import) and any(a.name.startswith(own) for a in n.names)))
+    assert outside == [] and absolute == []
+    assert len(AGENT_MODULES) > 5  # the package is found (one module per concern)
 
 
 def test_no_import_cycle_between_packages():
@@ -122,6 +135,6 @@ def test_every_reference_can_be_opened_by_a_reader_of_the_repo():
     files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.toml", "*.yaml", "*.sh", "Makefile"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     pattern = re.compile(r"\bissues? #?\d+|" + "seed" + r"\s+article", re.IGNORECASE)  # split: not a hit itself
-    found = [f"{f}:{n}" for f in files if not f.startswith("docker/vendor/")
+    found = [f"{f}:{n}" for f in files if not f.startswith("docker/vendor/") and (ROOT / f).exists()  # not deleted
              for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
     assert found == []

@@ -238,7 +238,7 @@ def _agent_host_pid(backend, sid: str) -> int:
         pid = stack.pop()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().split(b"\x00")
-        if b"bwrap" not in cmd[0] and any(b"agent.py" in c for c in cmd):
+        if b"bwrap" not in cmd[0] and any(b"agent.pyz" in c for c in cmd):
             return pid
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:

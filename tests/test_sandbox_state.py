@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server import agent as agent_mod
+from sandbox_server.agent import writes as agent_mod  # the module whose os.open a write uses
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Agent
 from sandbox_server.backends import LocalBackend, machine_id, owner_record
 from sandbox_server.errors import LimitExceeded, ServiceUnavailable, SnapshotUnsupported

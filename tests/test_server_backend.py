@@ -45,7 +45,7 @@ def test_docker_server_runs_fileqa_sessions_in_containers():
             assert "/.cache" not in step["observation"] and "/root" not in step["observation"]
             pool = srv.pool()
             assert pool["backend"] == "docker" and pool["busy"] == 1  # the session's sandbox is a container
-            assert not [c for c in _children(srv.proc.pid) if "agent.py" in c]  # no host agent process
+            assert not [c for c in _children(srv.proc.pid) if "agent.pyz" in c]  # no host agent process
             # a pool of two: the second session takes the last container, the third gets a 503, never a 500
             r2 = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["log_errors"]}})
             assert r2.status_code == 201, r2.text

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from sandbox_server.agent import MAX_AREA_ENTRIES, MAX_WRITE_FILES
+from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
 from sandbox_server.settings import cache_dir
 from sandbox_server.backends.base import AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record
@@ -163,7 +164,7 @@ class DockerBackend(AgentBackend):
             # detach=False makes docker-py set StdinOnce: when this server's attach stream closes (it exited or
             # was killed), the agent reads EOF and the container exits, so orphans are told by their status.
             c = self.client.containers.create(
-                self.image, command=["python3", "-u", "-I", "/opt/forkyard/agent.py", "--isolated", "--area-bytes",
+                self.image, command=["python3", "-u", "-I", SANDBOX_AGENT_PATH, "--isolated", "--area-bytes",
                                      str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
                                      "--max-area-entries", str(MAX_AREA_ENTRIES)],
                 stdin_open=True, tty=False, detach=False, **self.run_kwargs())

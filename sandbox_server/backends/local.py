@@ -27,9 +27,10 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
+from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
 from sandbox_server.errors import EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
-from sandbox_server.backends.base import AGENT_PATH, AgentBackend, Channel, owner_alive, owner_record
+from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record
 
 
 def default_state_root() -> Path:
@@ -165,10 +166,11 @@ class LocalBackend(AgentBackend):
 
     def _argv(self, sbdir: Path | None, probe: bool = False) -> list[str]:
         agent_args = self._agent_args() + (["--probe"] if probe else [])
+        pyz = str(agent_zipapp(cache_dir() / "agent"))  # the agent package as one zipapp (agent_bundle.py)
         if self.unsafe_no_isolation:
             assert sbdir is not None
             roots = {"/data": self.data_dir, "/scratch": str(sbdir / "scratch"), "/tmp": str(sbdir / "tmp")}
-            return [sys.executable, "-u", "-I", str(AGENT_PATH), *agent_args,
+            return [sys.executable, "-u", "-I", pyz, *agent_args,
                     *itertools.chain.from_iterable(("--root", f"{k}={v}") for k, v in roots.items())]
         py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
         argv = [self._bwrap or "bwrap", "--ro-bind", "/usr", "/usr"]
@@ -182,10 +184,10 @@ class LocalBackend(AgentBackend):
             argv += ["--ro-bind", prefix, prefix]
         size = ["--size", str(self.area_bytes)] if self._bwrap_size else []
         argv += ["--ro-bind", self.data_dir, "/data", *size, "--tmpfs", "/scratch", *size, "--tmpfs", "/tmp",
-                 "--ro-bind", str(AGENT_PATH), "/opt/forkyard/agent.py", "--proc", "/proc", "--dev", "/dev",
+                 "--ro-bind", pyz, SANDBOX_AGENT_PATH, "--proc", "/proc", "--dev", "/dev",
                  "--unshare-all", "--die-with-parent", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
-                 py, "-u", "-I", "/opt/forkyard/agent.py", "--confine", "--isolated", *agent_args]
+                 py, "-u", "-I", SANDBOX_AGENT_PATH, "--confine", "--isolated", *agent_args]
         return argv
 
     def create(self) -> str:

@@ -1,0 +1,93 @@
+"""The agent (:class:`Agent`): ``exec``, ``ps`` and the dispatch of every request to its operation, with
+``pack`` / ``unpack`` (:mod:`.snapshot`), ``write`` (:mod:`.writes`) and ``recycle`` (:mod:`.recycle`)
+from its bases. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .capped import run_capped
+from .protocol import PAGE_BYTES, Fail, PathRewriter, env_problems, refused, within
+from .recycle import RecycleOps
+from .snapshot import SnapshotOps
+from .writes import WriteOps
+
+
+class Agent(SnapshotOps, WriteOps, RecycleOps):
+    """One agent process: the root mapping, the writable areas and their limits, and the operations of the
+    protocol (the package docstring), each an ``op_<name>(request) -> answer`` method.
+
+    Args:
+        roots: {sandbox path: host path}; identity where absent.
+        readable: sandbox roots tools may read.
+        writable: writable areas (packed by snapshots; the first takes ``write``).
+        area_bytes / max_write_files / max_area_entries: the limits (bytes; files; entries).
+    """
+
+    def op_exec(self, req: dict) -> dict:
+        """Run ``argv`` (see ``exec`` in the package docstring) after the checks; refused calls run nothing."""
+        argv = req.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            return refused("argv must be a non-empty list of strings")
+        if any("\x00" in a for a in argv):
+            return refused("argv contains a NUL byte")
+        problems = env_problems(req.get("env") or {})
+        if problems:
+            return refused("session environment refused: " + "; ".join(problems))
+        cwd = req.get("cwd") or (self.readable[0] if self.readable else "/")
+        if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd \
+                or not any(within(os.path.normpath(cwd), r) for r in self.readable):
+            return refused(f"cwd {cwd!r} is outside {', '.join(self.readable)}")
+        argv = list(argv)
+        for i in req.get("path_args") or []:
+            if not (isinstance(i, int) and 0 <= i < len(argv)):
+                return refused(f"path_args index {i} out of range")
+            err = self.check_path(cwd, argv[i])
+            if err:
+                return refused(err)
+            if os.path.isabs(argv[i]):
+                argv[i] = self.host(argv[i])  # identity in Docker / bubblewrap
+        timeout = float(req.get("timeout_s", 10.0))
+        cap = int(req.get("cap_bytes", 65536))
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+               "HOME": self.writable[0] if self.writable else "/tmp"}
+        env.update(req.get("env") or {})
+        rewriter = (lambda: PathRewriter(self._pairs)) if self._pairs else None  # one per stream
+        return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter)
+
+    def op_ps(self, req: dict) -> dict:
+        """``{"procs": [command line, ...]}`` of every process the agent sees."""
+        procs = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        procs.append(f.read().replace(b"\x00", b" ").decode("utf-8", "replace").strip())
+                except OSError:
+                    pass
+        return {"procs": procs}
+
+    def handle(self, req: dict) -> dict:
+        """Answer one request (never raises): errors become ``{"error", "error_kind"}``; host paths in
+        ``error`` and ``message`` are written as sandbox paths."""
+        if self.fatal is not None:
+            return {"error": self.fatal, "error_kind": "isolation"}
+        op = req.get("op")
+        fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+        if op == "ping":
+            return {"pong": True, "pid": os.getpid(), "confinement": self.confinement, "recycle_scope": self.scope,
+                    "limits": {"area_bytes": self.area_bytes, "page_bytes": PAGE_BYTES,
+                               "max_write_files": self.max_write_files, "max_area_entries": self.max_area_entries}}
+        if fn is None:
+            return {"error": f"unknown op {op!r}", "error_kind": "refused"}
+        try:
+            ans = fn(req)
+        except Fail as exc:
+            ans = {"error": str(exc), "error_kind": exc.kind}
+        except OSError as exc:
+            ans = {"error": f"{type(exc).__name__}: {exc}", "error_kind": "error"}
+        for k in ("error", "message"):
+            if isinstance(ans.get(k), str):
+                ans[k] = self.to_sandbox(ans[k])
+        return ans

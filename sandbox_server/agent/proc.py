@@ -1,0 +1,125 @@
+"""Processes and System V IPC as the agent sees them: the process table and lineage, a process described
+for a message, reaping (the agent is a child subreaper, and PID 1 in a container), killing a process group,
+and the IPC objects of its namespace. Linux ``/proc`` only; standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from .confine import load_libc
+
+
+def proc_table() -> dict[int, tuple[int, str]]:
+    """Every process in ``/proc``: {pid: (parent pid, state letter)}."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            rest = data[data.rindex(b")") + 2:].split()
+            out[int(name)] = (int(rest[1]), rest[0].decode("ascii", "replace"))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def lineage(pid: int, table: dict[int, tuple[int, str]]) -> set[int]:
+    """``pid`` and its ancestors visible in ``table``."""
+    out = set()
+    while pid in table and pid not in out:
+        out.add(pid)
+        pid = table[pid][0]
+    return out
+
+
+def describe_process(pid: int) -> str:
+    """``pid (command line, uid N)`` of a process, as far as it can be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\x00", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    uid = "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = line.split()[1]
+                elif line.startswith("State:") and not cmd:
+                    cmd = "state " + line.split(None, 1)[1].strip()
+    except OSError:
+        pass
+    return f"{pid} ({cmd[:80] or '?'}, uid {uid})"
+
+
+_SYSV = (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl"))
+
+
+def sysv_ipc() -> list[str]:
+    """System V IPC objects of this IPC namespace, ``kind id (key K, uid U)`` each (``/proc/sysvipc``)."""
+    out = []
+    for kind, _ in _SYSV:
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                head, *rows = f.read().splitlines()
+        except (OSError, ValueError):
+            continue
+        cols = head.split()
+        for row in rows:
+            v = dict(zip(cols, row.split()))  # noqa: B905 - zip(strict=) is Python >= 3.10; the agent runs on 3.9
+            ident = v.get("shmid") or v.get("semid") or v.get("msqid")
+            if ident is not None:
+                out.append(f"{kind} {ident} (key {v.get('key')}, uid {v.get('uid')})")
+    return out
+
+
+def remove_sysv_ipc() -> None:
+    """Remove every System V IPC object of this IPC namespace that this process may remove (IPC_RMID)."""
+    objs = sysv_ipc()
+    if not objs:
+        return
+    try:
+        _, libc = load_libc()
+    except OSError:
+        return
+    fns = dict(_SYSV)
+    for obj in objs:
+        kind, ident = obj.split()[:2]
+        fn = getattr(libc, fns[kind])
+        try:
+            fn(int(ident), 0, 0) if kind == "sem" else fn(int(ident), 0, None)  # IPC_RMID = 0
+        except (ValueError, OSError):
+            pass
+
+
+def killpg(pgid: int) -> None:
+    """SIGKILL process group ``pgid``; a group already gone (or not ours) is ignored."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def become_subreaper() -> None:
+    """Make orphans of tool calls re-parent to the agent (Linux prctl), so it can reap them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
+
+
+def reap_children() -> None:
+    """Reap any exited children (the agent may run as PID 1 and inherit orphans)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
