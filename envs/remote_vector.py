@@ -24,10 +24,12 @@ failure as a dict) and the next ``step`` resets it (in a new session if its sess
 trainers already treat infrastructure failures. Client errors (409 ended episode, 413 action too long, 422
 invalid item) always raise; a missing or wrong API key raises ``PermissionError``.
 
-Transport: one keep-alive HTTP/1.1 connection (the standard library's ``http.client``: a batch request costs
-the client about a third of the CPU it costs through httpx, which at 32 ClueProbe steps per request is as
-much as the server's own work), a timeout per request, retries on connection errors only (a request that was
-sent is never repeated, so a step is never applied twice); batches of more than :data:`BATCH_ITEMS` sub-envs
+Transport: the keep-alive HTTP/1.1 connections of :class:`envs.session_client.HttpConnections`, the HTTP
+transport of every forkyard env client (the standard library's ``http.client``: a batch request costs the
+client about a third of the CPU it costs through httpx, which at 32 ClueProbe steps per request is as much as
+the server's own work), a timeout per request, retries on connection errors (a request that was sent is
+repeated only when that is safe, a batched reset after its connection closed with no answer: never a step,
+create, fork or delete, so a step is never applied twice); batches of more than :data:`BATCH_ITEMS` sub-envs
 go as several requests. Requests carry the server's API key (``api_key=``, else ``FORKYARD_API_KEY``:
 :mod:`envs.api_key`); items or requests answered ``503 unavailable`` (nothing ran: the session cap is full)
 are sent again after the server's wait for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`).
@@ -38,13 +40,7 @@ batched routes), read together.
 
 from __future__ import annotations
 
-import base64
-import http.client
 import json
-import select
-import socket
-import time
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -54,9 +50,9 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers, redact_url
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
+from envs.session_client import HttpConnections
 from envs.text_space import TextSpace
 
 try:  # a faster codec when the server extras are installed; plain JSON either way
@@ -162,66 +158,6 @@ def vector_info(n: int, infos: list[tuple[int, dict[str, Any]]]) -> dict[str, An
     return out
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection to a server: ``post(path, body) -> (status, body)``.
-
-    A connection the server closed while idle (its keep-alive timeout) is noticed before the request is
-    sent and reopened; a failed connect is retried ``retries`` times (0.1 s, 0.2 s, ... apart). Any other
-    failure closes the connection and raises EnvInfraError: the request may have reached the server, so it
-    is never sent again."""
-
-    def __init__(self, url: str, timeout_s: float, retries: int, api_key: str | None = None):
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"server_url must be http://host[:port] or https://..., got {url!r}")
-        self.url, self.prefix = url, parts.path.rstrip("/")
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._conn = cls(parts.hostname, parts.port, timeout=timeout_s)
-        self._retries = retries
-        if api_key is None and parts.username is not None:  # a key in the URL's user info, as the other clients take it
-            creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            auth = {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode("ascii")}
-        else:
-            auth = auth_headers(api_key)
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth}
-        self.closed = False
-
-    def _ready(self) -> None:
-        sock = self._conn.sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:  # idle, yet readable: closed by the server
-            self._conn.close()
-        if self._conn.sock is None:
-            for attempt in range(self._retries + 1):
-                try:
-                    self._conn.connect()
-                    self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    return
-                except OSError as exc:
-                    self._conn.close()
-                    if attempt == self._retries:
-                        raise EnvInfraError(f"cannot connect to {redact_url(self.url)}: {exc!r}") from exc
-                    time.sleep(0.1 * 2 ** attempt)
-
-    def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
-        """POST ``body`` (JSON bytes) to ``path``; the status, the response body and its ``Retry-After``.
-        Raises EnvInfraError."""
-        if self.closed:
-            raise EnvInfraError("the connection to the server was closed (close() was called)")
-        self._ready()
-        try:
-            self._conn.request("POST", self.prefix + path, body=body, headers=self._headers)
-            resp = self._conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self._conn.close()
-            raise EnvInfraError(f"POST {redact_url(self.url)}{path} failed: {exc!r}") from exc
-        return resp.status, data, resp.getheader("Retry-After")
-
-    def close(self) -> None:
-        self.closed = True
-        self._conn.close()
-
-
 class RemoteVectorEnv(gym.vector.VectorEnv):
     """``num_envs`` sessions of ``env_id`` on a forkyard server, stepped with one request per batch.
 
@@ -264,7 +200,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.metadata = {"autoreset_mode": mode}
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = float(busy_timeout_s)
-        self._client = _Connection(self.server_url, timeout_s, connect_retries, resolve_api_key(api_key))
+        self._client = HttpConnections(self.server_url, timeout_s, connect_retries, resolve_api_key(api_key))
         self._client_refs = [1]  # shared with forks: the connection closes when the last vector env using it closes
         self.session_ids: list[str | None] = [None] * num_envs
         #: For a vector env made by :meth:`fork`, the index of each sub-env's parent in the forked vector env.

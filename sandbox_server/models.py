@@ -1,5 +1,8 @@
 """Pydantic models of every request and response of the HTTP API (sandbox routes, env routes) and of the
-in-process sandbox service. Each model is declared here once, so the OpenAPI schema names each once.
+in-process sandbox service. Each model is declared here once, so the OpenAPI schema names each once; the
+answers of env sessions that clients decode too (``ErrorBody``, ``ResetResponse``, ``StepResponse``,
+``ForkResponse``, ``EnvSnapshotResponse``) are declared in :mod:`envs.wire`, shared with the clients, and
+re-exported here.
 
 Why one file: the models are the API's one vocabulary (the server, both clients and the OpenAPI schema read
 them here), and a model split from the models it nests would be declared twice or imported in a circle.
@@ -22,6 +25,7 @@ from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator,
 )
 
+from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse
 from sandbox_server.tools import ToolResult, ToolSpec
 
 #: Most sandboxes (or env sessions) one clone / fork request may make.
@@ -227,14 +231,6 @@ class ToolList(BaseModel):
     output_cap_bytes: int
 
 
-class ErrorBody(BaseModel):
-    """Every 4xx / 5xx answer of the API (FastAPI's own validation errors included)."""
-
-    detail: str = Field(description="what was wrong, in words")
-    status: str | None = Field(default=None, description="a short machine-readable kind: not_found, refused, "
-                               "invalid, conflict, too_large, unavailable, sandbox_error, infra_error, internal")
-
-
 # ------------------------------------------------------------------------------------------ env sessions
 class EnvSpecInfo(BaseModel):
     """One registered env (``GET /v1/envs``)."""
@@ -271,42 +267,6 @@ class StepRequest(RequestModel):
     """``POST /v1/envs/{session_id}/step``."""
 
     action: str = Field(description="one action in forkyard's format, e.g. probe(2)")
-
-
-class ResetResponse(BaseModel):
-    """A session's first observation (create, reset)."""
-
-    session_id: str
-    observation: str
-    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions (finite action sets)")
-    observation_max_length: int = Field(description="max code points of an observation")
-    action_max_length: int = Field(description="max code points of an action")
-
-
-class StepResponse(BaseModel):
-    """One step's outcome."""
-
-    session_id: str
-    observation: str
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions, termination_reason at the end")
-
-
-class ForkResponse(BaseModel):
-    """The sessions an env fork made."""
-
-    session_id: str = Field(description="the parent session")
-    session_ids: list[str] = Field(description="the new sessions, each at the parent's state")
-
-
-class EnvSnapshotResponse(BaseModel):
-    """``POST /v1/envs/{session_id}/snapshot``: the session's state as an opaque, authenticated token."""
-
-    session_id: str
-    snapshot: str = Field(description="a sealed token (sandbox_server/snapshot_tokens.py): the client can store "
-                                      "and return it to POST /v1/envs/restore, but neither read nor alter it")
 
 
 class RestoreEnvRequest(RequestModel):

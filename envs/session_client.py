@@ -1,0 +1,561 @@
+"""One client of a forkyard server's env sessions, over a transport: ``/v1/envs`` over HTTP, or the OpenEnv
+WebSocket transport with forkyard's fork extension (``sandbox_server/routes/openenv.py``).
+
+A :class:`Transport` moves the operations of env sessions, named by session id (create, reset, step, fork,
+snapshot, restore, delete, tools) and hands back the server's answers as the shared wire models of
+:mod:`envs.wire`, or raises :class:`Refusal` with the server's error answer. :class:`SessionClient` drives
+one session over a transport and decodes errors the one way every forkyard client does:
+
+* ``503 unavailable`` (nothing ran: the session cap is full, the server starts or drains) is sent again after
+  the server's wait, for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`);
+* 401: ``PermissionError`` (a missing or wrong API key, :mod:`envs.api_key`);
+* 409 on a step: :class:`~envs.core.EpisodeFinishedError`;
+* 5xx, a 404 of a session (lost or expired), a network failure: :class:`~envs.core.EnvInfraError`
+  (trainers drop such episodes);
+* any other 4xx (and a 404 of a create or restore: an env id the server does not serve): ``ValueError``.
+
+Transports:
+
+* :class:`HttpTransport`: ``/v1/envs`` over :class:`HttpConnections`, a thread-safe pool of keep-alive
+  HTTP/1.1 connections built on the standard library's ``http.client`` (a third of httpx's CPU per request),
+  a timeout per request, connect retries, and a request repeated after a connection closed with no answer
+  only when that is safe (:func:`envs.client_retry.safe_to_repeat`: never a step, a create or a fork).
+  Batched routes: :meth:`HttpConnections.post` (``envs.remote_vector.RemoteVectorEnv`` drives them).
+* :class:`WsTransport`: one WebSocket connection per session at ``/openenv/{env_id}/ws``; the session lives
+  as long as its connection. A fork's children each get their own connection, which attaches the child.
+  ``tools`` goes over HTTP (the OpenEnv wire has no such message).
+
+Why one file: the transports and the client that decodes their answers are one protocol, read together.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any, Protocol
+
+from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.sync.client import ClientConnection, connect
+
+from envs.api_key import auth_headers, redact_url
+from envs.client_retry import KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat
+from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse, decode
+
+try:  # a faster codec when the server extras are installed; plain JSON either way
+    import orjson
+
+    _dumps, _loads = orjson.dumps, orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+    _loads = json.loads
+
+
+class Refusal(Exception):
+    """The server answered an operation with an error (raised by transports, decoded by :class:`SessionClient`).
+
+    Attributes:
+        http_status: the HTTP status (over the WebSocket: the status ``/v1/envs`` would have answered).
+        error: the error body (``detail``, ``status``: the server's short word such as ``unavailable``).
+        where: the request, for messages (``POST /v1/envs/ID/step``, ``ws /openenv/ID/ws``).
+        code: OpenEnv's error code over the WebSocket (``CAPACITY_REACHED``, ...), else None.
+        retry_after_s: with a 503, the server's wait in seconds (``Retry-After``), else None.
+    """
+
+    def __init__(self, http_status: int, error: ErrorBody, where: str, code: str | None = None,
+                 retry_after_s: float | str | None = None):
+        super().__init__(f"{where}: HTTP {http_status}: {error.detail}")
+        self.http_status, self.error, self.where, self.code, self.retry_after_s = (
+            http_status, error, where, code, retry_after_s)
+
+
+def error_for(op: str, refusal: Refusal) -> Exception:
+    """The exception a client raises for ``refusal`` of operation ``op`` (``create``, ``reset``, ``step``,
+    ``fork``, ``snapshot``, ``restore``, ``delete``, ``tools``, ``attach``): see the module docstring."""
+    status, err = refusal.http_status, refusal.error
+    kind = refusal.code or err.status or "error"
+    text = f"{op} ({refusal.where}): HTTP {status} {kind}: {err.detail[:500]}"
+    if status == 401:
+        return PermissionError(f"{text} (set FORKYARD_API_KEY or api_key=)")
+    if status == 409 and op == "step":
+        return EpisodeFinishedError(err.detail or "the episode has ended")
+    if status >= 500 or status == 404 and op not in ("create", "restore"):
+        return EnvInfraError(text)
+    return ValueError(text)
+
+
+# ------------------------------------------------------------------------------------------ transports
+class Transport(Protocol):
+    """What :class:`SessionClient` needs of a transport (``sandbox_server.ray_nodes.RayTransport``, which moves
+    sessions over Ray actor calls, has no ``restore`` or ``tools``). Every call raises :class:`Refusal` for an error
+    answer, :class:`~envs.core.EnvInfraError` when the server cannot be reached or the connection fails,
+    ``PermissionError`` when a connection is refused for its API key.
+
+    A transport is shared by a session and the sessions forked from it (``refs`` counts the
+    :class:`SessionClient` objects using it); :meth:`close` frees its connections."""
+
+    name: str
+    refs: int
+
+    def create(self, env_id: str, kwargs: dict[str, Any], seed: int | None,
+               options: dict[str, Any] | None) -> ResetResponse: ...
+    def reset(self, sid: str, seed: int | None, options: dict[str, Any] | None) -> ResetResponse: ...
+    def step(self, sid: str, action: str) -> StepResponse: ...
+    def fork(self, sid: str, n: int) -> list[str]: ...
+    def snapshot(self, sid: str) -> str: ...
+    def restore(self, token: str) -> ResetResponse: ...
+    def delete(self, sid: str) -> None: ...
+    def tools(self, sid: str) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+
+#: Failures after which a request may have reached the server with no answer coming back.
+_NO_ANSWER = (http.client.RemoteDisconnected, http.client.IncompleteRead, http.client.BadStatusLine,
+              ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+class HttpConnections:
+    """A thread-safe pool of keep-alive HTTP/1.1 connections to one server (``http.client``).
+
+    Args:
+        url: ``http://host[:port][/prefix]`` (or https); a key in the URL's user info is sent as HTTP Basic
+            credentials when ``api_key`` is None, as the other clients send it.
+        timeout_s: seconds for a connect and for each read of an answer.
+        retries: retries of a failed connect (0.1 s, 0.2 s, ... apart); a request that was sent is repeated
+            only per :meth:`request`.
+        api_key: sent as ``Authorization: Bearer``.
+
+    Raises:
+        ValueError: a URL that is not http(s)://host.
+    """
+
+    def __init__(self, url: str, timeout_s: float, retries: int = 3, api_key: str | None = None):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"server_url must be http://host[:port] or https://..., got {redact_url(url)!r}")
+        self.url, self.prefix, self.timeout_s, self.retries = url, parts.path.rstrip("/"), timeout_s, retries
+        self._cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port = parts.hostname, parts.port
+        if api_key is None and parts.username is not None:
+            creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            auth = {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode("ascii")}
+        else:
+            auth = auth_headers(api_key)
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth}
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called (httpx's name)."""
+        return self.closed
+
+    def _new(self) -> http.client.HTTPConnection:
+        for attempt in range(self.retries + 1):
+            conn = self._cls(self._host, self._port, timeout=self.timeout_s)
+            try:
+                conn.connect()
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return conn
+            except OSError as exc:
+                conn.close()
+                if attempt == self.retries:
+                    raise EnvInfraError(f"cannot connect to {redact_url(self.url)}: {exc!r}") from exc
+                time.sleep(0.1 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection the server has not closed (and used within the keep-alive expiry), else a new
+        one; whether it was reused."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if now - since < KEEPALIVE_EXPIRY_S and conn.sock is not None \
+                    and not select.select([conn.sock], [], [], 0)[0]:  # idle, yet readable: the server closed it
+                return conn, True
+            conn.close()
+        return self._new(), False
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, str | None]:
+        """Send one request (``body``: JSON bytes); the status, the answer's body and its ``Retry-After``.
+        A request whose reused connection closed with no answer is sent once more, on a new connection, when
+        :func:`~envs.client_retry.safe_to_repeat` allows. Raises EnvInfraError (connect failure, timeout,
+        a lost answer)."""
+        if self.closed:
+            raise EnvInfraError("the connection to the server was closed (close() was called)")
+        repeated = False
+        while True:
+            conn, reused = self._take()
+            try:
+                conn.request(method, self.prefix + path, body=body, headers=self._headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if isinstance(exc, _NO_ANSWER):
+                    if reused and not repeated and safe_to_repeat(method, path):
+                        repeated = True  # the server closed an idle connection under it: once more, on a new one
+                        continue
+                    raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: the server disconnected with no "
+                                        f"answer (it may have run): {exc!r}") from exc
+                raise EnvInfraError(f"{method} {redact_url(self.url)}{path} failed: {exc!r}") from exc
+            if resp.will_close or self.closed:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append((conn, time.monotonic()))
+            return resp.status, data, resp.getheader("Retry-After")
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        """``request("POST", path, body)``."""
+        return self.request("POST", path, body)
+
+    def close(self) -> None:
+        """Close every idle connection; later requests raise EnvInfraError."""
+        self.closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
+
+
+def _refusal(status: int, data: bytes, where: str, retry_after: str | None) -> Refusal:
+    try:
+        body = _loads(data)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):
+        err = ErrorBody(detail=body["detail"], status=body.get("status"))
+    else:
+        err = ErrorBody(detail=data[:500].decode("utf-8", "replace"))
+    return Refusal(status, err, where, retry_after_s=retry_after)
+
+
+class HttpTransport:
+    """Env sessions over ``/v1/envs`` (module docstring), on one :class:`HttpConnections` pool.
+
+    Args:
+        url: the server's base URL.
+        timeout_s: seconds for any one request (sandbox tool calls included).
+        connect_retries: retries of a failed connect.
+        api_key: the server's API key, or None.
+    """
+
+    name = "http"
+
+    def __init__(self, url: str, timeout_s: float, connect_retries: int = 3, api_key: str | None = None):
+        self.http = HttpConnections(url, timeout_s, connect_retries, api_key)
+        self.refs = 1
+
+    @property
+    def is_closed(self) -> bool:
+        return self.http.closed
+
+    def _json(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        status, data, retry_after = self.http.request(method, path, None if payload is None else _dumps(payload))
+        if status >= 400:
+            raise _refusal(status, data, f"{method} {path}", retry_after)
+        return _loads(data) if data else {}
+
+    def create(self, env_id, kwargs, seed, options) -> ResetResponse:
+        return decode(ResetResponse, self._json("POST", "/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": seed,
+                                                                     "options": options}))
+
+    def reset(self, sid, seed, options) -> ResetResponse:
+        return decode(ResetResponse, self._json("POST", f"/v1/envs/{sid}/reset", {"seed": seed, "options": options}))
+
+    def step(self, sid, action) -> StepResponse:
+        return decode(StepResponse, self._json("POST", f"/v1/envs/{sid}/step", {"action": action}))
+
+    def fork(self, sid, n) -> list[str]:
+        return decode(ForkResponse, self._json("POST", f"/v1/envs/{sid}/fork", {"n": n})).session_ids
+
+    def snapshot(self, sid) -> str:
+        return decode(EnvSnapshotResponse, self._json("POST", f"/v1/envs/{sid}/snapshot")).snapshot
+
+    def restore(self, token) -> ResetResponse:
+        return decode(ResetResponse, self._json("POST", "/v1/envs/restore", {"snapshot": token}))
+
+    def delete(self, sid) -> None:
+        self._json("DELETE", f"/v1/envs/{sid}")
+
+    def tools(self, sid) -> list[dict[str, Any]]:
+        return self._json("GET", f"/v1/envs/{sid}/tools")["tools"]
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _reset_answer(data: dict[str, Any]) -> ResetResponse:
+    o = data["observation"]
+    return decode(ResetResponse, {"session_id": o["session_id"], "observation": o["text"], "info": o["info"],
+                                  "observation_max_length": o.get("observation_max_length"),
+                                  "action_max_length": o.get("action_max_length")})
+
+
+class WsTransport:
+    """Env sessions over the OpenEnv WebSocket transport of one env id (module docstring): one connection
+    per session, opened by ``create`` and ``restore`` (and by ``fork`` for each child, which it attaches),
+    closed by ``delete`` (the server then deletes the session).
+
+    Args:
+        url: the server's base URL (``http(s)://`` or ``ws(s)://``).
+        env_id: the env id whose base path (``/openenv/{env_id}``) the connections open.
+        kwargs: the env's constructor kwargs, sent with every reset (a connection whose session expired makes
+            a new one with them).
+        timeout_s: seconds to open a connection and to wait for any one answer.
+        api_key: the server's API key, or None; connect_retries: for :meth:`tools` (over HTTP).
+    """
+
+    name = "ws"
+
+    def __init__(self, url: str, env_id: str, kwargs: dict[str, Any], timeout_s: float, connect_retries: int = 3,
+                 api_key: str | None = None):
+        self.url, self.env_id, self.kwargs, self.timeout_s = url, env_id, kwargs, timeout_s
+        self.connect_retries, self.api_key = connect_retries, api_key
+        base = "ws" + url[4:] if url.startswith("http") else url
+        self.ws_url, self.where = f"{base}/openenv/{env_id}/ws", f"ws /openenv/{env_id}/ws"
+        self.sockets: dict[str, ClientConnection] = {}
+        self._http: HttpConnections | None = None
+        self.refs, self.closed = 1, False
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def _failed(self, kind: str, exc: BaseException) -> EnvInfraError:
+        return EnvInfraError(f"{kind} over {redact_url(self.ws_url)} failed: {exc!r}")
+
+    def _open(self, kind: str) -> ClientConnection:
+        if self.closed:
+            raise EnvInfraError("the transport was closed (close() was called)")
+        try:
+            return connect(self.ws_url, open_timeout=self.timeout_s, max_size=None,
+                           additional_headers=auth_headers(self.api_key)).__enter__()  # closed by delete()
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status == 401:
+                raise Refusal(401, ErrorBody(detail="the server requires an API key", status="unauthorized"),
+                              self.where) from None
+            raise self._failed(kind, exc) from exc
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise self._failed(kind, exc) from exc
+
+    def _ask(self, sock: ClientConnection, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        """One message and its answer's data; Refusal for an error answer."""
+        try:
+            sock.send(_dumps({"type": kind, "data": data}).decode())
+            answer = _loads(sock.recv(timeout=self.timeout_s))
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise self._failed(kind, exc) from exc
+        if answer.get("type") != "error":
+            return answer["data"]
+        err = answer["data"]
+        raise Refusal(err.get("http_status", 500), ErrorBody(detail=str(err.get("message")), status=err.get("status")),
+                      self.where, code=err.get("code"), retry_after_s=err.get("retry_after_s"))
+
+    def _socket(self, sid: str) -> ClientConnection:
+        sock = self.sockets.get(sid)
+        if sock is None:
+            raise Refusal(404, ErrorBody(detail=f"no connection drives session {sid!r}", status="not_found"),
+                          self.where)
+        return sock
+
+    def _adopt(self, sock: ClientConnection, answer: ResetResponse, old: str | None = None) -> ResetResponse:
+        if old is not None and old != answer.session_id:
+            self.sockets.pop(old, None)  # the connection's session expired: the server made a new one
+        self.sockets[answer.session_id] = sock
+        return answer
+
+    def _new_session(self, kind: str, data: dict[str, Any]) -> ResetResponse:
+        sock = self._open(kind)
+        try:
+            return self._adopt(sock, _reset_answer(self._ask(sock, kind, data)))
+        except BaseException:
+            sock.close()
+            raise
+
+    def create(self, env_id, kwargs, seed, options) -> ResetResponse:
+        if env_id != self.env_id:
+            raise ValueError(f"this transport's connections open {self.env_id!r}, not {env_id!r}")
+        return self._new_session("reset", {"seed": seed, "options": options, "kwargs": kwargs})
+
+    def reset(self, sid, seed, options) -> ResetResponse:
+        sock = self._socket(sid)
+        return self._adopt(sock, _reset_answer(self._ask(sock, "reset", {"seed": seed, "options": options,
+                                                                         "kwargs": self.kwargs})), sid)
+
+    def step(self, sid, action) -> StepResponse:
+        data = self._ask(self._socket(sid), "step", {"action": action})
+        o = data["observation"]
+        return decode(StepResponse, {"session_id": o["session_id"], "observation": o["text"], "reward": data["reward"],
+                                     "terminated": o["terminated"], "truncated": o["truncated"], "info": o["info"]})
+
+    def fork(self, sid, n) -> list[str]:
+        """``n`` children, each attached by a connection of its own (all or nothing: when one fails, the
+        connections opened are closed, and so their children deleted; the others go with ``sid``'s)."""
+        sids = list(self._ask(self._socket(sid), "fork", {"n": n})["session_ids"])
+        opened: list[str] = []
+        try:
+            for child in sids:
+                self._new_session("attach", {"session_id": child})
+                opened.append(child)
+        except BaseException:
+            for child in opened:
+                self.delete(child)
+            raise
+        return sids
+
+    def snapshot(self, sid) -> str:
+        return str(self._ask(self._socket(sid), "snapshot", {})["snapshot"])
+
+    def restore(self, token) -> ResetResponse:
+        return self._new_session("reset", {"snapshot": token})
+
+    def delete(self, sid) -> None:
+        sock = self.sockets.pop(sid, None)
+        if sock is not None:  # the server deletes the session with its connection
+            try:
+                sock.close()
+            except (OSError, WebSocketException):
+                pass
+
+    def tools(self, sid) -> list[dict[str, Any]]:
+        if self._http is None:
+            self._http = HttpConnections(self.url, self.timeout_s, self.connect_retries, self.api_key)
+        status, data, retry_after = self._http.request("GET", f"/v1/envs/{sid}/tools")
+        if status >= 400:
+            raise _refusal(status, data, f"GET /v1/envs/{sid}/tools", retry_after)
+        return _loads(data)["tools"]
+
+    def close(self) -> None:
+        self.closed = True
+        for sid in list(self.sockets):
+            self.delete(sid)
+        if self._http is not None:
+            self._http.close()
+
+
+def make_transport(kind: str, url: str, env_id: str, kwargs: dict[str, Any], timeout_s: float,
+                   connect_retries: int = 3, api_key: str | None = None) -> HttpTransport | WsTransport:
+    """A transport by name: ``"http"`` (:class:`HttpTransport`) or ``"ws"`` (:class:`WsTransport`).
+
+    Raises:
+        ValueError: another name.
+    """
+    if kind == "http":
+        return HttpTransport(url, timeout_s, connect_retries, api_key)
+    if kind == "ws":
+        return WsTransport(url, env_id, kwargs, timeout_s, connect_retries, api_key)
+    raise ValueError(f"transport must be 'http' or 'ws', got {kind!r}")
+
+
+# ------------------------------------------------------------------------------------------ the client
+class SessionClient:
+    """One env session on a forkyard server, over a :class:`Transport` (module docstring).
+
+    Args:
+        transport: how to reach the server (shared with the sessions forked from this one).
+        env_id: the registered id the server runs.
+        kwargs: the env's constructor kwargs.
+        busy_timeout_s: seconds to keep sending an operation the server answered ``503 unavailable``.
+        session_id: an existing session to drive (a fork's child), else None (made by the first reset).
+
+    Every method raises as the module docstring says.
+    """
+
+    def __init__(self, transport: Transport, env_id: str, kwargs: dict[str, Any] | None = None,
+                 busy_timeout_s: float = 30.0, session_id: str | None = None):
+        BusyWait(busy_timeout_s)  # validates it
+        self.transport, self.env_id, self.kwargs = transport, env_id, dict(kwargs or {})
+        self.busy_timeout_s, self.session_id, self.closed = float(busy_timeout_s), session_id, False
+
+    def _do(self, op: str, fn: Any, *args: Any) -> Any:
+        busy = None
+        while True:
+            try:
+                return fn(*args)
+            except Refusal as refusal:
+                if is_busy(refusal.http_status, refusal.error.status):  # nothing ran: wait and send it again
+                    busy = busy or BusyWait(self.busy_timeout_s)
+                    if busy.wait(retry_after_s(refusal.retry_after_s)):
+                        continue
+                raise error_for(op, refusal) from None
+
+    def _sid(self, op: str) -> str:
+        if self.session_id is None:
+            raise RuntimeError(f"{op} needs a session: reset first")
+        return self.session_id
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResponse:
+        """Reset the session (the first call creates it): the first observation. RuntimeError once closed."""
+        if self.closed:
+            raise RuntimeError(f"this client of {self.env_id!r} is closed (its session ended): make a new one")
+        if self.session_id is None:
+            out = self._do("create", self.transport.create, self.env_id, self.kwargs, seed, options)
+        else:
+            out = self._do("reset", self.transport.reset, self.session_id, seed, options)
+        self.session_id = out.session_id
+        return out
+
+    def step(self, action: str) -> StepResponse:
+        """One action's outcome."""
+        return self._do("step", self.transport.step, self._sid("step"), action)
+
+    def fork(self, n: int = 1) -> list["SessionClient"]:
+        """``n`` clients of new sessions at this session's state (server-side fork), sharing the transport."""
+        sids = self._do("fork", self.transport.fork, self._sid("fork"), n)
+        self.transport.refs += len(sids)
+        return [SessionClient(self.transport, self.env_id, self.kwargs, self.busy_timeout_s, sid) for sid in sids]
+
+    def snapshot(self) -> str:
+        """The session's state as an opaque, authenticated token (:meth:`restore` takes it)."""
+        return self._do("snapshot", self.transport.snapshot, self._sid("snapshot"))
+
+    def restore(self, token: str) -> ResetResponse:
+        """Replace this client's session by a new one at the state ``token`` holds (the old one is deleted):
+        its observation."""
+        out = self._do("restore", self.transport.restore, token)
+        old, self.session_id = self.session_id, out.session_id
+        if old is not None:
+            self._delete(old)
+        return out
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The session's tools as JSON-schema definitions (``GET /v1/envs/{session_id}/tools``)."""
+        return self._do("tools", self.transport.tools, self._sid("tools"))
+
+    def _delete(self, sid: str) -> None:
+        try:
+            self.transport.delete(sid)
+        except (Refusal, EnvInfraError, ValueError):
+            pass  # the server's TTL reaps what could not be closed now
+
+    def close(self) -> None:
+        """Delete the session (best effort: the server's TTL reaps it otherwise); the transport, shared with
+        forks, closes with the last client using it."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.session_id is not None:
+            self._delete(self.session_id)
+            self.session_id = None
+        self.transport.refs -= 1
+        if self.transport.refs <= 0:
+            self.transport.close()
+
+
+__all__ = ["HttpConnections", "HttpTransport", "Refusal", "SessionClient", "Transport", "WsTransport", "error_for",
+           "make_transport"]
