@@ -30,7 +30,7 @@ PROG = "python -m sandbox_server"
 #: Settings that are also flags: ``{field: flag}``. A flag's text goes to the settings model unchanged, so a
 #: value is checked once, by the model, whichever way it arrives (field case S33).
 FLAGS = {"host": "--host", "port": "--port", "backend": "--backend", "log_level": "--log-level", "ray": "--ray",
-         "min_idle": "--min-idle", "max_total": "--max-total"}
+         "min_idle": "--min-idle", "max_total": "--max-total", "env_modules": "--env-modules"}
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -61,6 +61,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="most sandboxes at once, idle and in use (default: FORKYARD_MAX_TOTAL or 16)")
     ap.add_argument("--log-level", default=None, metavar="{" + ",".join(LOG_LEVELS) + "}",
                     help="uvicorn's log level (default: FORKYARD_LOG_LEVEL or info)")
+    ap.add_argument("--env-modules", default=None, metavar="MODULE[,MODULE...]",
+                    help="modules to import at start-up whose registered envs the server serves, also as "
+                         "'module:Id' (default: FORKYARD_ENV_MODULES; a client's 'module:Id' never makes the "
+                         "server import a module)")
     return ap
 
 
@@ -112,6 +116,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                                                               else config, field))
 
     # the server's own modules only once the settings are known to be good: a refusal is quick
+    from sandbox_server.env_sessions import import_env_modules
+
+    try:  # the operator's env modules before anything starts: one that cannot be imported is a bad setting
+        import_env_modules(settings.env_modules)
+    except ValueError as exc:
+        ap.error(str(exc))
     from envs.api_key import api_key
     from sandbox_server.app import DrainingServer, create_app
     from sandbox_server.backends import make_backend

@@ -46,7 +46,7 @@ from envs.api_key import api_key as resolve_api_key
 from sandbox_server import http_contract
 from sandbox_server.auth import ApiKeyMiddleware, HiddenKey
 from sandbox_server.backends import Backend, make_backend
-from sandbox_server.env_sessions import EnvSessions, reaper
+from sandbox_server.env_sessions import EnvSessions, import_env_modules, reaper
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, SMALL_BODY_BYTES
 from sandbox_server.routes import envs as env_routes
@@ -126,6 +126,7 @@ class DrainMiddleware:
         if drain.draining:
             return await drain.answer()(scope, receive, send)
         task = asyncio.current_task()
+        assert task is not None  # an ASGI call always runs in a task
         started = False
 
         async def tracked(message: Any) -> None:
@@ -199,7 +200,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     Raises:
         ValueError: ``service`` together with ``backend`` or ``config``; ``sandboxes=False`` with ``backend``
             or ``service``; ``sandbox_provider`` with ``sandboxes=True``; a limit that is not positive; a key
-            :func:`envs.api_key.api_key` refuses.
+            :func:`envs.api_key.api_key` refuses; an env module of ``FORKYARD_ENV_MODULES`` that cannot be imported.
     """
     door_key = resolve_api_key(api_key)
     if service is not None and (backend is not None or config is not None):
@@ -213,6 +214,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         max_body_bytes = ServerSettings().max_body_bytes if sandboxes else ENV_BATCH_BODY_BYTES
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    import_env_modules(ServerSettings().env_modules)  # the envs the operator named (ValueError if one fails)
     sessions = EnvSessions(ttl_s=cfg.env_ttl_s, max_sessions=cfg.max_env_sessions, sandbox_provider=sandbox_provider)
     key = ServerSettings().snapshot_key
     host = SessionHost(sessions, SnapshotSealer(key.get_secret_value() if key is not None else None))
@@ -241,7 +243,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
                 await anyio.to_thread.run_sync(lambda: svc.start(wait=warm))
             if sandboxes:  # sandbox-backed env sessions (FileQA) take their sandboxes from this app's own service
                 sessions.sandbox_provider = svc
-                sessions.sandbox_unavailable = None if svc is not None else f"no sandbox backend: {app.state.backend_error}"
+                sessions.sandbox_unavailable = (
+                    None if svc is not None else f"no sandbox backend: {app.state.backend_error}")
             reaper_task = asyncio.create_task(reaper(sessions))
             yield
         finally:

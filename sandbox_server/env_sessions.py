@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import sys
 import threading
 import time
 import typing
@@ -309,20 +310,19 @@ async def reaper(sessions: EnvSessions, period_s: float | None = None) -> None:
 # ------------------------------------------------------------------------------------ classes, kwargs
 def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
     """(env class, default kwargs) of a registered id: an id of :data:`envs.ENV_SPECS` (plugins of
-    ``forkyard.envs`` included), or Gymnasium's ``"module:Id"`` form: the module is imported (it registers
-    with :func:`envs.register_env`), then ``Id`` is looked up.
+    ``forkyard.envs`` included), or Gymnasium's ``"module:Id"`` form when ``module`` is already imported
+    (:func:`import_env_modules` at start-up, or a plugin): then ``Id`` is looked up. Nothing is imported here.
 
     Raises:
-        HTTPException: 404 for an id not registered (a module that cannot be imported, or that registered no
-            such id); 422 for a class that is not a TextEnv (the server relies on its declared ``blocking`` /
+        HTTPException: 404 for an id not registered (or a ``module:`` this server has not imported); 422 for
+            a class that is not a TextEnv (the server relies on its declared ``blocking`` /
             ``uses_sandbox``, fork and spaces).
     """
     module, _, name = env_id.rpartition(":")  # no colon: module "", name env_id
-    if module and name not in envs.ENV_SPECS:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - any failure to import is a bad id for this client
-            raise HTTPException(404, f"env id {env_id!r}: cannot import {module!r} ({type(exc).__name__}: {exc})")
+    if module and module not in sys.modules:  # never imported on a client's word: the operator names modules
+        raise HTTPException(404, f"env id {env_id!r}: this server has not imported {module!r}; a server serves "
+                                 "the envs of the modules its operator names (--env-modules, FORKYARD_ENV_MODULES) "
+                                 "and of installed plugins, and never imports a module a client names")
     if name not in envs.ENV_SPECS:
         raise HTTPException(404, f"unknown env id {env_id!r}; registered: {sorted(envs.ENV_SPECS)}"
                                  f"{envs.ENV_SPECS.explain(name)}")
@@ -334,6 +334,24 @@ def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
                                  "TextEnv subclasses only (it relies on their declared blocking / uses_sandbox, "
                                  "fork and text spaces)")
     return cls, dict(defaults)
+
+
+def import_env_modules(names: str) -> list[str]:
+    """Import the modules ``names`` (comma-separated: ``ServerSettings.env_modules``) so that the envs they
+    register are served. Returns the modules imported, in order.
+
+    Raises:
+        ValueError: a module that cannot be imported (its name and the error): a server refuses to start
+            rather than serve fewer envs than its operator named.
+    """
+    done = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure is the operator's to fix, reported by name
+            raise ValueError(f"cannot import the env module {name!r}: {type(exc).__name__}: {exc}") from exc
+        done.append(name)
+    return done
 
 
 _SIGNATURES: dict[type, tuple[dict[str, inspect.Parameter], bool, type[BaseModel] | None]] = {}
@@ -386,4 +404,5 @@ def _accepted(params: dict[str, inspect.Parameter]) -> list[str]:
 
 
 __all__ = ["GYM_MAKE_KEYWORDS", "NO_BACKEND_RETRY_S", "SERVER_DECIDED_KWARGS", "SESSIONS_RETRY_S", "EnvRecipe",
-           "EnvSession", "EnvSessions", "Slots", "check_kwargs", "close_quietly", "env_class", "reaper"]
+           "EnvSession", "EnvSessions", "Slots", "check_kwargs", "close_quietly", "env_class", "import_env_modules",
+           "reaper"]

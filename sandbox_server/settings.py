@@ -142,6 +142,11 @@ class ServerSettings(BaseSettings):
     #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`); None:
     #: a key drawn per server process (tokens restore only on the server that made them, until it restarts).
     snapshot_key: SecretStr | None = None
+    #: Modules the server imports at start-up, comma-separated (``my_pkg.envs,other.envs``), so that the envs
+    #: they register (:func:`envs.register_env`) are served, under their ids and Gymnasium's ``"module:Id"``.
+    #: A client's ``"module:Id"`` may name only a module imported here or by an installed plugin: the server
+    #: never imports a module a client names.
+    env_modules: str = ""
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -156,6 +161,15 @@ class ServerSettings(BaseSettings):
         if name not in BACKENDS:
             raise ValueError(f"unknown backend; accepted values: {', '.join(sorted(BACKENDS))}")
         return name
+
+    @field_validator("env_modules")
+    @classmethod
+    def _module_names(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        bad = [n for n in names if not all(part.isidentifier() for part in n.split("."))]
+        if bad:
+            raise ValueError(f"not module names: {bad}; give dotted module names, comma-separated")
+        return ",".join(names)
 
     @field_validator("snapshot_key")
     @classmethod

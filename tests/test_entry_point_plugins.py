@@ -195,7 +195,8 @@ def test_the_server_runs_the_plugin_backend_and_serves_plugin_envs(plugin_dirs, 
     env = {**plugin_env(broken, target), "FORKYARD_SERVER_NAME": f"pytest-plugins-{os.getpid()}"}
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "sandbox_server", "--backend", "example-local", "--port",
-                                 str(port), "--min-idle", "1", "--log-level", "warning"],
+                                 str(port), "--min-idle", "1", "--log-level", "warning",
+                                 "--env-modules", "forkyard_example_plugin.unlisted"],
                                 cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -216,10 +217,24 @@ def test_the_server_runs_the_plugin_backend_and_serves_plugin_envs(plugin_dirs, 
                 assert step.status_code == 200 and step.json()["observation"].startswith("the coin is "), step.text
             r = http.post("/v1/envs", json={"env_id": "example/Broken-v0"})
             assert r.status_code == 404 and "ModuleNotFoundError" in r.text, r.text
-            r = http.post("/v1/envs", json={"env_id": "forkyard_no_such_module:X-v0"})
-            assert r.status_code == 404 and "cannot import 'forkyard_no_such_module'" in r.text, r.text
+            # a client's "module:Id" never makes the server import a module: only the operator's (or a plugin's)
+            for env_id in ("forkyard_no_such_module:X-v0", "antigravity:X-v0", "forkyard_example_plugin.other:Coin-v0"):
+                r = http.post("/v1/envs", json={"env_id": env_id})
+                assert r.status_code == 404 and "never imports a module a client names" in r.text, r.text
     finally:
         proc.terminate()
         proc.wait(60)
     text = log.read_text()
     assert "the plugin 'example/Broken-v0' of forkyard.envs" in text  # named at start-up, and the server ran
+
+
+def test_the_server_refuses_to_start_without_an_env_module_its_operator_named(tmp_path):
+    # one that cannot be imported is a bad setting (exit 2, named), flag and variable alike: never fewer envs served
+    for args, env in (["--env-modules", "forkyard_no_such_module"], {}),\
+                     ([], {"FORKYARD_ENV_MODULES": "json,forkyard_no_such_module"}):
+        r = subprocess.run([sys.executable, "-m", "sandbox_server", "--port", str(free_port()), *args],
+                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=120)
+        assert r.returncode == 2 and "cannot import the env module 'forkyard_no_such_module'" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "sandbox_server", "--env-modules", "not a module"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "not module names" in r.stderr, r.stderr
