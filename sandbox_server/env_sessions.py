@@ -1,8 +1,7 @@
 """The env sessions of one server: which env classes it serves and with which kwargs, the sessions it holds
 (create, look up, fork, close, reap idle ones), and how env code runs (inline or in a worker thread).
 
-The operations over these (create, reset, step, fork, snapshot, restore, delete), which every transport
-shares, are :mod:`sandbox_server.session_host`.
+The operations over these that every transport shares (create, reset, step, ...): :mod:`sandbox_server.session_host`.
 
 * Env classes: every served env is an :class:`envs.core.TextEnv` subclass registered in
   :data:`envs.ENV_SPECS`; the server builds the class itself (not through ``gymnasium.make``, whose
@@ -94,8 +93,7 @@ class EnvSessions:
         max_sessions: most sessions at once; creates and forks past it answer 503.
         sandbox_provider: the sandbox service that sandbox-backed envs (``uses_sandbox = True``) take
             their sandboxes from; None: such envs are refused (see ``sandbox_unavailable``).
-        operator_kwargs: the kwargs come from the operator, not from a client (a Ray node host: the trainer's
-            config): passed to the env's constructor unchecked (``backend`` included; no provider added).
+        operator_kwargs: kwargs of the operator, not of a client (a Ray node host's): passed on unchecked.
         new_id: makes a new session id (default: 32 hex digits, never guessable).
 
     Attributes:
@@ -118,7 +116,7 @@ class EnvSessions:
         self._new_id = new_id or (lambda: uuid.uuid4().hex)
         self._sessions: dict[str, EnvSession] = {}
         self._reserved = 0
-        self._outside = 0  # envs counted against the cap that are not sessions (hold / unhold)
+        self._outside = 0  # envs counted against the cap that are not sessions (hold)
         self._closed = False
         self._guard = threading.Lock()
         #: The limiter of :meth:`pool_threads` once made (read its ``borrowed_tokens`` from any thread).
@@ -129,8 +127,7 @@ class EnvSessions:
 
     @property
     def in_use(self) -> int:
-        """Envs counted against ``max_sessions``: sessions, room reserved for sessions being made, and envs held
-        outside sessions (:meth:`hold`)."""
+        """Envs counted against ``max_sessions``: sessions, room reserved for new ones, and :meth:`hold`'s."""
         return len(self._sessions) + self._reserved + self._outside
 
     def held(self) -> dict[str, EnvSession]:
@@ -221,18 +218,13 @@ class EnvSessions:
         return s
 
     def hold(self, n: int, force: bool = False) -> bool:
-        """Count ``n`` envs that are not sessions (a Ray rollout worker's) against the cap if they fit (always
-        when ``force``); returns whether counted."""
+        """Count ``n`` envs that are not sessions (a Ray rollout worker's; ``n < 0``: fewer, never below zero)
+        against the cap if they fit (always when ``force``); returns whether counted."""
         with self._guard:
             if not force and self.in_use + n > self.max_sessions:
                 return False
-            self._outside += n
+            self._outside = max(self._outside + n, 0)
             return True
-
-    def unhold(self, n: int = 1) -> None:
-        """Count ``n`` envs of :meth:`hold` fewer (never below zero)."""
-        with self._guard:
-            self._outside = max(self._outside - n, 0)
 
     def peek(self, sid: str) -> EnvSession | None:
         """The session ``sid`` if it is held, without touching its idle clock."""

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import gymnasium as gym
 
-from envs.core import EnvInfraError
+from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.wire import ResetResponse, StepResponse, decode
 
 #: The node label that names a node (``ray start --labels forkyard-node=gpu-a``; simulated clusters set it).
 NODE_LABEL = "forkyard-node"
@@ -66,114 +67,119 @@ def is_node_loss(exc: BaseException) -> bool:
 
 
 class NodeHost:
-    """The env sessions of one node (run as a Ray actor by :func:`start_hosts`).
+    """The env sessions of one node (a Ray actor, :func:`start_hosts`), held as ``/v1/envs`` holds its own: by
+    :class:`~sandbox_server.env_sessions.EnvSessions` (ids, capacity) and the synchronous core of
+    :class:`~sandbox_server.session_host.SessionHost` (``*_now``). Needs the server extra (``forkyard[server]``).
 
     Args:
         name: the node's name (:func:`node_name`).
         capacity: envs this node may hold at once (sessions and a rollout worker's envs together).
         server_name: the sandbox label prefix; this host's sandboxes are labelled ``<server_name>-<name>``
             (``FORKYARD_SERVER_NAME`` of the actor's process, set before any provider starts).
+        backend: the sandbox backend of :meth:`sandbox` (None: the node's ``FORKYARD_BACKEND``).
 
-    Session ids are ``"<name>/<n>"``. Methods raise KeyError for an unknown session (closed, or another
-    host's) and what the env raises otherwise (ValueError for bad input, EnvInfraError for a sandbox lost).
+    Session ids are ``"<name>/<n>"``; sessions never expire. The kwargs are the operator's (the trainer's config):
+    passed on unchecked, ``backend`` included. Errors are what a Gymnasium env raises (:func:`native_error`):
+    KeyError for an unknown session (closed, or another host's), EpisodeFinishedError for a step on an ended
+    episode, ValueError for a value the env refuses, EnvInfraError when the env or its sandbox failed; an action
+    longer than the env accepts gets the env's invalid-action observation, as in-process.
     """
 
     def __init__(self, name: str, capacity: int, server_name: str = "default", backend: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         os.environ["FORKYARD_SERVER_NAME"] = f"{server_name}-{name}"
+        from sandbox_server.env_sessions import EnvSessions
+        from sandbox_server.session_host import SessionHost
+
         self.name = name
         self.capacity = capacity
         self.backend = backend
-        self.sessions: dict[str, Any] = {}
-        self.live = 0  # envs alive on this node: sessions and the rollout worker's own envs
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
+        ids = itertools.count()
+        self.store = EnvSessions(ttl_s=float("inf"), max_sessions=capacity, operator_kwargs=True,
+                                 new_id=lambda: f"{name}/{next(ids)}")
+        self.host = SessionHost(self.store)
+
+    @property
+    def sessions(self) -> dict[str, Any]:
+        """``{session id: env}`` of the sessions held now (a copy)."""
+        return {sid: s.env for sid, s in self.store.held().items()}
+
+    @property
+    def live(self) -> int:
+        """Envs alive on this node: sessions and the rollout worker's own envs (:meth:`reserve`)."""
+        return self.store.in_use
 
     # ------------------------------------------------------------------ capacity
     def reserve(self, n: int, force: bool = False) -> bool:
-        """Count ``n`` more envs on this node if they fit (always when ``force``). Returns whether counted."""
-        with self._lock:
-            if not force and self.live + n > self.capacity:
-                return False
-            self.live += n
-            return True
+        """Count ``n`` envs that are not sessions (a rollout worker's) if they fit (always when ``force``)."""
+        return self.store.hold(n, force)
 
     def release(self, n: int = 1) -> None:
-        """Count ``n`` envs fewer on this node."""
-        with self._lock:
-            self.live = max(self.live - n, 0)
+        """Count ``n`` envs of :meth:`reserve` fewer on this node."""
+        self.store.hold(-n, force=True)
 
     def info(self) -> dict[str, Any]:
         """``{"name", "node_id", "pid", "live", "capacity", "sessions"}`` of this host."""
         ray = require_ray()
         return {"name": self.name, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "live": self.live, "capacity": self.capacity, "sessions": len(self.sessions)}
+                "live": self.live, "capacity": self.capacity, "sessions": len(self.store)}
 
     # ------------------------------------------------------------------ sessions
-    def _add(self, env) -> str:
-        sid = f"{self.name}/{next(self._ids)}"
-        self.sessions[sid] = env
-        return sid
-
     def create(self, env_id: str, kwargs: dict[str, Any]) -> str:
         """A new session of ``env_id`` made with ``kwargs`` (not reset yet). Counted even over capacity."""
-        env = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
-        self.reserve(1, force=True)
-        return self._add(env)
+        with native_errors():
+            return self.host.open_now(self.store.recipe(env_id, kwargs), force=True).session_id
 
     def adopt(self, env_id: str, kwargs: dict[str, Any], snapshot: bytes, n: int) -> list[str] | None:
         """``n`` sessions at the state of ``snapshot`` (bytes of :meth:`envs.core.TextEnv.snapshot`): the
         snapshot restored here and forked into ``n`` copies, which take the fork keys a local ``fork(n)`` of
         the source would have given (the source counts them, :meth:`envs.core.TextEnv.count_forks`), so they
         draw independent later episodes. None (nothing made) when ``n`` do not fit."""
-        if not self.reserve(n):
-            return None
-        try:
-            template = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+        from sandbox_server.errors import CapacityReached
+
+        with native_errors():
             try:
-                template.restore(snapshot)
-                envs_ = template.fork(n)
-            finally:
-                template.close()
-        except BaseException:
-            self.release(n)
-            raise
-        return [self._add(e) for e in envs_]
+                return self.host.adopt_now(self.store.recipe(env_id, kwargs), snapshot, n)
+            except CapacityReached:
+                return None
 
     def reset(self, sid: str, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` of session ``sid``: ``(observation, info)``."""
-        return self.sessions[sid].reset(seed=seed, options=options)
+        with native_errors():
+            return self.host.reset_now(sid, seed, options)
 
     def step(self, sid: str, action: str):
         """``env.step`` of session ``sid``: ``(observation, reward, terminated, truncated, info)``."""
-        return self.sessions[sid].step(action)
+        with native_errors():
+            return self.host.step_now(sid, action, check_length=False)  # an action too long: as in-process
 
     def fork(self, sid: str, n: int) -> list[str]:
         """``n`` new sessions forked from ``sid`` on this node (counted even over capacity)."""
-        children = self.sessions[sid].fork(n)
-        self.reserve(len(children), force=True)
-        return [self._add(c) for c in children]
+        with native_errors():
+            return self.host.fork_now(sid, n, force=True)
 
     def snapshot(self, sid: str) -> bytes:
         """The snapshot bytes of session ``sid`` (for :meth:`adopt` on another host)."""
-        return self.sessions[sid].snapshot().to_bytes()
+        with native_errors():
+            return self.host.snapshot_now(sid).to_bytes()
+
+    def _env(self, sid: str) -> Any:
+        with native_errors():
+            return self.store.get(sid).env
 
     def spaces(self, sid: str) -> tuple[gym.Space, gym.Space]:
         """``(observation_space, action_space)`` of session ``sid``."""
-        env = self.sessions[sid]
+        env = self._env(sid)
         return env.observation_space, env.action_space
 
     def current_info(self, sid: str) -> dict[str, Any]:
         """``env.current_info()`` of session ``sid``."""
-        return self.sessions[sid].current_info()
+        return self._env(sid).current_info()
 
     def close(self, sid: str) -> None:
         """Close session ``sid`` (its sandbox is released); an unknown id is ignored."""
-        env = self.sessions.pop(sid, None)
-        if env is not None:
-            env.close()
-            self.release(1)
+        self.host.close_now([sid])
 
     # ------------------------------------------------------------------ the node's sandboxes
     def sandbox(self, op: str, *args: Any, **kwargs: Any) -> Any:
@@ -187,15 +193,40 @@ class NodeHost:
 
     def shutdown(self) -> int:
         """Close every session and this process's sandbox providers. Returns the sessions closed."""
-        n = len(self.sessions)
-        for sid in list(self.sessions):
-            self.close(sid)
+        n = sum(self.host.close_now(list(self.store.held())))
         try:
             from sandbox_server.embedded import close_shared_providers
         except ImportError:  # pragma: no cover - a host without the server extra has no providers
             return n
         close_shared_providers()
         return n
+
+
+@contextmanager
+def native_errors() -> Iterator[None]:
+    """Raise the session host's domain errors as :func:`native_error` says (the Ray edge of the host)."""
+    try:
+        yield
+    except Exception as exc:
+        native = native_error(exc)
+        if native is exc:
+            raise
+        raise native from None
+
+
+def native_error(exc: BaseException) -> BaseException:
+    """What a Gymnasium env raises for a session host's domain error ``exc``: HTTPException 404 -> KeyError,
+    409 -> :class:`envs.core.EpisodeFinishedError`, another 4xx -> ValueError; anything else as it is
+    (:class:`envs.core.EnvInfraError` for a failed env or sandbox)."""
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int) or not hasattr(exc, "detail"):
+        return exc
+    detail = str(exc.detail)
+    if status == 404:
+        return KeyError(detail)
+    if status == 409:
+        return EpisodeFinishedError(detail)
+    return ValueError(detail)
 
 
 #: The provider calls a :class:`RayProvider` routes to a node (the :class:`envs.sandbox.SandboxProvider` protocol).
@@ -263,11 +294,52 @@ def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *,
     return out
 
 
-class ClusterEnv(gym.Env):
-    """A Gymnasium env whose episode lives in a session of a :class:`NodeHost` (module docstring).
+class RayTransport:
+    """Env sessions on one :class:`NodeHost` actor, as a transport of :class:`envs.session_client.SessionClient`
+    (the client of ``/v1/envs`` and the OpenEnv WebSocket too): one actor call per operation; the host raises
+    what a Gymnasium env raises, and a node lost under a call raises :class:`envs.core.EnvInfraError`. No
+    ``restore`` or ``tools``: a snapshot moves to another node with :meth:`NodeHost.adopt`."""
 
-    The observation and action spaces are the registered env's (made once locally, never reset).
-    ``fork(n)`` returns ``n`` ClusterEnvs on the same host. Every method raises
+    def __init__(self, host, node: str):
+        self.host, self.node, self.refs = host, node, 1
+
+    def call(self, method: str, *args: Any):
+        """``host.method(*args)``, waited for; EnvInfraError naming the node when it is gone."""
+        try:
+            return require_ray().get(getattr(self.host, method).remote(*args))
+        except Exception as exc:
+            raise unwrap(exc, self.node, EnvInfraError) from None
+
+    def create(self, env_id, kwargs, seed, options):
+        return self.reset(self.call("create", env_id, kwargs), seed, options)
+
+    def reset(self, sid, seed, options):
+        obs, info = self.call("reset", sid, seed, options)
+        return decode(ResetResponse, {"session_id": sid, "observation": obs, "info": info})
+
+    def step(self, sid, action):
+        obs, reward, term, trunc, info = self.call("step", sid, action)
+        return decode(StepResponse, {"session_id": sid, "observation": obs, "reward": reward, "terminated": term,
+                                     "truncated": trunc, "info": info})
+
+    def fork(self, sid, n):
+        return self.call("fork", sid, n)
+
+    def snapshot(self, sid) -> bytes:
+        return self.call("snapshot", sid)
+
+    def delete(self, sid) -> None:
+        self.call("close", sid)
+
+    def close(self) -> None:
+        pass  # the actor is the cluster's, not this transport's
+
+
+class ClusterEnv(gym.Env):
+    """A Gymnasium env whose episode lives in a session of a :class:`NodeHost` (module docstring): a shim over
+    :class:`envs.session_client.SessionClient` on a :class:`RayTransport`, as ``envs.remote.RemoteEnv`` is on
+    the HTTP and WebSocket transports. The observation and action spaces are the registered env's (made once
+    locally, never reset). ``fork(n)`` returns ``n`` ClusterEnvs on the same host. Every method raises
     :class:`envs.core.EnvInfraError` when the host's node is gone.
     """
 
@@ -275,52 +347,42 @@ class ClusterEnv(gym.Env):
 
     def __init__(self, host, sid: str, env_id: str | None = None, kwargs: dict[str, Any] | None = None,
                  node: str | None = None):
-        self.host, self.sid, self.env_id, self.kwargs = host, sid, env_id, dict(kwargs or {})
-        self.node = node or sid.split("/", 1)[0]
-        self._closed = False
+        from envs.session_client import SessionClient
+
+        self.env_id, self.kwargs, self.node = env_id, dict(kwargs or {}), node or sid.split("/", 1)[0]
+        self._session = SessionClient(RayTransport(host, self.node), env_id or "", self.kwargs, session_id=sid)
         if env_id is not None:
             self.spec = gym.spec(env_id)
-            self.observation_space, self.action_space = self._call("spaces")
+            self.observation_space, self.action_space = self._session.transport.call("spaces", sid)
 
-    def _call(self, method: str, *args: Any):
-        ray = require_ray()
-        try:
-            return ray.get(getattr(self.host, method).remote(self.sid, *args))
-        except Exception as exc:
-            raise unwrap(exc, self.node, EnvInfraError) from None
+    host = property(lambda self: self._session.transport.host, doc="The NodeHost actor holding the session.")
+    sid = property(lambda self: self._session.session_id, doc="The session's id on its host (None once closed).")
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        return self._call("reset", seed, options)
+        data = self._session.reset(seed, options)
+        return data.observation, data.info
 
     def step(self, action: str):
-        return self._call("step", action)
+        data = self._session.step(action)
+        return data.observation, data.reward, data.terminated, data.truncated, data.info
 
     def fork(self, n: int = 1) -> list["ClusterEnv"]:
         """``n`` copies on the same host (:meth:`envs.core.TextEnv.fork`)."""
-        sids = self._call("fork", n)
-        return [self._twin(s) for s in sids]
-
-    def _twin(self, sid: str) -> "ClusterEnv":
-        twin = object.__new__(ClusterEnv)
-        twin.__dict__.update(self.__dict__)
-        twin.sid, twin._closed = sid, False
-        return twin
+        twins = [object.__new__(ClusterEnv) for _ in range(n)]
+        for twin, session in zip(twins, self._session.fork(n), strict=True):
+            twin.__dict__.update(self.__dict__, _session=session)
+        return twins
 
     def snapshot(self) -> bytes:
         """The session's snapshot as bytes."""
-        return self._call("snapshot")
+        return self._session.snapshot()
 
     def current_info(self) -> dict[str, Any]:
-        return self._call("current_info")
+        return self._session.transport.call("current_info", self.sid)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._call("close")
-        except EnvInfraError:
-            pass  # the node is gone, and the session with it
+        """Close the session (nothing more when its node is gone: the session went with it)."""
+        self._session.close()
 
 
 def make(env_id: str, hosts: dict[str, Any], **kwargs: Any) -> ClusterEnv:

@@ -2,11 +2,24 @@
 
 ``create``, ``reset``, ``step``, ``fork``, ``snapshot``, ``restore`` and ``delete`` of env sessions, over the
 store of :mod:`sandbox_server.env_sessions` (TTL, session cap, per-session locks, which env classes and
-kwargs are served). The REST routes (:mod:`sandbox_server.routes.envs`) and the OpenEnv transport
-(:mod:`sandbox_server.routes.openenv`) are thin shims over it: they decode a request, call one method, and
-map the domain errors raised here to their own wire only at their edge (HTTP statuses through
-:data:`sandbox_server.http_contract.DOMAIN_ERRORS`; OpenEnv error messages through
-:func:`sandbox_server.routes.openenv.error_message`).
+kwargs are served). Every transport is a thin shim over it: it decodes a request, calls the host, and maps
+the domain errors raised here to its own wire only at its edge.
+
+* REST, one session (:mod:`sandbox_server.routes.envs`) and OpenEnv (:mod:`sandbox_server.routes.openenv`):
+  :class:`SessionHost`'s async methods;
+* REST, batched (``/v1/envs/batch/*``): :mod:`sandbox_server.session_batch` (per-item outcomes over this host);
+* the Ray node host (:class:`sandbox_server.ray_nodes.NodeHost`): :class:`SessionHost`'s ``*_now`` methods.
+
+Two layers, one code path:
+
+* the synchronous core, which does the env work of one operation with no await, so that it runs inline on the
+  event loop (non-blocking envs: no await between the lock check and the work), in a worker thread (blocking
+  envs) or in a Ray actor's thread: :func:`make_env`, :func:`reset_env`, :func:`step_env`, :func:`fork_env`,
+  :func:`snapshot_env` (one env each; an env's own exception becomes a domain error through
+  :func:`env_failure`), and the session-level ``*_now`` methods of :class:`SessionHost` (look up, reserve room,
+  register, close); :func:`run_env` runs a piece of it inline or in a worker thread;
+* the async methods (one session each: per-session lock, blocking envs in worker threads, ``still_wanted``)
+  and the batched ones of :mod:`sandbox_server.session_batch`, which call the core.
 
 Errors (every method): ``HTTPException`` 404 unknown env id or session, 409 a step on an ended episode, 413
 an action longer than the env accepts, 422 a value the env refuses (kwargs, seed, options, a snapshot token
@@ -19,36 +32,40 @@ restore keeps no session; a failed reset, step or fork leaves the session as it 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import anyio
 import gymnasium as gym
 from fastapi import HTTPException
 
-from envs.core import Snapshot, TextEnv
-from sandbox_server.env_sessions import (
-    SERVER_DECIDED_KWARGS, EnvRecipe, EnvSession, EnvSessions, close_quietly, env_failure, run_env,
-)
-from sandbox_server.errors import ServiceUnavailable
+from envs.core import EnvInfraError, EpisodeFinishedError, Snapshot, TextEnv
+from sandbox_server.env_sessions import SERVER_DECIDED_KWARGS, EnvRecipe, EnvSession, EnvSessions, close_quietly
+from sandbox_server.errors import SandboxError, ServiceUnavailable, ToolRefused
 from sandbox_server.snapshot_tokens import SnapshotSealer
 
 #: ``still_wanted``: an async callable telling whether the client is still there to learn of new sessions
 #: (HTTP: the connection is open); False discards them (503) instead of leaving them to the TTL.
 StillWanted = Callable[[], Awaitable[bool]] | None
+#: How a new env starts: ``start(env) -> (observation, info)`` (a reset, or a restore); None: not started.
+Start = Callable[[TextEnv], tuple[str, dict[str, Any]]] | None
+T = TypeVar("T")
+#: Most envs one request closes in worker threads at once (blocking envs, :meth:`SessionHost.delete`).
+CLOSE_THREADS = 32
 
 
 @dataclasses.dataclass
 class Opened:
-    """A session just made (by create or restore): its id, its env, and the first observation and info."""
+    """A session just made (by create or restore): its id, its env, and the first observation and info
+    (None for a session made by :meth:`SessionHost.open_now` without ``start``)."""
 
     session_id: str
     env: TextEnv
-    observation: str
-    info: dict[str, Any]
+    observation: Any
+    info: Any
 
 
 class SessionHost:
-    """The env-session operations of one server.
+    """The env-session operations of one server (or of one Ray node host).
 
     Args:
         sessions: the store (TTL, cap, locks, served classes and kwargs).
@@ -64,7 +81,7 @@ class SessionHost:
                      options: dict[str, Any] | None = None, still_wanted: StillWanted = None) -> Opened:
         """A new session of ``env_id`` made with ``kwargs`` and reset with ``seed`` / ``options``."""
         recipe = self.sessions.recipe(env_id, kwargs)
-        return await self._open(recipe, lambda env: env.reset(seed=seed, options=options), still_wanted)
+        return await self._open(recipe, resetter(seed, options), still_wanted)
 
     async def restore(self, token: str, still_wanted: StillWanted = None, env_id: str | None = None) -> Opened:
         """A new session at the state sealed in ``token`` (what :meth:`snapshot` returned, on this server or
@@ -79,26 +96,13 @@ class SessionHost:
         if env_id is not None and snap.env_id != env_id:
             raise HTTPException(422, f"cannot restore: the snapshot is of {snap.env_id}, not of {env_id}")
         kwargs = {k: v for k, v in snap.kwargs.items() if k not in SERVER_DECIDED_KWARGS}
-        recipe = self.sessions.recipe(snap.env_id, kwargs)
+        return await self._open(self.sessions.recipe(snap.env_id, kwargs), restorer(snap), still_wanted)
 
-        def load(env: TextEnv) -> tuple[str, dict[str, Any]]:
-            env.restore(snap)
-            return env.last_observation, env.current_info()
-
-        return await self._open(recipe, load, still_wanted)
-
-    async def _open(self, recipe: EnvRecipe, start: Callable[[TextEnv], tuple[str, dict[str, Any]]],
-                    still_wanted: StillWanted) -> Opened:
+    async def _open(self, recipe: EnvRecipe, start: Start, still_wanted: StillWanted) -> Opened:
         with self.sessions.reserve(1) as slots:
+            env, obs, info = await run_env(recipe.blocking, lambda: make_env(recipe, start),
+                                           self.sessions.pool_threads())
             try:
-                env = await run_env(recipe.blocking, lambda: build(recipe), self.sessions.pool_threads())
-            except Exception as exc:
-                raise env_failure(exc, f"cannot make {recipe.env_id} with kwargs {recipe.kwargs}", True)
-            try:
-                try:
-                    obs, info = await run_env(recipe.blocking, lambda: start(env), self.sessions.pool_threads())
-                except Exception as exc:
-                    raise env_failure(exc, "reset", True)
                 if still_wanted is not None and not await still_wanted():
                     raise ServiceUnavailable("the client closed the connection before its session was made")
                 sid = slots.commit(recipe.env_id, [env], recipe.blocking)[0]
@@ -116,11 +120,8 @@ class SessionHost:
         waited = s.lock.locked()
         async with s.lock:
             await _still_wanted(waited, still_wanted, "reset")
-            try:
-                obs, info = await run_env(s.blocking, lambda: s.env.reset(seed=seed, options=options),
-                                          self.sessions.pool_threads())
-            except Exception as exc:
-                raise env_failure(exc, "reset", True)
+            obs, info = await run_env(s.blocking, lambda: reset_env(s.env, seed, options),
+                                      self.sessions.pool_threads())
         return s, obs, info
 
     async def step(self, sid: str, action: str,
@@ -129,31 +130,22 @@ class SessionHost:
         wait for the session's previous request and whose client left meanwhile (``still_wanted`` says False)
         does not run: 503 (field case S38)."""
         s = self.sessions.get(sid)
-        check_action(s.env, action)
+        check_action(s.env, action)  # a 413 never waits for the lock
         waited = s.lock.locked()
         async with s.lock:
             await _still_wanted(waited, still_wanted, "step")
-            if s.env.done:
-                raise ended()
-            try:
-                obs, reward, term, trunc, info = await run_env(s.blocking, lambda: s.env.step(action))
-            except Exception as exc:
-                raise env_failure(exc, "step", False)
-        return obs, float(reward), bool(term), bool(trunc), info
+            return await run_env(s.blocking, lambda: step_env(s.env, action))
 
     async def fork(self, sid: str, n: int, still_wanted: StillWanted = None) -> list[str]:
         """``n`` new sessions at session ``sid``'s state (all or none): their ids."""
         s = self.sessions.get(sid)
         async with s.lock:
             with self.sessions.reserve(n) as slots:  # room for all n first: all or none
-                try:
-                    children = await run_env(s.blocking, lambda: s.env.fork(n), self.sessions.pool_threads())
-                except Exception as exc:
-                    raise env_failure(exc, "fork", False)
+                children = await run_env(s.blocking, lambda: fork_env(s.env, n), self.sessions.pool_threads())
                 try:
                     if still_wanted is not None and not await still_wanted():
                         raise ServiceUnavailable("the client closed the connection before its forks were made")
-                    return slots.commit(s.env_id, list(children), s.blocking)
+                    return slots.commit(s.env_id, children, s.blocking)
                 except BaseException:
                     with anyio.CancelScope(shield=True):  # closed even when the request is being cancelled
                         await run_env(s.blocking, lambda: [close_quietly(c) for c in children])
@@ -163,26 +155,89 @@ class SessionHost:
         """Session ``sid``'s state as a sealed token (:mod:`sandbox_server.snapshot_tokens`)."""
         s = self.sessions.get(sid)
         async with s.lock:
-            try:
-                snap: Snapshot = await run_env(s.blocking, s.env.snapshot)
-            except Exception as exc:
-                raise env_failure(exc, "snapshot", False)
-        if snap.env_id is None:
-            snap = snap.model_copy(update={"env_id": s.env_id})
+            snap = await run_env(s.blocking, lambda: snapshot_env(s.env, s.env_id))
         return await anyio.to_thread.run_sync(self.sealer.seal, snap)
 
     async def delete(self, sids: list[str]) -> list[bool]:
-        """Close the sessions ``sids`` (their envs in worker threads when closing blocks); ``[i]``: whether
-        ``sids[i]`` was held."""
+        """Close the sessions ``sids`` (the envs of blocking ones in worker threads, at most
+        :data:`CLOSE_THREADS` at once); ``[i]``: whether ``sids[i]`` was held."""
         gone = [self.sessions.pop(sid) for sid in sids]
-        inline = [s.env for s in gone if s is not None and not s.blocking]
         threaded = [s.env for s in gone if s is not None and s.blocking]
-        for env in inline:
-            close_quietly(env)
+        for s in gone:
+            if s is not None and not s.blocking:
+                close_quietly(s.env)
         if threaded:
             with anyio.CancelScope(shield=True):  # popped above: closed now or never
-                await anyio.to_thread.run_sync(lambda: [close_quietly(e) for e in threaded])
+                async with anyio.create_task_group() as tg:
+                    for part in range(min(CLOSE_THREADS, len(threaded))):
+                        tg.start_soon(anyio.to_thread.run_sync,
+                                      lambda part=part: [close_quietly(e) for e in threaded[part::CLOSE_THREADS]])
         return [s is not None for s in gone]
+
+    # ------------------------------------------------------------------------------- synchronous
+    # No await, no per-session lock: for callers that serialise a session's calls themselves (a Ray actor).
+    def open_now(self, recipe: EnvRecipe, start: Start = None, force: bool = False) -> Opened:
+        """A new session of ``recipe`` started with ``start`` (None: built, not reset). ``force``: counted even
+        past the session cap."""
+        with self.sessions.reserve(1, force=force) as slots:
+            env, obs, info = make_env(recipe, start)
+            try:
+                sid = slots.commit(recipe.env_id, [env], recipe.blocking)[0]
+            except BaseException:
+                close_quietly(env)
+                raise
+        return Opened(sid, env, obs, info)
+
+    def adopt_now(self, recipe: EnvRecipe, snap: Snapshot | bytes, n: int, force: bool = False) -> list[str]:
+        """``n`` new sessions at the state of ``snap`` (all or none): an env of ``recipe`` restored to it (then
+        closed) forked ``n`` times, so the copies take the fork keys the snapshot's env would have given."""
+        with self.sessions.reserve(n, force=force) as slots:  # room for all n first
+            template, _, _ = make_env(recipe, restorer(snap))
+            try:
+                children = fork_env(template, n)
+            finally:
+                close_quietly(template)
+            return _commit_or_close(slots, recipe.env_id, children, recipe.blocking)
+
+    def reset_now(self, sid: str, seed: int | None = None,
+                  options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Reset session ``sid``: (observation, info)."""
+        return reset_env(self.sessions.get(sid).env, seed, options)
+
+    def step_now(self, sid: str, action: str,
+                 check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One action in session ``sid``: (observation, reward, terminated, truncated, info). ``check_length``
+        False: an action longer than the env accepts is the env's to answer (its invalid-action observation, as
+        in-process), not a 413."""
+        return step_env(self.sessions.get(sid).env, action, check_length)
+
+    def fork_now(self, sid: str, n: int, force: bool = False) -> list[str]:
+        """``n`` new sessions at session ``sid``'s state (all or none; ``force``: even past the cap)."""
+        s = self.sessions.get(sid)
+        with self.sessions.reserve(n, force=force) as slots:
+            return _commit_or_close(slots, s.env_id, fork_env(s.env, n), s.blocking)
+
+    def snapshot_now(self, sid: str) -> Snapshot:
+        """Session ``sid``'s state (plain, unsealed: for hosts that never hand it to a client)."""
+        s = self.sessions.get(sid)
+        return snapshot_env(s.env, s.env_id)
+
+    def close_now(self, sids: list[str]) -> list[bool]:
+        """Close the sessions ``sids`` here and now; ``[i]``: whether ``sids[i]`` was held."""
+        gone = [self.sessions.pop(sid) for sid in sids]
+        for s in gone:
+            if s is not None:
+                close_quietly(s.env)
+        return [s is not None for s in gone]
+
+
+def _commit_or_close(slots: Any, env_id: str, children: list[TextEnv], blocking: bool) -> list[str]:
+    try:
+        return slots.commit(env_id, children, blocking)
+    except BaseException:
+        for c in children:
+            close_quietly(c)
+        raise
 
 
 async def _still_wanted(waited: bool, still_wanted: StillWanted, what: str) -> None:
@@ -193,6 +248,7 @@ async def _still_wanted(waited: bool, still_wanted: StillWanted, what: str) -> N
                                  "it did not run")
 
 
+# ------------------------------------------------------------------------------- the synchronous core
 def build(recipe: EnvRecipe) -> TextEnv:
     """A new env of ``recipe``, its ``spec`` set as ``gymnasium.make`` sets it (the kwargs it was made with)."""
     env = recipe.cls(**recipe.kwargs, **recipe.extra)
@@ -200,6 +256,100 @@ def build(recipe: EnvRecipe) -> TextEnv:
     if spec is not None:
         env.spec = dataclasses.replace(spec, kwargs=dict(recipe.kwargs))
     return env
+
+
+def make_env(recipe: EnvRecipe, start: Start = None) -> tuple[TextEnv, Any, Any]:
+    """A new env of ``recipe`` started with ``start``: ``(env, observation, info)`` (None, None when ``start``
+    is None). Errors as create's (422 for a value the env refuses, EnvInfraError otherwise); an env whose
+    start failed is closed."""
+    try:
+        env = build(recipe)
+    except Exception as exc:
+        raise env_failure(exc, f"cannot make {recipe.env_id} with kwargs {recipe.kwargs}", True)
+    if start is None:
+        return env, None, None
+    try:
+        obs, info = start(env)
+    except BaseException as exc:
+        close_quietly(env)
+        if isinstance(exc, Exception):
+            raise env_failure(exc, "reset", True)
+        raise
+    return env, obs, info
+
+
+def resetter(seed: int | None, options: dict[str, Any] | None) -> Callable[[TextEnv], tuple[str, dict[str, Any]]]:
+    """The ``start`` of a new session reset with ``seed`` and ``options``."""
+    return lambda env: env.reset(seed=seed, options=options)
+
+
+def restorer(snap: Snapshot | bytes) -> Callable[[TextEnv], tuple[str, dict[str, Any]]]:
+    """The ``start`` of a new session restored to ``snap``: (its latest observation, its info)."""
+    def load(env: TextEnv) -> tuple[str, dict[str, Any]]:
+        env.restore(snap)
+        return env.last_observation, env.current_info()
+    return load
+
+
+def reset_env(env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """``env.reset``: (observation, info). 422 for a seed or options the env refuses, EnvInfraError otherwise."""
+    try:
+        return env.reset(seed=seed, options=options)
+    except Exception as exc:
+        raise env_failure(exc, "reset", True)
+
+
+def step_env(env: TextEnv, action: str, check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """``env.step``: (observation, reward as float, terminated, truncated, info). 413 an action too long (unless
+    not ``check_length``), 409 an ended episode, EnvInfraError the env failed."""
+    if check_length:
+        check_action(env, action)
+    if env.done:
+        raise ended()
+    try:
+        obs, reward, term, trunc, info = env.step(action)
+    except Exception as exc:
+        raise env_failure(exc, "step", False)
+    return obs, float(reward), bool(term), bool(trunc), info
+
+
+def fork_env(env: TextEnv, n: int) -> list[TextEnv]:
+    """``env.fork(n)`` as a list (its copies are not sessions yet). EnvInfraError when the fork failed."""
+    try:
+        return list(env.fork(n))
+    except Exception as exc:
+        raise env_failure(exc, "fork", False)
+
+
+def snapshot_env(env: TextEnv, env_id: str) -> Snapshot:
+    """``env.snapshot()`` naming ``env_id`` when the env does not. EnvInfraError when it failed."""
+    try:
+        snap: Snapshot = env.snapshot()
+    except Exception as exc:
+        raise env_failure(exc, "snapshot", False)
+    return snap if snap.env_id is not None else snap.model_copy(update={"env_id": env_id})
+
+
+async def run_env(blocking: bool, fn: Callable[[], T], limiter: anyio.CapacityLimiter | None = None) -> T:
+    """Call ``fn()``: in a worker thread for blocking envs (of ``limiter``; None: anyio's default), inline
+    otherwise."""
+    if blocking:
+        return await anyio.to_thread.run_sync(fn, limiter=limiter)
+    return fn()
+
+_PASS_ON = (HTTPException, EnvInfraError, EpisodeFinishedError, gym.error.ResetNeeded, SandboxError, ToolRefused)
+
+
+def env_failure(exc: Exception, what: str, client_values: bool) -> Exception:
+    """What to raise for an exception of env code: domain errors as they are (the one mapping,
+    :data:`sandbox_server.http_contract.DOMAIN_ERRORS`, answers them); with ``client_values`` (kwargs,
+    seed, options came from the client) TypeError / ValueError / Gymnasium errors are 422; anything else
+    is the env's failure: :class:`EnvInfraError` (503), never a 500."""
+    if isinstance(exc, _PASS_ON):
+        return exc
+    if client_values and isinstance(exc, (TypeError, ValueError, gym.error.Error)):
+        return HTTPException(422, f"{what}: {exc}")
+    return EnvInfraError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def check_action(env: TextEnv, action: str) -> None:
@@ -214,4 +364,6 @@ def ended() -> HTTPException:
     return HTTPException(409, "the episode has ended; reset the session (or fork before the end)")
 
 
-__all__ = ["Opened", "SessionHost", "StillWanted", "build", "check_action", "ended"]
+__all__ = ["CLOSE_THREADS", "Opened", "SessionHost", "Start", "StillWanted", "build", "check_action", "ended",
+           "env_failure", "fork_env", "make_env", "reset_env", "resetter", "restorer", "run_env", "snapshot_env",
+           "step_env"]

@@ -23,13 +23,18 @@ to wait); one failing item never fails the others. The whole request is refused 
 (422: not ``{"items": [...]}``, or more than :data:`~sandbox_server.models.MAX_BATCH_ITEMS` items) or its
 size (413). Items on one session run in their order; items on different sessions of CPU-bound envs
 (``blocking = False``: ClueProbe) run inline on the event loop, one after the other, with no thread hop;
-those of blocking envs (FileQA) run concurrently in worker threads, at most :data:`BATCH_THREADS` at once.
+those of blocking envs (FileQA) run concurrently in worker threads, at most
+:data:`~sandbox_server.session_batch.BATCH_THREADS` at once.
 
-Why one file: the single-session and batched routes of one resource share their checks, error messages
-and body limits, and the batched routes must be declared before the session routes that would match them.
+These routes are thin shims: they decode a request, call the one session host (single-session routes:
+:class:`~sandbox_server.session_host.SessionHost`; batched routes: :mod:`sandbox_server.session_batch`, whose
+per-item outcomes are a value or a domain exception), map errors to the wire (:func:`item_error` for a batch
+item, :data:`~sandbox_server.http_contract.DOMAIN_ERRORS` otherwise) and encode. The single-session and
+batched routes share this file for their body limits and because the batched routes must be declared before
+the session routes that would match them.
 
 Each session owns its own env instance (and, for sandbox-backed envs, its own sandbox); the bookkeeping,
-the env classes and kwargs served, and how env code runs are :mod:`sandbox_server.env_sessions`. Every
+the env classes and kwargs served are :mod:`sandbox_server.env_sessions`. Every
 error answer is an :class:`~sandbox_server.models.ErrorBody` (see :mod:`sandbox_server.http_contract`):
 404 unknown env id or unknown / expired session; 409 step on an ended episode; 413 a body over the
 route's limit (:func:`body_limit`: the step route's follows the env's action length) or an action longer
@@ -42,10 +47,8 @@ the client was not told of; a failed request leaves existing sessions as they we
 from __future__ import annotations
 
 import logging
-from contextlib import ExitStack
 from typing import Any, Awaitable, Callable
 
-import anyio
 import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
@@ -53,19 +56,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
 from envs.core import TextEnv
+from sandbox_server import session_batch
 from sandbox_server.deps import Host, Sessions
-from sandbox_server.env_sessions import EnvRecipe, EnvSession, EnvSessions, close_quietly, env_class, env_failure, run_env
+from sandbox_server.env_sessions import EnvSessions, env_class
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, STATUS_WORDS, classify, retry_after
 from sandbox_server.http_contract import error_responses as R
 from sandbox_server.models import (
     MAX_BATCH_ITEMS, BatchCreateRequest, BatchDeleteRequest, BatchDeleteResponse, BatchForkRequest,
-    BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse,
-    CreateEnvRequest, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
-    EnvSnapshotResponse, RestoreEnvRequest, SessionInfo, StepRequest, StepResponse, ToolsResponse,
+    BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse, CreateEnvRequest,
+    EnvSnapshotResponse, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
+    RestoreEnvRequest, SessionInfo, StepRequest, StepResponse, ToolsResponse,
 )
 from sandbox_server.routes import V1
-from sandbox_server.session_host import build, check_action, ended
 
 PREFIX = f"{V1}/envs"
 #: JSON bytes one code point of an action may take at most (``"\ud83d\ude00"``: 12 bytes, 1 code point).
@@ -75,9 +78,6 @@ STEP_BODY_OVERHEAD = 1024
 
 #: Prefix of the batched routes (declared before ``/{session_id}/...``, which would otherwise match them).
 BATCH_PREFIX = f"{PREFIX}/batch"
-#: Most items of one batched request whose env code runs in worker threads at once (blocking envs); the
-#: threads come from anyio's pool, whose limiter (40 by default) bounds all requests together.
-BATCH_THREADS = 32
 
 log = logging.getLogger("forkyard.http")
 router = APIRouter(prefix=PREFIX, tags=["envs"])
@@ -203,77 +203,15 @@ def _json(results: list[Item | None]) -> Response:
     return Response(orjson.dumps({"results": results}), media_type="application/json")
 
 
-async def _bounded(jobs: list[Callable[[], Awaitable[None]]]) -> None:
-    """Run ``jobs`` concurrently, at most :data:`BATCH_THREADS` at a time (each job catches its own errors)."""
-    if len(jobs) == 1:
-        await jobs[0]()
-        return
-    queue = iter(jobs)
-
-    async def worker() -> None:
-        for job in queue:  # one iterator shared by the workers: each job runs once
-            await job()
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(min(BATCH_THREADS, len(jobs))):
-            tg.start_soon(worker)
-
-
-async def _per_session(sessions: EnvSessions, items: list[Any], results: list[Item | None],
-                       op: Callable[[EnvSession, int], Item | None],
-                       limiter: anyio.CapacityLimiter | None = None) -> None:
-    """Answer each item on a session with ``results[i] = op(session, i)`` (sync; it maps its own errors to an
-    item; None: the caller fills ``results[i]`` later).
-
-    Items are grouped by session and each session is looked up once (404 for each of its items when it is
-    unknown). A session's items run in their order under its lock. Sessions of non-blocking envs whose lock
-    is free run inline, with no await between the check and the work; the others (blocking envs, or a lock
-    held by another request) run concurrently (:func:`_bounded`), blocking ones in worker threads (of ``limiter``:
-    :meth:`EnvSessions.pool_threads` for work that may wait for the sandbox pool; None: anyio's default)."""
-    groups: dict[str, list[int]] = {}
+def _valid(items: list[Any], results: list[Item | None]) -> list[int]:
+    """The indices of the decoded items; ``results[i]`` of each invalid one is its 422."""
+    valid = []
     for i, item in enumerate(items):
         if type(item) is InvalidItem:
             results[i] = _invalid(item)
         else:
-            groups.setdefault(item.session_id, []).append(i)
-    later: list[Callable[[], Awaitable[None]]] = []
-    for sid, idx in groups.items():
-        try:
-            s = sessions.get(sid)
-        except HTTPException as exc:
-            err = item_error(exc)
-            for i in idx:
-                results[i] = err
-            continue
-        if not s.blocking and not s.lock.locked():
-            for i in idx:
-                results[i] = op(s, i)
-            continue
-
-        async def job(s: EnvSession = s, idx: list[int] = idx) -> None:
-            async with s.lock:
-                for i in idx:
-                    results[i] = await anyio.to_thread.run_sync(op, s, i, limiter=limiter) if s.blocking else op(s, i)
-
-        later.append(job)
-    if later:
-        await _bounded(later)
-
-
-def _step_op(s: EnvSession, item: Any) -> Item:
-    env, action = s.env, item.action
-    try:
-        check_action(env, action)
-        if env.done:
-            raise ended()
-    except HTTPException as exc:
-        return item_error(exc)
-    try:
-        obs, reward, term, trunc, info = env.step(action)
-    except Exception as exc:
-        return item_error(env_failure(exc, "step", False))
-    return {"status_code": 200, "result": {"session_id": item.session_id, "observation": obs, "reward": float(reward),
-                                           "terminated": bool(term), "truncated": bool(trunc), "info": info}}
+            valid.append(i)
+    return valid
 
 
 def _reset_item(status: int, sid: str, env: Any, obs: str, info: dict) -> Item:
@@ -282,172 +220,82 @@ def _reset_item(status: int, sid: str, env: Any, obs: str, info: dict) -> Item:
         "observation_max_length": env.observation_space.max_length, "action_max_length": env.action_space.max_length}}
 
 
-def _reset_op(s: EnvSession, item: Any) -> Item:
-    try:
-        obs, info = s.env.reset(seed=item.seed, options=item.options)
-    except Exception as exc:
-        return item_error(env_failure(exc, "reset", True))
-    return _reset_item(200, item.session_id, s.env, obs, info)
-
-
-def _make_env(recipe: EnvRecipe, req: CreateEnvRequest) -> tuple[Any, str, dict]:
-    """Build and reset one env as ``POST /v1/envs`` does (errors mapped as there; a failed reset closes it)."""
-    try:
-        env = build(recipe)
-    except Exception as exc:
-        raise env_failure(exc, f"cannot make {req.env_id} with kwargs {req.kwargs}", True)
-    try:
-        obs, info = env.reset(seed=req.seed, options=req.options)
-    except Exception as exc:
-        close_quietly(env)
-        raise env_failure(exc, "reset", True)
-    return env, obs, info
-
-
-async def _close_envs(made: list[tuple[bool, list[Any]]]) -> None:
-    """Close envs that no session holds (blocking ones in one worker thread)."""
-    for blocking, group in made:
-        await run_env(blocking, lambda group=group: [close_quietly(e) for e in group])
-
-
 @router.post("/batch/create", response_model=BatchResetResponse, summary="Start many env sessions",
              responses=R(413, 422))
-async def batch_create(request: Request, req: BatchCreateRequest, sessions: Sessions) -> Response:
+async def batch_create(request: Request, req: BatchCreateRequest, host: Host) -> Response:
     """One session per item; ``results[i]`` is 201 with what ``POST /v1/envs`` answers, or its error."""
     results: list[Item | None] = [None] * len(req.items)
-    made: list[tuple[int, Any, Any, Any, str, dict]] = []  # (index, slots, recipe, env, obs, info)
-    later: list[Callable[[], Awaitable[None]]] = []
-    with ExitStack() as held:
-        try:
-            for i, item in enumerate(req.items):
-                if type(item) is InvalidItem:
-                    results[i] = _invalid(item)
-                    continue
-                try:
-                    recipe = sessions.recipe(item.env_id, item.kwargs)
-                    slots = held.enter_context(sessions.reserve(1))
-                except Exception as exc:
-                    results[i] = item_error(exc)
-                    continue
-                if not recipe.blocking:
-                    try:
-                        made.append((i, slots, recipe, *_make_env(recipe, item)))
-                    except Exception as exc:
-                        results[i] = item_error(exc)
-                        slots.release()
-                    continue
-
-                async def job(i: int = i, item: Any = item, slots: Any = slots, recipe: EnvRecipe = recipe) -> None:
-                    try:
-                        made.append((i, slots, recipe, *await anyio.to_thread.run_sync(
-                            _make_env, recipe, item, limiter=sessions.pool_threads())))
-                    except Exception as exc:
-                        results[i] = item_error(exc)
-                        slots.release()
-
-                later.append(job)
-            if later:
-                await _bounded(later)
-            if made and await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
-                raise ServiceUnavailable("the client closed the connection before its sessions were made")
-            while made:
-                i, slots, recipe, env, obs, info = made[-1]
-                try:
-                    sid = slots.commit(recipe.env_id, [env], recipe.blocking)[0]
-                except Exception as exc:
-                    results[i] = item_error(exc)
-                    await _close_envs([(recipe.blocking, [env])])
-                else:
-                    results[i] = _reset_item(201, sid, env, obs, info)
-                made.pop()
-        except BaseException:
-            await _close_envs([(m[2].blocking, [m[3]]) for m in made])
-            raise
+    valid = _valid(req.items, results)
+    outs = await session_batch.batch_create(
+        host, [(it.env_id, it.kwargs, it.seed, it.options) for it in (req.items[i] for i in valid)],
+        still_wanted=_connected(request))
+    for i, o in zip(valid, outs):
+        results[i] = item_error(o) if isinstance(o, BaseException) else _reset_item(
+            201, o.session_id, o.env, o.observation, o.info)
     return _json(results)
 
 
 @router.post("/batch/reset", response_model=BatchResetResponse, summary="Reset many env sessions",
              responses=R(413, 422))
-async def batch_reset(req: BatchResetRequest, sessions: Sessions) -> Response:
+async def batch_reset(req: BatchResetRequest, host: Host) -> Response:
     """``results[i]``: 200 with what ``POST /v1/envs/{id}/reset`` answers, or its error."""
     results: list[Item | None] = [None] * len(req.items)
-    await _per_session(sessions, req.items, results, lambda s, i: _reset_op(s, req.items[i]), sessions.pool_threads())
+    valid = _valid(req.items, results)
+    items = [req.items[i] for i in valid]
+    outs = await session_batch.batch_reset(host, [(it.session_id, it.seed, it.options) for it in items])
+    for i, it, o in zip(valid, items, outs):
+        results[i] = item_error(o) if isinstance(o, BaseException) else _reset_item(200, it.session_id, o[0].env,
+                                                                                    o[1], o[2])
     return _json(results)
 
 
 @router.post("/batch/step", response_model=BatchStepResponse, summary="Take one action in each of many sessions",
              responses=R(413, 422))
-async def batch_step(req: BatchStepRequest, sessions: Sessions) -> Response:
+async def batch_step(req: BatchStepRequest, host: Host) -> Response:
     """``results[i]``: 200 with what ``POST /v1/envs/{id}/step`` answers, or its error (404, 409, 413, 422, 503)."""
     results: list[Item | None] = [None] * len(req.items)
-    await _per_session(sessions, req.items, results, lambda s, i: _step_op(s, req.items[i]))
+    valid, sids, actions = [], [], []
+    for i, item in enumerate(req.items):
+        if type(item) is InvalidItem:
+            results[i] = _invalid(item)
+        else:
+            valid.append(i)
+            sids.append(item.session_id)
+            actions.append(item.action)
+    outs = await session_batch.batch_step(host, sids, actions)
+    for i, sid, o in zip(valid, sids, outs):
+        if type(o) is tuple:
+            results[i] = {"status_code": 200, "result": {"session_id": sid, "observation": o[0], "reward": o[1],
+                                                         "terminated": o[2], "truncated": o[3], "info": o[4]}}
+        else:
+            results[i] = item_error(o)
     return _json(results)
 
 
 @router.post("/batch/fork", response_model=BatchForkResponse, summary="Fork many env sessions",
              responses=R(413, 422))
-async def batch_fork(request: Request, req: BatchForkRequest, sessions: Sessions) -> Response:
+async def batch_fork(request: Request, req: BatchForkRequest, host: Host) -> Response:
     """``results[i]``: 200 with what ``POST /v1/envs/{id}/fork`` answers (all n copies or none), or its error."""
     results: list[Item | None] = [None] * len(req.items)
-    made: list[tuple[int, Any, EnvSession, list[Any]]] = []  # (index, slots, parent, children)
-    with ExitStack() as held:
-
-        def fork_op(s: EnvSession, i: int) -> Item | None:
-            n = req.items[i].n
-            try:
-                slots = held.enter_context(sessions.reserve(n))  # room for all n first: all or none
-            except Exception as exc:
-                return item_error(exc)
-            try:
-                children = list(s.env.fork(n))
-            except Exception as exc:
-                slots.release()
-                return item_error(env_failure(exc, "fork", False))
-            made.append((i, slots, s, children))  # committed below, once every item is done
-            return None
-
-        try:
-            await _per_session(sessions, req.items, results, fork_op, sessions.pool_threads())
-            if made and await request.is_disconnected():  # nobody will learn of these sessions: keep nothing
-                raise ServiceUnavailable("the client closed the connection before its forks were made")
-            while made:
-                i, slots, s, children = made[-1]
-                try:
-                    sids = slots.commit(s.env_id, children, s.blocking)
-                except Exception as exc:
-                    results[i] = item_error(exc)
-                    await _close_envs([(s.blocking, children)])
-                else:
-                    results[i] = {"status_code": 200, "result": {"session_id": req.items[i].session_id,
-                                                                 "session_ids": sids}}
-                made.pop()
-        except BaseException:
-            await _close_envs([(m[2].blocking, m[3]) for m in made])
-            raise
+    valid = _valid(req.items, results)
+    items = [req.items[i] for i in valid]
+    outs = await session_batch.batch_fork(host, [(it.session_id, it.n) for it in items],
+                                          still_wanted=_connected(request))
+    for i, it, o in zip(valid, items, outs):
+        results[i] = item_error(o) if isinstance(o, BaseException) else {
+            "status_code": 200, "result": {"session_id": it.session_id, "session_ids": o}}
     return _json(results)
 
 
 @router.post("/batch/delete", response_model=BatchDeleteResponse, summary="Close many env sessions",
              responses=R(413, 422))
-async def batch_delete(req: BatchDeleteRequest, sessions: Sessions) -> Response:
+async def batch_delete(req: BatchDeleteRequest, host: Host) -> Response:
     """``results[i]``: 204 as ``DELETE /v1/envs/{id}`` answers, or 404 for a session not held."""
     results: list[Item | None] = [None] * len(req.items)
-    inline: list[Any] = []
-    threaded: list[Any] = []
-    for i, item in enumerate(req.items):
-        if type(item) is InvalidItem:
-            results[i] = _invalid(item)
-            continue
-        s = sessions.pop(item.session_id)
-        if s is None:
-            results[i] = item_error(HTTPException(404, f"no env session {item.session_id!r}"))
-            continue
-        results[i] = {"status_code": 204}
-        (threaded if s.blocking else inline).append(s.env)
-    for env in inline:
-        close_quietly(env)
-    if threaded:
-        await _bounded([lambda env=env: anyio.to_thread.run_sync(close_quietly, env) for env in threaded])
+    valid = _valid(req.items, results)
+    sids = [req.items[i].session_id for i in valid]
+    for i, sid, held in zip(valid, sids, await session_batch.batch_delete(host, sids)):
+        results[i] = {"status_code": 204} if held else item_error(HTTPException(404, f"no env session {sid!r}"))
     return _json(results)
 
 
