@@ -9,10 +9,10 @@ answers and errors of both transports the same way.
 
 Transports (``transport=``):
 
-* ``"http"`` (default): ``/v1/envs``, a pool of keep-alive connections (``envs.session_client.HttpConnections``)
-  with a timeout per request (``timeout_s``) and retries on connection errors; a request that may have reached
-  the server is repeated only when that is safe (a reset, a delete, a read: never a step, so a step is never
-  applied twice).
+* ``"http"`` (default): ``/v1/envs``, keep-alive connections of one ``httpx.Client``
+  (``envs.http_connections.HttpConnections``) with a timeout per request (``timeout_s``) and retries on
+  connection errors; a request that may have reached the server is repeated only when that is safe (a reset,
+  a delete, a read: never a step, so a step is never applied twice).
 * ``"ws"``: the server's OpenEnv transport, one WebSocket connection per session
   (``/openenv/{env_id}/ws``; ``sandbox_server/routes/openenv.py``), the least client CPU per step. The
   session lives as long as the connection: ``close`` (or a dropped connection) ends it. A fork's children

@@ -24,15 +24,14 @@ failure as a dict) and the next ``step`` resets it (in a new session if its sess
 trainers already treat infrastructure failures. Client errors (409 ended episode, 413 action too long, 422
 invalid item) always raise; a missing or wrong API key raises ``PermissionError``.
 
-Transport: the keep-alive HTTP/1.1 connections of :class:`envs.session_client.HttpConnections`, the HTTP
-transport of every forkyard env client (the standard library's ``http.client``: a batch request costs the
-client about a third of the CPU it costs through httpx, which at 32 ClueProbe steps per request is as much as
-the server's own work), a timeout per request, retries on connection errors (a request that was sent is
-repeated only when that is safe, a batched reset after its connection closed with no answer: never a step,
-create, fork or delete, so a step is never applied twice); batches of more than :data:`BATCH_ITEMS` sub-envs
-go as several requests. Requests carry the server's API key (``api_key=``, else ``FORKYARD_API_KEY``:
-:mod:`envs.api_key`); items or requests answered ``503 unavailable`` (nothing ran: the session cap is full)
-are sent again after the server's wait for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`).
+Transport: :class:`envs.http_connections.HttpConnections` (one ``httpx.Client``), the HTTP connections of
+every forkyard env client: keep-alive connections, a timeout per request, retries on connection errors (a
+request that was sent is repeated only when that is safe, a batched reset after its connection closed with no
+answer: never a step, create, fork or delete, so a step is never applied twice); batches of more than
+:data:`BATCH_ITEMS` sub-envs go as several requests. Requests carry the server's API key (``api_key=``, else
+``FORKYARD_API_KEY``: :mod:`envs.api_key`); items or requests answered ``503 unavailable`` (nothing ran: the
+session cap is full) are sent again after the server's wait for up to ``busy_timeout_s`` seconds
+(:mod:`envs.client_retry`).
 
 Why one file: the vector env, its connection and its error types are one client of one protocol (the
 batched routes), read together.
@@ -40,7 +39,6 @@ batched routes), read together.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -52,23 +50,14 @@ from gymnasium.vector.utils import batch_space
 from envs.api_key import api_key as resolve_api_key
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
-from envs.session_client import HttpConnections
+from envs.http_connections import HttpConnections, dumps, loads
 from envs.text_space import TextSpace
 
-try:  # a faster codec when the server extras are installed; plain JSON either way
-    import orjson
-
-    _dumps, _loads = orjson.dumps, orjson.loads
-except ImportError:  # pragma: no cover - depends on the environment
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
-
-    _loads = json.loads
 
 def _error_status(data: bytes) -> str | None:
     """The ``status`` of an ErrorBody answer (None when the body is not one)."""
     try:
-        body = _loads(data)
+        body = loads(data)
     except ValueError:
         return None
     return body.get("status") if isinstance(body, dict) else None
@@ -241,7 +230,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _post_batch(self, route: str, items: list[dict[str, Any]], busy: BusyWait) -> list[dict[str, Any]]:
         """One ``POST /v1/envs/batch/{route}`` of at most :data:`BATCH_ITEMS` items; a whole request answered
         ``503 unavailable`` is sent again while ``busy`` (the call's budget) lasts."""
-        path, body = f"/v1/envs/batch/{route}", _dumps({"items": items})
+        path, body = f"/v1/envs/batch/{route}", dumps({"items": items})
         while True:
             status, data, retry_after = self._client.post(path, body)
             if status == 503 and is_busy(status, _error_status(data)):
@@ -254,7 +243,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 raise EnvInfraError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
             if status >= 400:
                 raise ValueError(f"POST {path}: HTTP {status}: {data[:500].decode('utf-8', 'replace')}")
-            return _loads(data)["results"]
+            return loads(data)["results"]
 
     @staticmethod
     def _failure(res: dict[str, Any]) -> ItemFailure:
@@ -343,7 +332,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return result
 
     # ------------------------------------------------------------------ steps
-    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(self, actions: Sequence[str]
+             ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Take one action in every sub-env: ``(observations, rewards, terminations, truncations, infos)``
         (a tuple of ``num_envs`` strings, float64, bool and bool arrays of shape ``(num_envs,)``, vector
         infos). One request (per :data:`BATCH_ITEMS` sub-envs), plus one for the sub-envs being reset.

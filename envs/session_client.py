@@ -16,47 +16,31 @@ one session over a transport and decodes errors the one way every forkyard clien
 
 Transports:
 
-* :class:`HttpTransport`: ``/v1/envs`` over :class:`HttpConnections`, a thread-safe pool of keep-alive
-  HTTP/1.1 connections built on the standard library's ``http.client`` (a third of httpx's CPU per request),
-  a timeout per request, connect retries, and a request repeated after a connection closed with no answer
-  only when that is safe (:func:`envs.client_retry.safe_to_repeat`: never a step, a create or a fork).
-  Batched routes: :meth:`HttpConnections.post` (``envs.remote_vector.RemoteVectorEnv`` drives them).
+* :class:`HttpTransport`: ``/v1/envs`` over :class:`envs.http_connections.HttpConnections` (one
+  ``httpx.Client``: keep-alive connections shared by threads, a timeout per request, connect retries, and a
+  request repeated after a connection closed with no answer only when that is safe,
+  :func:`envs.client_retry.safe_to_repeat`: never a step, a create or a fork). ``envs.remote_vector.RemoteVectorEnv``
+  drives the batched routes over the same class.
 * :class:`WsTransport`: one WebSocket connection per session at ``/openenv/{env_id}/ws``; the session lives
   as long as its connection. A fork's children each get their own connection, which attaches the child.
   ``tools`` goes over HTTP (the OpenEnv wire has no such message).
 
-Why one file: the transports and the client that decodes their answers are one protocol, read together.
+Why one file: the transports and the client that decodes their answers are one protocol, read together (the
+HTTP connections under :class:`HttpTransport` are their own module, :mod:`envs.http_connections`).
 """
 
 from __future__ import annotations
 
-import base64
-import http.client
-import json
-import select
-import socket
-import threading
-import time
-import urllib.parse
 from typing import Any, Protocol
 
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from envs.api_key import auth_headers, redact_url
-from envs.client_retry import KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat
+from envs.client_retry import BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.http_connections import HttpConnections, dumps, loads
 from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse, decode
-
-try:  # a faster codec when the server extras are installed; plain JSON either way
-    import orjson
-
-    _dumps, _loads = orjson.dumps, orjson.loads
-except ImportError:  # pragma: no cover - depends on the environment
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
-
-    _loads = json.loads
 
 
 class Refusal(Exception):
@@ -117,123 +101,9 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-#: Failures after which a request may have reached the server with no answer coming back.
-_NO_ANSWER = (http.client.RemoteDisconnected, http.client.IncompleteRead, http.client.BadStatusLine,
-              ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
-
-
-class HttpConnections:
-    """A thread-safe pool of keep-alive HTTP/1.1 connections to one server (``http.client``).
-
-    Args:
-        url: ``http://host[:port][/prefix]`` (or https); a key in the URL's user info is sent as HTTP Basic
-            credentials when ``api_key`` is None, as the other clients send it.
-        timeout_s: seconds for a connect and for each read of an answer.
-        retries: retries of a failed connect (0.1 s, 0.2 s, ... apart); a request that was sent is repeated
-            only per :meth:`request`.
-        api_key: sent as ``Authorization: Bearer``.
-
-    Raises:
-        ValueError: a URL that is not http(s)://host.
-    """
-
-    def __init__(self, url: str, timeout_s: float, retries: int = 3, api_key: str | None = None):
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"server_url must be http://host[:port] or https://..., got {redact_url(url)!r}")
-        self.url, self.prefix, self.timeout_s, self.retries = url, parts.path.rstrip("/"), timeout_s, retries
-        self._cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._host, self._port = parts.hostname, parts.port
-        if api_key is None and parts.username is not None:
-            creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            auth = {"Authorization": "Basic " + base64.b64encode(creds.encode()).decode("ascii")}
-        else:
-            auth = auth_headers(api_key)
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **auth}
-        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
-        self._lock = threading.Lock()
-        self.closed = False
-
-    @property
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` was called (httpx's name)."""
-        return self.closed
-
-    def _new(self) -> http.client.HTTPConnection:
-        for attempt in range(self.retries + 1):
-            conn = self._cls(self._host, self._port, timeout=self.timeout_s)
-            try:
-                conn.connect()
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return conn
-            except OSError as exc:
-                conn.close()
-                if attempt == self.retries:
-                    raise EnvInfraError(f"cannot connect to {redact_url(self.url)}: {exc!r}") from exc
-                time.sleep(0.1 * 2 ** attempt)
-        raise AssertionError("unreachable")
-
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection the server has not closed (and used within the keep-alive expiry), else a new
-        one; whether it was reused."""
-        now = time.monotonic()
-        while True:
-            with self._lock:
-                if not self._idle:
-                    break
-                conn, since = self._idle.pop()
-            if now - since < KEEPALIVE_EXPIRY_S and conn.sock is not None \
-                    and not select.select([conn.sock], [], [], 0)[0]:  # idle, yet readable: the server closed it
-                return conn, True
-            conn.close()
-        return self._new(), False
-
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, str | None]:
-        """Send one request (``body``: JSON bytes); the status, the answer's body and its ``Retry-After``.
-        A request whose reused connection closed with no answer is sent once more, on a new connection, when
-        :func:`~envs.client_retry.safe_to_repeat` allows. Raises EnvInfraError (connect failure, timeout,
-        a lost answer)."""
-        if self.closed:
-            raise EnvInfraError("the connection to the server was closed (close() was called)")
-        repeated = False
-        while True:
-            conn, reused = self._take()
-            try:
-                conn.request(method, self.prefix + path, body=body, headers=self._headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                if isinstance(exc, _NO_ANSWER):
-                    if reused and not repeated and safe_to_repeat(method, path):
-                        repeated = True  # the server closed an idle connection under it: once more, on a new one
-                        continue
-                    raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: the server disconnected with no "
-                                        f"answer (it may have run): {exc!r}") from exc
-                raise EnvInfraError(f"{method} {redact_url(self.url)}{path} failed: {exc!r}") from exc
-            if resp.will_close or self.closed:
-                conn.close()
-            else:
-                with self._lock:
-                    self._idle.append((conn, time.monotonic()))
-            return resp.status, data, resp.getheader("Retry-After")
-
-    def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
-        """``request("POST", path, body)``."""
-        return self.request("POST", path, body)
-
-    def close(self) -> None:
-        """Close every idle connection; later requests raise EnvInfraError."""
-        self.closed = True
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn, _ in idle:
-            conn.close()
-
-
 def _refusal(status: int, data: bytes, where: str, retry_after: str | None) -> Refusal:
     try:
-        body = _loads(data)
+        body = loads(data)
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("detail"), str):
@@ -244,7 +114,7 @@ def _refusal(status: int, data: bytes, where: str, retry_after: str | None) -> R
 
 
 class HttpTransport:
-    """Env sessions over ``/v1/envs`` (module docstring), on one :class:`HttpConnections` pool.
+    """Env sessions over ``/v1/envs`` (module docstring), on one :class:`~envs.http_connections.HttpConnections`.
 
     Args:
         url: the server's base URL.
@@ -264,10 +134,10 @@ class HttpTransport:
         return self.http.closed
 
     def _json(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        status, data, retry_after = self.http.request(method, path, None if payload is None else _dumps(payload))
+        status, data, retry_after = self.http.request(method, path, None if payload is None else dumps(payload))
         if status >= 400:
             raise _refusal(status, data, f"{method} {path}", retry_after)
-        return _loads(data) if data else {}
+        return loads(data) if data else {}
 
     def create(self, env_id, kwargs, seed, options) -> ResetResponse:
         return decode(ResetResponse, self._json("POST", "/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": seed,
@@ -328,7 +198,7 @@ class WsTransport:
         base = "ws" + url[4:] if url.startswith("http") else url
         self.ws_url, self.where = f"{base}/openenv/{env_id}/ws", f"ws /openenv/{env_id}/ws"
         self.sockets: dict[str, ClientConnection] = {}
-        self._http: HttpConnections | None = None
+        self._http: HttpTransport | None = None  # for tools
         self.refs, self.closed = 1, False
 
     @property
@@ -356,8 +226,8 @@ class WsTransport:
     def _ask(self, sock: ClientConnection, kind: str, data: dict[str, Any]) -> dict[str, Any]:
         """One message and its answer's data; Refusal for an error answer."""
         try:
-            sock.send(_dumps({"type": kind, "data": data}).decode())
-            answer = _loads(sock.recv(timeout=self.timeout_s))
+            sock.send(dumps({"type": kind, "data": data}).decode())
+            answer = loads(sock.recv(timeout=self.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise self._failed(kind, exc) from exc
         if answer.get("type") != "error":
@@ -434,11 +304,8 @@ class WsTransport:
 
     def tools(self, sid) -> list[dict[str, Any]]:
         if self._http is None:
-            self._http = HttpConnections(self.url, self.timeout_s, self.connect_retries, self.api_key)
-        status, data, retry_after = self._http.request("GET", f"/v1/envs/{sid}/tools")
-        if status >= 400:
-            raise _refusal(status, data, f"GET /v1/envs/{sid}/tools", retry_after)
-        return _loads(data)["tools"]
+            self._http = HttpTransport(self.url, self.timeout_s, self.connect_retries, self.api_key)
+        return self._http.tools(sid)
 
     def close(self) -> None:
         self.closed = True
@@ -557,5 +424,5 @@ class SessionClient:
             self.transport.close()
 
 
-__all__ = ["HttpConnections", "HttpTransport", "Refusal", "SessionClient", "Transport", "WsTransport", "error_for",
+__all__ = ["HttpTransport", "Refusal", "SessionClient", "Transport", "WsTransport", "error_for",
            "make_transport"]

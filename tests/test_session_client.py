@@ -12,7 +12,8 @@ import pytest
 
 from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError, EpisodeFinishedError
-from envs.session_client import HttpConnections, HttpTransport, SessionClient, make_transport
+from envs.http_connections import HttpConnections
+from envs.session_client import HttpTransport, SessionClient, make_transport
 from envs.wire import ResetResponse, StepResponse
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
@@ -144,6 +145,25 @@ def test_connections_refuse_bad_urls_and_requests_after_close(server):
     pool.close()
     with pytest.raises(EnvInfraError, match="closed"):
         pool.request("GET", "/healthz")
+
+
+def test_connections_send_the_key_from_the_url_or_the_argument_which_wins():
+    key = "session-client-key"
+    srv = UvicornThread(create_env_app(ttl_s=600, max_sessions=4, api_key=key)).start()
+    try:
+        in_url = srv.url.replace("http://", f"http://forkyard:{key}@")
+        wrong_in_url = srv.url.replace("http://", "http://forkyard:wrong@")
+        # 404: let in, and no such session; 401: refused. A key in the URL's user info goes as HTTP Basic.
+        for url, api_key, status in ((srv.url, None, 401), (in_url, None, 404), (srv.url, key, 404),
+                                     (wrong_in_url, key, 404), (in_url, "wrong", 401)):
+            pool = HttpConnections(url, 5.0, api_key=api_key)
+            assert pool.request("GET", "/v1/envs/nope/tools")[0] == status, (url, api_key)
+            pool.close()
+    finally:
+        srv.stop()
+    with pytest.raises(EnvInfraError, match=r"http://\*\*\*@127\.0\.0\.1:9/healthz failed: ConnectError") as err:
+        HttpConnections(f"http://forkyard:{key}@127.0.0.1:9", 2.0, retries=0).request("GET", "/healthz")
+    assert key not in str(err.value)
 
 
 def test_the_server_answers_with_the_models_the_clients_decode():

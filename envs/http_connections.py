@@ -1,0 +1,118 @@
+"""The HTTP connections of forkyard's env clients: one ``httpx.Client`` per server, shared by threads.
+
+:class:`HttpConnections` sends a request's JSON bytes (the callers encode them with orjson) and hands back the
+status, the answer's bytes and its ``Retry-After``; it decodes nothing (``envs.session_client`` and
+``envs.remote_vector`` do, with :func:`dumps` and :func:`loads`: orjson when installed, else the standard
+library's json). Users: ``envs.session_client.HttpTransport`` (``/v1/envs``),
+``envs.session_client.WsTransport`` (``tools``, which the OpenEnv wire lacks) and
+``envs.remote_vector.RemoteVectorEnv`` (the batched routes).
+
+What it keeps of httpx: keep-alive HTTP/1.1 connections (idle ones kept :data:`~envs.client_retry.KEEPALIVE_EXPIRY_S`,
+under the server's keep-alive timeout), connect retries (``httpx.HTTPTransport(retries=...)``), one timeout for
+each connect, write and read. What it adds: the API key's header (:mod:`envs.api_key`), a request sent once
+more when its connection closed with no answer and :func:`envs.client_retry.safe_to_repeat` allows it (never a
+step, a create or a fork, which may have run), and :class:`~envs.core.EnvInfraError` for every network failure,
+naming the server by :func:`envs.api_key.redact_url` (a key in the URL never shows).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from envs.api_key import auth_headers, redact_url
+from envs.client_retry import KEEPALIVE_EXPIRY_S, safe_to_repeat
+from envs.core import EnvInfraError
+
+try:  # a faster codec when the server extras are installed; plain JSON either way
+    import orjson
+
+    dumps, loads = orjson.dumps, orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    def dumps(obj: Any) -> bytes:
+        """``obj`` as UTF-8 JSON bytes."""
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+    loads = json.loads
+
+#: httpx's errors after which a request may have reached the server with no answer coming back.
+_NO_ANSWER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class HttpConnections:
+    """Keep-alive HTTP/1.1 connections to one server: one ``httpx.Client`` (thread-safe), so threads and the
+    sessions forked from one another share them.
+
+    Args:
+        url: ``http://host[:port][/prefix]`` (or https); a key in the URL's user info is sent as HTTP Basic
+            credentials when ``api_key`` is None (httpx does so for a URL with user info), as the other
+            clients send it.
+        timeout_s: seconds for a connect, for sending a request and for each read of an answer.
+        retries: retries of a failed connect (httpx tries again at once, then 0.5 s, 1 s, ... apart); a request that
+            was sent is repeated only per :meth:`request`.
+        api_key: sent as ``Authorization: Bearer`` (the URL's user info is then dropped).
+
+    Raises:
+        ValueError: a URL that is not http(s)://host.
+    """
+
+    def __init__(self, url: str, timeout_s: float, retries: int = 3, api_key: str | None = None):
+        try:
+            base = httpx.URL(url)
+        except httpx.InvalidURL:
+            base = None
+        if base is None or base.scheme not in ("http", "https") or not base.host:
+            raise ValueError(f"server_url must be http://host[:port] or https://..., got {redact_url(url)!r}")
+        if api_key is not None:  # the explicit key wins: httpx would send the user info as Basic over it
+            base = base.copy_with(username=None, password=None)
+        self.url, self.timeout_s, self.retries = url, timeout_s, retries
+        self.client = httpx.Client(
+            base_url=base, timeout=timeout_s, transport=httpx.HTTPTransport(retries=retries),
+            limits=httpx.Limits(max_keepalive_connections=32, max_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S),
+            headers={"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)})
+        self.closed = False
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called (httpx's name)."""
+        return self.closed
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, str | None]:
+        """Send one request to ``path`` (under the URL's prefix; ``body``: JSON bytes): the HTTP status, the
+        answer's body and its ``Retry-After`` header (None when absent). A request whose connection closed with
+        no answer is sent once more, on a new connection, when :func:`~envs.client_retry.safe_to_repeat` allows.
+
+        Raises:
+            EnvInfraError: after :meth:`close`, a connect that failed every retry, a timeout, a lost answer.
+        """
+        if self.closed:
+            raise EnvInfraError("the connection to the server was closed (close() was called)")
+        repeated = False
+        while True:
+            try:
+                resp = self.client.request(method, path, content=body)
+            except httpx.HTTPError as exc:
+                if isinstance(exc, _NO_ANSWER):
+                    if not repeated and safe_to_repeat(method, path):
+                        repeated = True  # the server closed an idle connection under it: once more, on a new one
+                        continue
+                    raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: the server disconnected with no "
+                                        f"answer (it may have run): {exc!r}") from exc
+                raise EnvInfraError(f"{method} {redact_url(self.url)}{path} failed: {exc!r}") from exc
+            except RuntimeError as exc:  # httpx: the client was closed by another thread meanwhile
+                raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: {exc}") from exc
+            return resp.status_code, resp.content, resp.headers.get("Retry-After")
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:
+        """``request("POST", path, body)``."""
+        return self.request("POST", path, body)
+
+    def close(self) -> None:
+        """Close every connection; later requests raise EnvInfraError."""
+        self.closed = True
+        self.client.close()
+
+
+__all__ = ["HttpConnections", "dumps", "loads"]
