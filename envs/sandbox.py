@@ -15,7 +15,8 @@ when the sandbox or its service failed (the env ends the episode as ``infra_erro
 
 from __future__ import annotations
 
-import importlib
+import functools
+import importlib.metadata
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 
@@ -70,22 +71,35 @@ class ExportingProvider(SandboxProvider, Protocol):
         """A tar of the sandbox's writable areas, for ``create(archive=...)``."""
 
 
-#: Entry point (``"module:function"``, as Gymnasium's registry names env classes) of the function that
-#: turns a backend name or a server URL into a provider shared by the envs of this process.
-PROVIDER_FACTORY = "sandbox_server.embedded:shared_provider"
+#: The entry-point group of the function that turns a backend name or a server URL into a provider shared by
+#: the envs of this process; :func:`provider_for` takes its entry named ``default`` (forkyard declares one in
+#: ``pyproject.toml``; another package may declare its own under another name and be chosen by ``name=``).
+PROVIDER_GROUP = "forkyard.sandbox_providers"
 
 
-def provider_for(backend: str | None) -> SandboxProvider:
+def provider_for(backend: str | None, name: str = "default") -> SandboxProvider:
     """The provider of ``backend`` (a registered backend name such as ``"local"``, a server URL, or None for
-    the factory's default), made by :data:`PROVIDER_FACTORY` and shared by every env of this process.
+    the factory's default), made by the factory ``name`` of :data:`PROVIDER_GROUP` and shared by every env of
+    this process.
 
     Raises:
         SandboxFailure: the backend cannot start. ValueError: an unknown backend name.
-        ImportError: the factory's module is not installed (``pip install forkyard[server]``).
+        ImportError: no factory of that name is installed (``pip install forkyard[server]``), or it cannot
+            be imported.
     """
-    module, _, attr = PROVIDER_FACTORY.partition(":")
-    return getattr(importlib.import_module(module), attr)(backend)
+    return _factory(name)(backend)
 
 
-__all__ = ["ExportingProvider", "PROVIDER_FACTORY", "SandboxFailure", "SandboxProvider", "SandboxRefusal",
+@functools.cache
+def _factory(name: str):
+    """The factory ``name`` of :data:`PROVIDER_GROUP`, looked up once per process (a scan of the installed
+    packages' entry points costs tens of milliseconds)."""
+    found = [ep for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == name]
+    if not found:
+        raise ImportError(f"no sandbox provider factory {name!r} in the entry-point group {PROVIDER_GROUP!r}: "
+                          "install forkyard with its server extra (pip install 'forkyard[server]')")
+    return found[0].load()
+
+
+__all__ = ["ExportingProvider", "PROVIDER_GROUP", "SandboxFailure", "SandboxProvider", "SandboxRefusal",
            "provider_for"]

@@ -99,6 +99,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         settings = ServerSettings(**{k: v for k, v in given.items() if k in ServerSettings.model_fields})
     except pydantic.ValidationError as exc:
         problems.append(explain(exc, ServerSettings, FLAGS))
+    else:
+        from sandbox_server.backends import BACKENDS
+
+        if not (ns.no_sandboxes or settings.ray) and settings.backend not in BACKENDS:  # the registry's check
+            accepted = ", ".join(sorted(BACKENDS))
+            problems.append(f"--backend / FORKYARD_BACKEND: unknown backend; accepted values: {accepted} "
+                            f"(got {settings.backend!r})")
     try:
         config = ServiceConfig(**{k: v for k, v in given.items() if k in ServiceConfig.model_fields})
     except pydantic.ValidationError as exc:

@@ -194,10 +194,8 @@ class NodeHost:
     def shutdown(self) -> int:
         """Close every session and this process's sandbox providers. Returns the sessions closed."""
         n = sum(self.host.close_now(list(self.store.held())))
-        try:
-            from sandbox_server.embedded import close_shared_providers
-        except ImportError:  # pragma: no cover - a host without the server extra has no providers
-            return n
+        from sandbox_server.shared_providers import close_shared_providers
+
         close_shared_providers()
         return n
 

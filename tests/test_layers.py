@@ -48,7 +48,8 @@ def graph() -> dict[str, set[str]]:
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     # The rules below are only as good as the walker: it must see imports inside functions.
     found = imports_of(ROOT / "envs" / "sandbox.py")
-    assert "importlib" in found
+    assert "importlib.metadata" in found
+    assert "omegaconf" in imports_of(ROOT / "envs" / "skyrl.py")  # imported inside a function there
     assert any(m.startswith("envs.") for m in imports_of(ROOT / "envs" / "fileqa.py"))
 
 
@@ -138,3 +139,21 @@ def test_every_reference_can_be_opened_by_a_reader_of_the_repo():
     found = [f"{f}:{n}" for f in files if not f.startswith("docker/vendor/") and (ROOT / f).exists()  # not deleted
              for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_envs_name_no_server_or_trainer_module_in_a_string_either():
+    """An entry point written as a string (``"sandbox_server.embedded:shared_provider"``) is an import the walker
+    cannot see: envs reach the server's provider factory through the ``forkyard.sandbox_providers`` entry-point
+    group of the installed metadata (``pyproject.toml``), never by naming it."""
+    named = re.compile(r"^(sandbox_server|trainer)(\.\w+)*(:\w+)?$")
+    found = []
+    for p in module_files("envs"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value.strip()):
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert found == []
+    import importlib.metadata
+
+    from envs.sandbox import PROVIDER_GROUP
+    assert [ep.value for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == "default"] == [
+        "sandbox_server.embedded:shared_provider"]

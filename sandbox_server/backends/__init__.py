@@ -131,7 +131,8 @@ def backend_config(kind: str, **options: Any) -> BackendConfig:
     """
     cls = BACKENDS.get(kind)
     if cls is None:
-        raise ValueError(f"unknown backend {kind!r}; choose one of {sorted(BACKENDS)}{BACKENDS.explain(kind)}")
+        raise ValueError(f"unknown backend {kind!r}; accepted values: {', '.join(sorted(BACKENDS))}"
+                         f"{BACKENDS.explain(kind)}")
     if options.get("unsafe_no_isolation") and not cls.accepts_unsafe:
         raise ValueError(f"unsafe_no_isolation applies to the local backend only, not to {kind!r}")
     if not cls.accepts_unsafe:
