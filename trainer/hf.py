@@ -102,21 +102,26 @@ class HFCausalLM(nn.Module):
         base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
-    def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
-        """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the positions ``past`` holds (None: none).
-        The ``past`` given is never modified. In training mode or with gradients on (the RL update's eval-mode
+    def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+        """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the slots ``past`` holds (None: none).
+        The ``past`` given is never modified. ``mask`` [B, P + T] bool (True: a real token) and ``positions``
+        [B, T] int64 go to the model as ``attention_mask`` and ``position_ids`` (padded batches,
+        :meth:`trainer.lm.TinyCausalLM.forward`). In training mode or with gradients on (the RL update's eval-mode
         forward, :func:`trainer.update.dropout_off`), without ``past``, no cache is built (the cache returned is
         None): gradient checkpointing recomputes activations and cannot keep one. Raises
         ValueError past ``config.context`` positions."""
         from transformers import DynamicCache
 
         p = 0 if past is None else past[0][0].shape[2]
-        if p + ids.shape[1] > self.config.context:
-            raise ValueError(f"{p + ids.shape[1]} positions exceed the model context {self.config.context}")
+        last = p + ids.shape[1] if positions is None else int(positions.max()) + 1
+        if last > self.config.context:
+            raise ValueError(f"{last} positions exceed the model context {self.config.context}")
+        extra = {} if mask is None else {"attention_mask": mask.long(), "position_ids": positions}
         if past is None and (self.hf.training or torch.is_grad_enabled()):
-            return self.hf(input_ids=ids, use_cache=False).logits, None
+            return self.hf(input_ids=ids, use_cache=False, **extra).logits, None
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
-        out = self.hf(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
+        out = self.hf(input_ids=ids, use_cache=True, **extra, **{self._cache_kw: cache})
         new = out.get("cache", None) or out.get("past_key_values", None)
         return out.logits, [(layer.keys, layer.values) for layer in new.layers]
 

@@ -139,24 +139,32 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model))
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None):
+    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
+                attn: torch.Tensor | None = None, fill: int | None = None):
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
-        if past is not None:
+        if fill is not None:  # write into the preallocated buffers (TinyCausalLM.forward's `fill`)
+            past[0][:, :, fill:fill + t] = k
+            past[1][:, :, fill:fill + t] = v
+            k, v = past[0][:, :, :fill + t], past[1][:, :, :fill + t]
+            buffers = past
+        elif past is not None:
             k = torch.cat([past[0], k], dim=2)  # new tensors: a forked session may share `past` safely
             v = torch.cat([past[1], v], dim=2)
         s = k.shape[2]
         drop = self.dropout if self.training else 0.0
-        if s == t:
+        if attn is not None:  # [B, 1, t, s] bool from TinyCausalLM.forward's mask
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, dropout_p=drop)
+        elif s == t:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
         else:  # t new queries after s - t cached positions: query i sees keys 0..s-t+i
             mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(diagonal=s - t)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         x = x + self.mlp(self.ln2(x))
-        return x, (k, v)
+        return x, (buffers if fill is not None else (k, v))
 
 
 class TinyCausalLM(nn.Module):
@@ -189,30 +197,58 @@ class TinyCausalLM(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, ids: torch.Tensor, past: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+    #: :meth:`forward` takes ``fill`` (preallocated cache buffers written in place).
+    in_place_cache = True
+
+    def forward(self, ids: torch.Tensor, past: KVCache | None = None, mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, fill: int | None = None,
+                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
         """Logits of the next token at every position.
 
         Args:
             ids: [B, T] int64 token ids; with ``past``, the T tokens that follow the cached ones.
-            past: the cache returned by a previous call (positions 0..P-1), or None.
+            past: the cache returned by a previous call (P slots), or None.
+            mask: [B, P + T] bool, True at the slots (cache, then ``ids``) that hold real tokens; a query sees
+                the real slots at or before its own (and always its own slot, so a padding query attends to
+                something). None: every slot is real. Batched sampling (:mod:`trainer.engine`) pads with it.
+            positions: [B, T] int64 positions of ``ids`` (with ``mask``: a row's real tokens before them);
+                None: P..P+T-1.
+            fill: with ``past``, its tensors are buffers of at least ``fill + T`` slots of which the first
+                ``fill`` hold the cache (P = ``fill``): the new keys and values are written into them in place
+                and the buffers are returned (no copy of the cache per token; batched decoding). None: ``past``
+                is never modified.
+            logits_at: [B] int64: the logits of only that position of each row are computed (returned as
+                [B, 1, vocab_size]; a prefill needs the last real one). None: every position's.
 
         Returns:
-            ``(logits, cache)``: logits [B, T, vocab_size] in the parameters' dtype, and the cache for
-            positions 0..P+T-1 (fresh tensors; the ``past`` passed in is never modified).
+            ``(logits, cache)``: logits [B, T, vocab_size] in the parameters' dtype, and the cache of the P + T
+            slots (fresh tensors; the ``past`` passed in is never modified).
 
         Raises:
-            ValueError: if P + T exceeds ``config.context``.
+            ValueError: if a position reaches ``config.context`` (P + T > context without ``positions``).
         """
-        p = 0 if past is None else past[0][0].shape[2]
+        p = fill if fill is not None else 0 if past is None else past[0][0].shape[2]
         t = ids.shape[1]
-        if p + t > self.config.context:
-            raise ValueError(f"{p + t} positions exceed the model context {self.config.context}; truncate the prompt")
-        pos = torch.arange(p, p + t, device=ids.device)
-        x = self.tok(ids) + self.pos(pos)[None]
+        if positions is None:
+            if p + t > self.config.context:
+                raise ValueError(f"{p + t} positions exceed the model context {self.config.context}; "
+                                 "truncate the prompt")
+            x = self.tok(ids) + self.pos(torch.arange(p, p + t, device=ids.device))[None]
+        else:
+            if int(positions.max()) >= self.config.context:
+                raise ValueError(f"position {int(positions.max())} is past the model context {self.config.context}")
+            x = self.tok(ids) + self.pos(positions)
+        attn = None
+        if mask is not None:
+            q = torch.arange(t, device=ids.device)[:, None] + p  # [t, 1] slot of each query
+            slot = torch.arange(p + t, device=ids.device)[None]  # [1, s]
+            attn = (mask[:, None, None, :] & (slot <= q)[None, None]) | (slot == q)[None, None]
         cache: KVCache = []
         for i, blk in enumerate(self.blocks):
-            x, kv = blk(x, None if past is None else past[i])
+            x, kv = blk(x, None if past is None else past[i], attn, fill)
             cache.append(kv)
+        if logits_at is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), logits_at][:, None]
         logits = self.ln_f(x) @ self.tok.weight.T
         return logits, cache
 

@@ -14,6 +14,12 @@ Infrastructure failures (:class:`~envs.core.EnvInfraError`) never end a rollout:
 episodes are returned with ``infra_failure=True`` and ``reason="infra_error"``; trainers leave them out
 of group statistics.
 
+Sampling RNG streams: every episode samples from its own ``random.Random`` (:func:`stream`), derived from the
+rollout's ``rng`` by :func:`episode_seeds` (one 64-bit seed per episode or base, all drawn before any sampling),
+and a tree branch from its base's seed and branch index; a tree's fork-turn draws come from its base's stream.
+An episode's actions thereby depend on its seed alone, not on which episodes ran before it or beside it, so a
+batched rollout (:mod:`trainer.engine`) samples the same episodes as these serial loops.
+
 Env-reported episode metrics: the ``info`` of the step that ends an episode may carry
 ``info["episode_metrics"]`` (:data:`EPISODE_METRICS`), a dict of numbers the env computes about the
 whole episode (ClueProbe: ``distinct_probes``). The rollout keeps it as :attr:`Episode.env_metrics`;
@@ -77,6 +83,7 @@ class Episode:
     branch: int = 0  # tree: 0 for the base's own continuation, 1..m-1 for new branches
     fork_turn: int | None = None  # tree: turn at which the base was forked
     env_metrics: dict[str, float] | None = None  # info["episode_metrics"] of the last step, if the env gave one
+    invalid_actions: int = 0  # steps whose info said ``invalid_action`` (the env did not run the action)
 
 
 @dataclass
@@ -171,6 +178,19 @@ class _Counter:
         self.forks_failed = 0
 
 
+def episode_seeds(rng: random.Random, n: int) -> list[int]:
+    """``n`` 64-bit stream seeds drawn from ``rng`` in order (one per episode of a group, one per base of a
+    tree), before any sampling."""
+    return [rng.getrandbits(64) for _ in range(n)]
+
+
+def stream(seed: int, branch: int = 0) -> random.Random:
+    """The sampling RNG of an episode (``branch`` 0: a group's episode or a tree's base) or of a tree's branch
+    ``branch >= 1`` of the base with stream seed ``seed`` (:func:`episode_seeds`): ``random.Random(seed +
+    branch * 2**64)``, distinct integer seeds for every (seed, branch)."""
+    return random.Random(seed + (branch << 64))
+
+
 def _fork(env, n: int, counter: _Counter) -> list | None:
     """``env.fork(n)``, counted; None when the fork failed through the infrastructure."""
     counter.forks += 1
@@ -194,6 +214,7 @@ def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter:
         ep.infra_failure, ep.reason = True, "infra_error"
         return True
     ep.reward += reward
+    ep.invalid_actions += bool(info.get("invalid_action"))
     if terminated or truncated:
         ep.reason = info.get("termination_reason")
         ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
@@ -223,7 +244,7 @@ def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: ra
         policy: the sampling policy.
         group_size: G >= 1.
         seeds: [G] reset seeds (each episode its own hidden state).
-        rng: the policy's sampling RNG.
+        rng: the rollout's RNG: one stream seed per episode is drawn from it (module docstring).
 
     Raises:
         ValueError: if ``len(seeds) != group_size``.
@@ -232,11 +253,12 @@ def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: ra
         raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
     counter = _Counter()
     episodes = []
-    for seed in seeds:
+    for seed, stream_seed in zip(seeds, episode_seeds(rng, group_size)):
         ep = Episode(seed=seed)
         episodes.append(ep)
         session = _start(env, policy, ep)
-        while session is not None and not _step(env, session, ep, rng, counter):
+        ep_rng = stream(stream_seed)
+        while session is not None and not _step(env, session, ep, ep_rng, counter):
             pass
     return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
 
@@ -263,7 +285,9 @@ def tree_rollout(
       is kept at each new maximum.
 
     Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's
-    ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards.
+    ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards. Base b samples (and
+    draws its uniform fork turn) from ``stream(s_b)``, its branch j from ``stream(s_b, j)``, ``s_b`` the b-th of
+    :func:`episode_seeds` of ``rng``.
 
     A fork that raises :class:`~envs.core.EnvInfraError` loses only the branches it would have started;
     the base and every other fork run on. Such branches are returned as episodes with no steps,
@@ -283,7 +307,9 @@ def tree_rollout(
     counter = _Counter()
     episodes: list[Episode] = []
     lost = 0
+    stream_seeds = episode_seeds(rng, n_base)
     for b, seed in enumerate(seeds):
+        base_rng = stream(stream_seeds[b])
         base = Episode(seed=seed, base=b, branch=0)
         session = _start(env, policy, base)
         if session is None:
@@ -298,7 +324,7 @@ def tree_rollout(
             take = False
             if branches > 1:
                 if fork_selection == "uniform":
-                    take = rng.random() * (turn + 1) < 1.0
+                    take = base_rng.random() * (turn + 1) < 1.0
                 else:
                     take = session.entropy() > best_entropy
             if take:
@@ -310,7 +336,7 @@ def tree_rollout(
                 checkpoint = (turn, forked[0] if forked else None, session.fork() if forked else None, base.reward)
                 if fork_selection == "entropy":
                     best_entropy = session.entropy()
-            done = _step(env, session, base, rng, counter)
+            done = _step(env, session, base, base_rng, counter)
             turn += 1
         episodes.append(base)
         if checkpoint is None:
@@ -332,7 +358,8 @@ def tree_rollout(
                 continue
             branch_env = envs_[j - 1]
             branch_session = fork_session if j == live else fork_session.fork()
-            while not _step(branch_env, branch_session, ep, rng, counter):
+            branch_rng = stream(stream_seeds[b], j)
+            while not _step(branch_env, branch_session, ep, branch_rng, counter):
                 pass
             branch_env.close()
     return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)

@@ -106,6 +106,10 @@ class TextTrainConfig(LoopConfig):
     temperature: float = setting(1.0, group="loop", help="sampling temperature (0: greedy)")
     top_p: float = setting(1.0, group="loop", help="nucleus sampling: sample from the smallest token set of this mass")
     max_new_tokens: int = setting(16, group="loop", help="token limit of one action")
+    sampler: str = setting("batched", choices=("batched", "serial"), group="loop",
+                           help="rollout sampling: batched (trainer/engine.py: every live episode advances together; "
+                                "the same episodes as serial for the same seeds) or serial (one session at a time)")
+    max_batch: int = setting(64, group="loop", help="batched sampling: most sequences in one forward pass (more wait)")
     eval_samples: int = setting(64, group="loop", help="held-out episodes of each periodic sampled evaluation")
     checkpoint: str | None = setting(None, flag="--model", aliases=("--checkpoint",), group="loop",
                                      help="the model to start from: RUN_DIR/sft.pt of forkyard sft, or a Hugging Face "
@@ -152,6 +156,8 @@ class TextTrainConfig(LoopConfig):
         super().validate()
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.lora_rank < 0 or not self.lora_alpha > 0:
             raise ValueError(f"lora_rank must be >= 0 and lora_alpha > 0, got {self.lora_rank} and {self.lora_alpha}")
         self.env_tools()  # --tools on an env without tool schemas: refused here, before any work
@@ -184,4 +190,5 @@ class EvalConfig(TextTrainConfig):
 
 #: The fields ``forkyard eval-lm`` takes.
 EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads",
+               "sampler", "max_batch",
                "max_obs_tokens", "tools")

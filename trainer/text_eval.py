@@ -37,7 +37,7 @@ import torch
 from envs.features import FiniteActions
 from trainer.loop import evaluation_resets, held_out_resets, make_env
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
-from trainer.rollout import EpisodeMetrics
+from trainer.rollout import Episode, EpisodeMetrics, _Counter, _step, episode_seeds, stream
 from trainer.tokenizer import model_tokenizer
 
 
@@ -46,7 +46,9 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     ClueProbe target, exactly), and sampled accuracy (the training temperature) over ``samples`` held-out
     seeds (10**9 + i, never used in training); share of invalid actions; the
     means of what the env reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
-    ``distinct_probes``, distinct probe calls per episode).
+    ``distinct_probes``, distinct probe calls per episode). Episode i samples from the i-th stream of
+    ``random.Random(12345)`` (:func:`trainer.rollout.episode_seeds`), batched through
+    :class:`trainer.engine.RolloutEngine` unless ``cfg.sampler == "serial"`` (the same episodes either way).
 
     Args:
         model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
@@ -61,7 +63,6 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
                                                    tools=cfg.env_tools()))
     sampled = TextPolicy(model, tok, cfg.sampling())
-    rng = random.Random(12345)
     out: dict[str, float] = {}
     n_held_out = samples or cfg.eval_samples
     for name, policy, resets in (
@@ -70,25 +71,36 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     ):
         total = invalid = actions = 0.0
         env_metrics = EpisodeMetrics()
-        for seed, options in resets:
-            obs, info = env.reset(seed=seed, options=options)
-            session = policy.session(obs, info)
-            while True:
-                step = session.act(rng)
-                obs, r, te, tr, info = env.step(step.action)
-                actions += 1
-                invalid += bool(info.get("invalid_action"))
-                total += r
-                if te or tr:
-                    env_metrics.add_info(info)
-                    break
-                session.observe(obs, info)
+        rng = random.Random(12345)  # one sampling stream per episode (trainer.rollout.episode_seeds)
+        if getattr(cfg, "sampler", "serial") == "batched":
+            from trainer.engine import RolloutEngine
+
+            episodes = RolloutEngine(cfg.max_batch).play(env, policy, resets, rng)
+        else:
+            episodes = [_play(env, policy, seed, options, stream(s))
+                        for (seed, options), s in zip(resets, episode_seeds(rng, len(resets)))]
+        for ep in episodes:
+            actions += len(ep.steps)
+            invalid += ep.invalid_actions
+            total += ep.reward
+            env_metrics.add(ep.env_metrics)
         n = max(len(resets), 1)
         out[f"{name}_accuracy"] = total / n
         out[f"{name}_invalid_share"] = invalid / max(actions, 1)
         out.update({f"{name}_{k}": v for k, v in env_metrics.means().items()})
     env.close()
     return out
+
+
+def _play(env, policy: TextPolicy, seed: int | None, options: dict | None, rng: random.Random) -> Episode:
+    """One episode, serial: ``env`` reset with ``seed`` and ``options``, actions sampled from ``rng``."""
+    ep = Episode(seed=seed)
+    obs, info = env.reset(seed=seed, options=options)
+    session = policy.session(obs, info)
+    counter = _Counter()
+    while not _step(env, session, ep, rng, counter):
+        pass
+    return ep
 
 
 def action_probabilities(policy: TextPolicy, context: list[int], actions: list[str],

@@ -228,6 +228,10 @@ class TextPolicy:
         sampling: a :class:`SamplingConfig`.
     """
 
+    #: batched rollouts for this policy (a :class:`trainer.engine.RolloutEngine`), or None: the serial loops of
+    #: :mod:`trainer.rollout` (:func:`trainer.loop.collect` reads it).
+    engine = None
+
     def __init__(self, model, tokenizer: ByteTokenizer | None = None, sampling: SamplingConfig | None = None):
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
@@ -346,6 +350,16 @@ class TextSession:
                     out, self._past = model(torch.tensor([[i]], device=self.policy.device), self._past)
                     self._cached += 1
                     logits = out[0, -1]
+        return self.finish(context, ws, gen, logps, ents, stop)
+
+    def finish(self, context: list[int], ws: int, gen: list[int], logps: list[float], ents: list[float],
+               stop: str) -> Step:
+        """Close the turn after sampling ``gen`` from ``context`` (window start ``ws``) with behavior log-probs
+        ``logps`` and entropies ``ents`` (nats), stopped by ``stop``: append the ids (and the template's
+        ``<|end|>`` unless generated) and return the :class:`Step` (:meth:`act`; the batched engine,
+        :mod:`trainer.engine`, samples the same way and closes turns here)."""
+        sc = self.policy.sampling
+        tok = self.policy.tok
         self.ids += gen
         self.mask += [1] * len(gen)
         if stop != "eot":  # the template closes the turn; the policy did not write this token
@@ -355,24 +369,28 @@ class TextSession:
         text = self.policy.to_action(tok.decode([i for i in gen if i != tok.eot_id]))
         legal = None if self.legal_actions is None else is_legal_action(text, self.legal_actions)
         record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal)
-        step = Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record)
-        return step
+        return Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record)
 
     # ------------------------------------------------------------------ internals
     def _temp(self) -> float:
         t = self.policy.sampling.temperature
         return 1.0 if t == 0 else t
 
+    def _pending(self) -> list[int]:
+        """The ids the KV cache lacks: set the window start for this turn (the cache dropped when the window
+        moved) and return ``ids[window start + cached:]``."""
+        ctx = self.policy.model.config.context
+        ws = max(0, len(self.ids) + self.policy.sampling.max_new_tokens - ctx)
+        if ws != self._ws or self._past is None or ws + self._cached >= len(self.ids):
+            self._past, self._cached, self._ws = None, 0, ws
+        return self.ids[ws + self._cached:]
+
     def _prefill(self) -> torch.Tensor:
         """Bring the KV cache up to the end of the history (within the window); return the [V] logits."""
         if self._next_logits is not None:
             return self._next_logits
         model = self.policy.model
-        ctx = model.config.context
-        ws = max(0, len(self.ids) + self.policy.sampling.max_new_tokens - ctx)
-        if ws != self._ws or self._past is None or ws + self._cached >= len(self.ids):
-            self._past, self._cached, self._ws = None, 0, ws
-        new = self.ids[ws + self._cached:]
+        new = self._pending()
         with torch.no_grad():
             out, self._past = model(torch.tensor([new], device=self.policy.device), self._past)
         if self._past is None:

@@ -4,9 +4,11 @@ training loop (:func:`trainer.loop.train_loop`), usually from an SFT checkpoint 
 One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, the shaping and the hooks):
 
 1. Rollout with the sampling policy (:class:`trainer.text_policy.TextPolicy`): a tree-fork rollout
-   (``n_base`` bases x ``branches``) or a group of ``group_size`` independent episodes, through the same
-   :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` as the tabular policy;
-   optionally the invalid-action penalty (:func:`apply_invalid_penalty`).
+   (``n_base`` bases x ``branches``) or a group of ``group_size`` independent episodes, batched across every
+   live episode by :class:`trainer.engine.RolloutEngine` (``--sampler batched``, the default), or one session at
+   a time through the same :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` as the
+   tabular policy (``--sampler serial``): the same episodes for the same seeds; optionally the invalid-action
+   penalty (:func:`apply_invalid_penalty`).
 2. Per-step advantages from the registered estimators (:func:`trainer.estimators.step_advantages`),
    broadcast over that step's generated tokens.
 3. Rows (:func:`build_batch`): one token row per episode or branch, exactly the ids it sampled and was
@@ -166,10 +168,16 @@ class PPOTextPolicy(TextPolicy):
 
     @classmethod
     def from_config(cls, model, cfg: TextTrainConfig) -> "PPOTextPolicy":
-        """The policy ``cfg`` describes, around ``model`` (its ``tokenizer`` attribute, or bytes)."""
-        return cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
-                   ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
-                   ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm)
+        """The policy ``cfg`` describes, around ``model`` (its ``tokenizer`` attribute, or bytes); it samples
+        through the batched engine (:class:`trainer.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
+        policy = cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
+                     ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
+                     ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm)
+        if cfg.sampler == "batched":
+            from trainer.engine import RolloutEngine
+
+            policy.engine = RolloutEngine(cfg.max_batch)
+        return policy
 
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
         """``entropy`` (nats, mean over every generated token), ``response_length`` (tokens per action) and

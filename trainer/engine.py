@@ -1,0 +1,385 @@
+"""Batched rollouts for the text policy: every live episode of a rollout advances together.
+
+:class:`RolloutEngine` runs the group and tree rollouts of :mod:`trainer.rollout` (same arguments, same
+:class:`~trainer.rollout.Rollout`) in waves. A wave takes up to ``max_batch`` live episode branches (more
+wait for the next wave), brings their KV caches up to date in batched prefills (each row's new context: the
+end of its last action and the observation since; rows bucketed by its length, right-padded, with a slot mask
+and per-row positions, :meth:`trainer.lm.TinyCausalLM.forward` / :meth:`trainer.hf.HFCausalLM.forward`),
+then samples the next action of every row with one batched decode step per token, rows leaving the batch as
+they stop (end-of-turn token, stop string, ``max_new_tokens``); then the env steps of the wave run, one after
+another, in-process. Decoding is what batching makes cheaper; the prefill is the same work as the serial
+loop's (docs/performance.md: what bounds the speed-up; ``benchmarks/bench_rollout.py``).
+
+Same episodes as the serial loops: each row samples from its own episode stream
+(:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text_policy.TextSession.act` (tempered,
+suppressed log-softmax, inverse-CDF draw from one ``rng.random()`` per token, top-p nucleus), the window
+(left truncation) and the prefill chunks are the serial session's, and turns are closed by
+:meth:`~trainer.text_policy.TextSession.finish`. So the same seeds give the same episodes batched or one at a
+time; what padding changes is the reduction order of float sums (tested on CPU in float32: sampled ids
+equal, behavior log-probs within 1e-5). Each episode gets its own env: ``env.fork(n)`` copies, each reset with
+its episode's seed (``reset(seed=s)`` of a copy is a fresh env's episode for ``s``; these copies are not
+counted in :attr:`Rollout.forks`, which counts the tree's forks as the serial loop does).
+
+Tree rollouts: the bases run together, drawing their uniform fork turns from their own streams before each
+action as the serial loop does (entropy selection reads the prefilled logits); at its fork turn a base's
+session is snapshotted with its KV cache after the prefill (:meth:`~trainer.text_policy.TextSession.fork`:
+the cache tensors are shared, never mutated), and the branches of every base then run together from those
+snapshots: the common prefix is never recomputed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
+from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
+                             episode_seeds, stream)
+from trainer.text_policy import TextSession, _sample_index, policy_log_softmax
+
+#: Default cap on the rows sampled at once (sequences in one batched forward).
+MAX_BATCH = 64
+
+
+@dataclass
+class _Row:
+    """One live episode branch: its env, policy session, episode record and sampling stream."""
+
+    env: object
+    session: TextSession
+    ep: Episode
+    rng: random.Random
+    done: bool = False
+    turn: int = 0
+    checkpoint: tuple | None = None  # tree base: (turn, env copy or None, session copy, prefix reward)
+    best_entropy: float = float("-inf")
+
+
+def _row_cache(cache, r: int, mask_row: torch.Tensor):
+    """Row ``r`` of a batched cache (its first ``len(mask_row)`` slots), its real slots only, copied:
+    [(k [1, H, L, dh], v), ...] per layer."""
+    n = mask_row.numel()
+    idx = mask_row.nonzero().squeeze(1)
+    if idx.numel() == n:
+        return [(k[r:r + 1, :, :n].clone(), v[r:r + 1, :, :n].clone()) for k, v in cache]
+    return [(k[r:r + 1, :, idx], v[r:r + 1, :, idx]) for k, v in cache]
+
+
+def _batch_cache(sessions: list[TextSession], device, room: int = 0):
+    """The sessions' caches right-padded into one, with ``room`` free slots after them: ``(cache or None,
+    mask [B, L] bool)``."""
+    lens = [s._cached if s._past is not None else 0 for s in sessions]
+    width = max(lens)
+    mask = torch.arange(width, device=device)[None] < torch.tensor(lens, device=device)[:, None]
+    if width == 0:
+        return None, mask
+    ref = next(s._past for s in sessions if s._past is not None)
+    cache = []
+    for layer, (k0, v0) in enumerate(ref):
+        k = k0.new_zeros(len(sessions), k0.shape[1], width + room, k0.shape[3])
+        v = v0.new_zeros(len(sessions), v0.shape[1], width + room, v0.shape[3])
+        for r, s in enumerate(sessions):
+            if lens[r]:
+                k[r, :, :lens[r]] = s._past[layer][0][0]
+                v[r, :, :lens[r]] = s._past[layer][1][0]
+        cache.append((k, v))
+    return cache, mask
+
+
+def _buckets(rows: list, size) -> list[list]:
+    """``rows`` sorted by ``size`` and cut into runs whose largest size is at most 1.25x the smallest + 8 (the
+    padding of one batched forward stays bounded)."""
+    out: list[list] = []
+    for r in sorted(rows, key=size):
+        if out and size(r) <= 1.25 * size(out[-1][0]) + 8:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def prefill(sessions: list[TextSession]) -> None:
+    """Bring every session's KV cache up to the end of its history in batched forwards (sessions with logits
+    already computed are left alone): sets ``_past``, ``_cached`` and ``_next_logits`` [V] as
+    :meth:`TextSession._prefill` would. Rows are bucketed by the length of their new context; rows without a
+    cache (a new episode, or a window that moved) run without a mask (right padding: a real token never sees a
+    padding slot), the others with a slot mask over their right-padded caches."""
+    todo = [(s, s._pending()) for s in sessions if s._next_logits is None]
+    fresh = [x for x in todo if x[0]._past is None]
+    for part in (fresh, [x for x in todo if x[0]._past is not None]):
+        for bucket in _buckets(part, lambda x: len(x[1])):
+            _prefill_rows([x[0] for x in bucket], [x[1] for x in bucket])
+
+
+def _prefill_rows(todo: list[TextSession], news: list[list[int]]) -> None:
+    policy = todo[0].policy
+    device, pad, ctx = policy.device, policy.tok.pad_id, policy.model.config.context
+    width = max(len(n) for n in news)
+    ids = torch.tensor([n + [pad] * (width - len(n)) for n in news], dtype=torch.long, device=device)
+    past, mask = _batch_cache(todo, device)
+    real = torch.arange(width, device=device)[None] < torch.tensor([len(n) for n in news], device=device)[:, None]
+    mask = torch.cat([mask, real], 1)
+    last = torch.tensor([len(n) - 1 for n in news], device=device)
+    at = {"logits_at": last} if getattr(policy.model, "in_place_cache", False) else {}  # TinyCausalLM's
+    with torch.no_grad():
+        if past is None:  # causal attention over right padding: the real tokens never see a padding slot
+            out, cache = policy.model(ids, **at)
+        else:
+            base = torch.tensor([s._cached for s in todo], device=device)[:, None]
+            positions = (base + torch.arange(width, device=device)[None]).clamp(max=ctx - 1)
+            out, cache = policy.model(ids, past, mask=mask, positions=positions, **at)
+    out = out[:, 0] if at else out[torch.arange(len(todo), device=device), last]
+    if cache is None:
+        raise RuntimeError("the model returned no KV cache (a Hugging Face model in training mode): sample in "
+                           "eval mode, model.eval()")
+    for r, (s, n) in enumerate(zip(todo, news)):
+        s._past = _row_cache(cache, r, mask[r])
+        s._cached += len(n)
+        s._next_logits = out[r]
+
+
+def _draw(logp: torch.Tensor, rows: list[_Row], temperature: float, top_p: float) -> list[int]:
+    """One token per row of ``logp`` [B, V], as :meth:`TextSession.act` draws it (one ``rng.random()`` per
+    sampled token from the row's stream; argmax at temperature 0)."""
+    if temperature == 0:
+        return logp.argmax(-1).tolist()
+    probs = logp.exp()
+    us = [r.rng.random() for r in rows]
+    if top_p < 1.0:
+        return [_sample_index(probs[b], top_p, u) for b, u in enumerate(us)]
+    cdf = probs.cumsum(-1)
+    u = torch.tensor(us, dtype=torch.float64, device=cdf.device)
+    target = (u * cdf[:, -1].double()).to(cdf.dtype)
+    j = torch.searchsorted(cdf, target[:, None]).squeeze(1)
+    return j.clamp(max=probs.shape[1] - 1).tolist()
+
+
+def generate(rows: list[_Row]) -> list[Step]:
+    """Sample the next action of every row (their caches prefilled, :func:`prefill`) with one batched decode
+    step per token; returns one :class:`Step` per row, each session's turn closed as
+    :meth:`TextSession.act` closes it. With a model that writes its cache in place (``in_place_cache``:
+    :class:`trainer.lm.TinyCausalLM`) the batch cache is allocated once and rows that stopped stay in the batch
+    (fed padding) until a quarter of it has stopped; otherwise the cache grows by concatenation and stopped
+    rows leave at once."""
+    sessions = [r.session for r in rows]
+    policy = sessions[0].policy
+    sc, tok, model, device = policy.sampling, policy.tok, policy.model, policy.device
+    suppress, ctx = tok.suppressed_ids, model.config.context
+    in_place = getattr(model, "in_place_cache", False)
+    contexts = [list(s.ids) for s in sessions]
+    wss = [s._ws for s in sessions]
+    gens: list[list[int]] = [[] for _ in rows]
+    logps: list[list[float]] = [[] for _ in rows]
+    ents: list[list[float]] = [[] for _ in rows]
+    stops = ["max_tokens"] * len(rows)
+    batch = list(range(len(rows)))  # the session of each batch row
+    live = [True] * len(rows)  # per batch row: still sampling
+    logits = torch.stack([s._next_logits for s in sessions])
+    past, mask = _batch_cache(sessions, device, sc.max_new_tokens if in_place else 0)
+    fill = mask.shape[1]
+    if in_place:
+        mask = torch.cat([mask, mask.new_zeros(len(rows), sc.max_new_tokens)], 1)
+    with torch.no_grad():
+        for n in range(sc.max_new_tokens):
+            on = [b for b in range(len(batch)) if live[b]]
+            logp = policy_log_softmax(logits if len(on) == len(batch) else logits[on], sc.temperature, suppress)
+            picks = _draw(logp, [rows[batch[b]] for b in on], sc.temperature, sc.top_p)
+            lp = logp.gather(1, torch.tensor(picks, device=device)[:, None]).squeeze(1).tolist()
+            ent = (-(logp.exp() * logp).sum(-1)).tolist()
+            feed = [tok.pad_id] * len(batch)
+            for j, b in enumerate(on):
+                a, i = batch[b], picks[j]
+                gens[a].append(i)
+                logps[a].append(lp[j])
+                ents[a].append(ent[j])
+                if i == tok.eot_id:
+                    stops[a] = "eot"
+                elif sc.stop_strings and any(tok.decode(gens[a]).endswith(s) for s in sc.stop_strings):
+                    stops[a] = "stop_string"
+                elif n + 1 < sc.max_new_tokens:
+                    feed[b] = i
+                    continue
+                live[b] = False  # the row stops: its cache as the serial session holds it
+                sessions[a]._past = _row_cache(past, b, mask[b, :fill])
+            keep = [b for b in range(len(batch)) if live[b]]
+            if not keep:
+                break
+            if not in_place or len(keep) <= 0.75 * len(batch):  # stopped rows leave the batch
+                sel = torch.tensor(keep, device=device)
+                past = [(k[sel], v[sel]) for k, v in past]
+                mask = mask[sel]
+                batch, live, feed = [batch[b] for b in keep], [True] * len(keep), [feed[b] for b in keep]
+            positions = torch.tensor([min(sessions[a]._cached, ctx - 1) for a in batch], device=device)[:, None]
+            ids = torch.tensor(feed, device=device)[:, None]
+            if in_place:
+                mask[:, fill] = True
+                out, past = model(ids, past, mask=mask[:, :fill + 1], positions=positions, fill=fill)
+            else:
+                mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=torch.bool, device=device)], 1)
+                out, past = model(ids, past, mask=mask, positions=positions)
+            fill += 1
+            for b, a in enumerate(batch):
+                if live[b]:
+                    sessions[a]._cached += 1
+            logits = out[:, -1]
+    return [s.finish(contexts[a], wss[a], gens[a], logps[a], ents[a], stops[a]) for a, s in enumerate(sessions)]
+
+
+def _env_step(row: _Row, step: Step, counter: _Counter) -> None:
+    """The env step of ``step`` for ``row`` (as :func:`trainer.rollout._step` takes it); marks the row done
+    when its episode ended."""
+    ep = row.ep
+    ep.steps.append(step)
+    counter.env_calls += 1
+    row.turn += 1
+    try:
+        obs, reward, terminated, truncated, info = row.env.step(step.action)
+    except EnvInfraError:
+        ep.infra_failure, ep.reason, row.done = True, "infra_error", True
+        return
+    ep.reward += reward
+    ep.invalid_actions += bool(info.get("invalid_action"))
+    if terminated or truncated:
+        ep.reason = info.get("termination_reason")
+        ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
+        ep.env_metrics = info.get(EPISODE_METRICS)
+        row.done = True
+        return
+    row.session.observe(obs, info)
+
+
+class RolloutEngine:
+    """Batched group and tree rollouts of a :class:`trainer.text_policy.TextPolicy` (module docstring).
+
+    Args:
+        max_batch: most rows sampled in one batched forward (>= 1); rows past it wait for the next wave.
+
+    Raises:
+        ValueError: ``max_batch < 1``.
+    """
+
+    def __init__(self, max_batch: int = MAX_BATCH):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+
+    def _run(self, rows: list[_Row], counter: _Counter, before_act=None) -> None:
+        """Advance ``rows`` wave by wave until every episode has ended."""
+        live = [r for r in rows if not r.done]
+        while live:
+            for i in range(0, len(live), self.max_batch):
+                wave = live[i:i + self.max_batch]
+                prefill([r.session for r in wave])
+                if before_act is not None:
+                    for r in wave:
+                        before_act(r)
+                for r, step in zip(wave, generate(wave)):
+                    _env_step(r, step, counter)
+            for r in live:
+                if r.done:
+                    r.env.close()
+            live = [r for r in live if not r.done]
+
+    def _start(self, env, policy, episodes: list[Episode], rngs: list[random.Random],
+               options: list | None = None) -> list[_Row]:
+        """One env copy per episode (``env.fork``), reset with its seed (and ``options``), and its session; an
+        episode whose copy or reset failed through the infrastructure is marked lost and gets no row."""
+        try:
+            copies = env.fork(len(episodes))
+        except EnvInfraError:
+            copies = [None] * len(episodes)
+        rows = []
+        for ep, rng, e, opt in zip(episodes, rngs, copies, options or [None] * len(episodes)):
+            try:
+                if e is None:
+                    raise EnvInfraError("env copy failed")
+                obs, info = e.reset(seed=ep.seed, options=opt)
+            except EnvInfraError:
+                ep.infra_failure, ep.reason = True, "infra_error"
+                if e is not None:
+                    e.close()
+                continue
+            rows.append(_Row(e, policy.session(obs, info), ep, rng))
+        return rows
+
+    def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
+        """:func:`trainer.rollout.group_rollout`, batched (same arguments, returns and errors)."""
+        if len(seeds) != group_size:
+            raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
+        counter = _Counter()
+        episodes = [Episode(seed=s) for s in seeds]
+        rows = self._start(env, policy, episodes, [stream(s) for s in episode_seeds(rng, group_size)])
+        self._run(rows, counter)
+        return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
+
+    def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
+        """Independent episodes, the i-th reset with ``resets[i]`` = ``(seed, options)`` and sampled from the
+        i-th stream of ``rng`` (:func:`trainer.rollout.episode_seeds`), batched; the evaluations of
+        :mod:`trainer.text_eval`. Returns the episodes in order."""
+        episodes = [Episode(seed=seed) for seed, _ in resets]
+        rows = self._start(env, policy, episodes, [stream(s) for s in episode_seeds(rng, len(resets))],
+                           [opt for _, opt in resets])
+        self._run(rows, _Counter())
+        return episodes
+
+    def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random,
+                     fork_selection: str = "uniform") -> Rollout:
+        """:func:`trainer.rollout.tree_rollout`, batched (same arguments, returns, episode order and errors)."""
+        if fork_selection not in FORK_SELECTIONS:
+            raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
+        if n_base < 1 or branches < 1 or len(seeds) != n_base:
+            raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, "
+                             f"{len(seeds)}")
+        counter = _Counter()
+        stream_seeds = episode_seeds(rng, n_base)
+        bases = [Episode(seed=s, base=b, branch=0) for b, s in enumerate(seeds)]
+        rows = self._start(env, policy, bases, [stream(s) for s in stream_seeds])
+
+        def before_act(row: _Row) -> None:  # the serial loop's fork-turn choice, before the action's draws
+            if branches == 1:
+                return
+            if fork_selection == "uniform":
+                take = row.rng.random() * (row.turn + 1) < 1.0
+            else:
+                entropy = row.session.entropy()
+                take = entropy > row.best_entropy
+            if take:
+                if row.checkpoint is not None and row.checkpoint[1] is not None:
+                    row.checkpoint[1].close()
+                forked = _fork(row.env, 1, counter)
+                row.checkpoint = (row.turn, forked[0] if forked else None, row.session.fork() if forked else None,
+                                  row.ep.reward)
+                if fork_selection == "entropy":
+                    row.best_entropy = entropy
+
+        self._run(rows, counter, before_act)
+        by_base = {r.ep.base: r for r in rows}
+        episodes: list[Episode] = []
+        branch_rows: list[_Row] = []
+        lost = 0
+        for b, base in enumerate(bases):
+            episodes.append(base)
+            row = by_base.get(b)
+            if row is None or row.checkpoint is None:
+                continue
+            t, fork_env, fork_session, prefix_reward = row.checkpoint
+            envs_: list = []
+            if fork_env is not None:
+                base.fork_turn = t
+                envs_ = [fork_env]
+                if branches > 2:
+                    envs_ += _fork(fork_env, branches - 2, counter) or []
+            live = len(envs_)
+            for j in range(1, branches):
+                ep = Episode(seed=base.seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
+                episodes.append(ep)
+                if j > live:
+                    ep.infra_failure, ep.reason = True, "infra_error"
+                    lost += 1
+                    continue
+                session = fork_session if j == live else fork_session.fork()
+                branch_rows.append(_Row(envs_[j - 1], session, ep, stream(stream_seeds[b], j), turn=t))
+        self._run(branch_rows, counter)
+        return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)
