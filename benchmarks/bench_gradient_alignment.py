@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from trainer.lm import load_checkpoint
+from trainer.checkpoints import load_checkpoint
 from trainer.loop import make_env
 from trainer.losses import PPOConfig, ppo_loss
 from trainer.stats import standard_error

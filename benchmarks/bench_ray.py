@@ -35,7 +35,8 @@ import ray  # noqa: E402
 from sandbox_server.ray_nodes import NodeHost, alive_nodes, node_name, start_hosts  # noqa: E402
 from trainer.cluster import RayCollector, connect, task_rng  # noqa: E402
 from trainer.estimators import step_advantages  # noqa: E402
-from trainer.loop import make_env, training_seeds  # noqa: E402
+from trainer.loop import make_env  # noqa: E402
+from trainer.rollout import training_seeds  # noqa: E402
 from trainer.rollout import tree_rollout  # noqa: E402
 from trainer.tabular import TabularPolicy  # noqa: E402
 from trainer.train import TrainConfig  # noqa: E402

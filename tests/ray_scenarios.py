@@ -21,7 +21,8 @@ from ray.cluster_utils import Cluster
 from envs.core import EnvInfraError
 from sandbox_server.ray_nodes import ClusterEnv, NodeHost, alive_nodes, make, node_name, start_hosts
 from trainer.cluster import RayCollector, task_rng
-from trainer.loop import make_env, train_loop, training_seeds
+from trainer.loop import make_env, train_loop
+from trainer.rollout import training_seeds
 from trainer.rollout import tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.train import TrainConfig
@@ -207,7 +208,7 @@ def scenario_front(out: dict[str, Any]) -> None:
     expected = [fixed_actions(local, 3, seed) for seed in (4, 9, 13)]
     local.close()
     envs_ = [gym.make("forkyard/FileQA-v0", backend="ray:auto").unwrapped for _ in range(3)]
-    out["in_process"] = [fixed_actions(e, 3, seed) for e, seed in zip(envs_, (4, 9, 13))]
+    out["in_process"] = [fixed_actions(e, 3, seed) for e, seed in zip(envs_, (4, 9, 13), strict=True)]
     out["expected"] = expected
     from sandbox_server.embedded import shared_provider
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trainer.estimators import Assigned
-from trainer.lm import LMConfig, TinyCausalLM, load_checkpoint, save_checkpoint
+from trainer.checkpoints import load_checkpoint, save_checkpoint
+from trainer.lm import LMConfig, TinyCausalLM
 from trainer.loop import collect, make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_policy import token_logprobs
@@ -139,6 +140,6 @@ def test_gradient_checkpointing_still_recomputes_with_dropout_off(tok, tmp_path)
             logp, _, _ = token_logprobs(m, ids, suppress=model_tokenizer(m).suppressed_ids)
             logp.sum().backward()
     assert len(calls) == 2  # forward, then the recomputation in the backward pass
-    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
     assert _first_epoch_dev(ckpt) < 1e-5

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +15,8 @@ pytest.importorskip("transformers", reason="the hf extra is not installed (make 
 
 from tests.docker_support import ROOT  # noqa: E402
 from trainer.hf import HFCausalLM, HFTokenizerAdapter, build_llama, hf_tokenizer, load_folder  # noqa: E402
-from trainer.lm import LMConfig, load_checkpoint, save_checkpoint  # noqa: E402
+from trainer.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
+from trainer.lm import LMConfig  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.losses import ppo_loss  # noqa: E402
 from trainer.rollout import tree_rollout  # noqa: E402
@@ -47,7 +47,7 @@ def test_the_adapter_never_modifies_a_cache_it_was_given(model, tok):
         a, _ = model(ids[:, 10:], past)  # two continuations from one prefix, as forked sessions do
         b, _ = model(ids[:, 10:], past)
     assert torch.allclose(a, full[:, 10:], atol=1e-5) and torch.equal(a, b)
-    assert all(torch.equal(k, k0) for (k, _), k0 in zip(past, before))
+    assert all(torch.equal(k, k0) for (k, _), k0 in zip(past, before, strict=True))
     assert model.config.context == 256 and model.config.vocab_size == tok.vocab_size
     with pytest.raises(ValueError, match="exceed the model context"):
         model(torch.zeros(1, 257, dtype=torch.long))
@@ -135,7 +135,9 @@ def test_sampled_ids_are_trained_and_the_first_ratio_is_one(model, tok):
     steps = ro.steps
     advs = [(-1.0) ** i for i in range(len(steps))]
     batch = build_batch(ro, steps, advs, tok.pad_id, "cpu")  # raises if a trained id is not the sampled one
-    trained = [i for row, m in zip(batch.rows, batch.mask.tolist()) for i, k in zip(row, m) if k]
+    # batch.rows are unpadded, the mask is padded to the widest row: the inner zip stops at the row's end
+    trained = [i for row, m in zip(batch.rows, batch.mask.tolist(), strict=True)
+               for i, k in zip(row, m, strict=False) if k]
     assert trained == [i for e in ro.episodes for s in e.steps for i in s.data.action_ids]
     model.train()
     logp, _, _ = token_logprobs(model, batch.ids, suppress=tok.suppressed_ids)
@@ -175,7 +177,8 @@ def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     train("lora", "--lora-rank", "4", "--gradient-checkpointing", "--lr", "1e-2")
     lora = load_checkpoint(str(tmp_path / "lora" / "model"), device="cpu")
     assert torch.equal(lora.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)
-    q_after, q_before = lora.hf.model.layers[0].self_attn.q_proj.weight, before.hf.model.layers[0].self_attn.q_proj.weight
+    q_after = lora.hf.model.layers[0].self_attn.q_proj.weight
+    q_before = before.hf.model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(q_after, q_before)
 
 
@@ -197,7 +200,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok):
     assert ckpt.hf.is_activation_checkpointing and not plain.hf.is_activation_checkpointing
     for m in (plain, ckpt):
         _sft_loss(m, tok).backward()
-    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
     with torch.no_grad():  # sampling (eval mode) still gets its KV cache
         logits, past = ckpt.eval()(torch.tensor([tok.encode("probe(1)")]))
@@ -323,7 +326,7 @@ def test_a_users_chat_template_renders_the_prompt_with_the_env_tools(tmp_path):
     assert fast.decode(template.first(first), skip_special_tokens=False) == prompt
     # system, user, 3 assistant and 2 tool turns: the <|im_start|> text inside an observation stays text
     assert ids.count(fast.convert_tokens_to_ids("<|im_start|>")) == 1 + 1 + 3 + 2
-    assert fast.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False) == \
+    assert fast.decode([i for i, m in zip(ids, mask, strict=True) if m], skip_special_tokens=False) == \
         "".join(a + "<|im_end|>" for a, _ in turns)
     # the policy samples in that template, maps the tool calls it writes, and ends a turn at <|im_end|>
     pol = TextPolicy(model, tok, SamplingConfig(max_new_tokens=6, tools=tuple(tools)))
@@ -373,9 +376,9 @@ def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
     # an untrained model writes a legal action with tiny probability: no pruning, so the paths are walked
     _, grads = exact_policy_gradient(lora, TextTrainConfig(turns=2, max_new_tokens=8), min_path_prob=0.0)
     named = [(n, p.requires_grad) for n, p in lora.named_parameters()]
-    assert all(not g.any() for (n, trainable), g in zip(named, grads) if not trainable)
+    assert all(not g.any() for (n, trainable), g in zip(named, grads, strict=True) if not trainable)
     # B starts at zero, so the gradient reaches B (not yet A)
-    assert any(g.any() for (n, trainable), g in zip(named, grads) if trainable and "lora_B" in n)
+    assert any(g.any() for (n, trainable), g in zip(named, grads, strict=True) if trainable and "lora_B" in n)
 
 
 def test_the_kl_reference_of_a_lora_model_is_its_base_without_a_copy(tok):

@@ -41,7 +41,8 @@ def _episodes(model, n, seed):
             step = session.act(rng)
             steps.append(step)
             ids = step.data.action_ids
-            canonical &= step.action in vocabulary and step.data.stop == "eot" and ids[:-1] == model.tokenizer.encode(step.action)
+            canonical &= (step.action in vocabulary and step.data.stop == "eot"
+                          and ids[:-1] == model.tokenizer.encode(step.action))
             obs, r, te, tr, info = env.step(step.action)
             ret += r
             if te or tr:
@@ -105,7 +106,7 @@ def test_eval_lm_command_reads_a_checkpoint_file(model, tmp_path, capsys):
     import json
 
     from trainer.cli import main
-    from trainer.lm import save_checkpoint
+    from trainer.checkpoints import save_checkpoint
 
     path = tmp_path / "model.pt"
     save_checkpoint(model, str(path), tokenizer=model.tokenizer)
@@ -130,14 +131,14 @@ def test_exact_policy_gradient_matches_a_central_finite_difference(model):
     k = max(range(len(grads)), key=lambda i: grads[i].numel() if grads[i].dim() == 2 else 0)
     part = [g / float(g.norm()) if i == k else torch.zeros_like(g) for i, g in enumerate(grads)]
     for direction in ([g / norm for g in grads], part):
-        expected = sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, direction))
+        expected = sum(float((g.double() * d.double()).sum()) for g, d in zip(grads, direction, strict=True))
         eps, values = 1e-3, []
         for sign in (1, -1):
             with torch.no_grad():
-                for p, d in zip(params, direction):
+                for p, d in zip(params, direction, strict=True):
                     p.add_(sign * eps * d)
             values.append(exact_success(model, CFG, resets, min_path_prob=1e-4)["success"])
             with torch.no_grad():
-                for p, d in zip(params, direction):
+                for p, d in zip(params, direction, strict=True):
                     p.sub_(sign * eps * d)
         assert (values[0] - values[1]) / (2 * eps) == pytest.approx(expected, rel=0.05, abs=1e-4)

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.lm import ByteTokenizer, LMConfig, build_model, load_checkpoint, save_checkpoint
+from trainer.checkpoints import load_checkpoint, save_checkpoint
+from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -68,8 +69,8 @@ def test_checkpoint_carries_the_tokenizer(tmp_path, tok):
     assert loaded.tokenizer.encode(text) == tok.encode(text)
     assert loaded.tokenizer.vocab_size == tok.vocab_size == loaded.config.vocab_size
     old = tmp_path / "old.pt"  # written before tokenizers were stored: byte-level
-    torch.save({"config": LMConfig(d_model=32, n_layers=1, n_heads=2).to_dict(),
-                "state_dict": build_model(LMConfig(d_model=32, n_layers=1, n_heads=2), "cpu").state_dict(), "extra": {}}, old)
+    small = LMConfig(d_model=32, n_layers=1, n_heads=2)
+    torch.save({"config": small.to_dict(), "state_dict": build_model(small, "cpu").state_dict(), "extra": {}}, old)
     assert isinstance(load_checkpoint(str(old), "cpu").tokenizer, ByteTokenizer)
 
 

@@ -87,7 +87,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _rollout_openai(args: argparse.Namespace) -> int:
     import random
 
-    from trainer.loop import env_id_arg, make_env, training_seeds
+    from trainer.loop import env_id_arg, make_env
+    from trainer.rollout import training_seeds
     from trainer.openai_rollout import OpenAIPolicy, episode_rows, require_token_ids
     from trainer.rollout import group_rollout, tree_rollout
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from envs.core import EnvInfraError
 from sandbox_server.ray_nodes import ClusterEnv, NodeHost, is_node_loss, require_ray, start_hosts
-from trainer.rollout import Episode, Rollout, group_rollout, tree_rollout
+from trainer.rollout import Episode, Rollout, group_rollout, training_seeds, tree_rollout
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +219,6 @@ class RayCollector:
                                    max_concurrency=8 + self.cfg.max_staleness)
 
     def _submit(self, it: int, version: int) -> None:
-        from trainer.loop import training_seeds
-
         ray = require_ray()
         cfg = self.cfg
         n = cfg.n_base if self.kind == "tree" else cfg.group_size

@@ -260,37 +260,3 @@ def build_model(cfg: LMConfig | None = None, device: str = "auto", dtype: str = 
         torch.manual_seed(seed)
         model = TinyCausalLM(cfg)
     return model.to(device=resolve_device(device), dtype=getattr(torch, dtype))
-
-
-def save_checkpoint(model, path: str, tokenizer=None, **extra) -> str:
-    """Save the weights, the :class:`LMConfig`, the tokenizer (its ``to_json``; None: byte-level) and
-    ``extra`` JSON-able metadata to ``path``. A Hugging Face model (:class:`trainer.hf.HFCausalLM`) is saved
-    as a model folder instead, ``path`` without its ``.pt`` (:func:`trainer.hf.save_folder`). Returns the
-    path written."""
-    if hasattr(model, "hf"):
-        from trainer.hf import save_folder
-
-        return str(save_folder(model, path[:-3] if path.endswith(".pt") else path, **extra))
-    blob = {"config": model.config.to_dict(), "state_dict": model.state_dict(), "extra": extra,
-            "tokenizer": tokenizer.to_json() if tokenizer is not None else None}
-    torch.save(blob, path)
-    return path
-
-
-def load_checkpoint(path: str, device: str = "auto", dtype: str = "float32"):
-    """Inverse of :func:`save_checkpoint` (weights only; the file holds no code). The model comes back with
-    its tokenizer as ``model.tokenizer`` (a :class:`ByteTokenizer` for checkpoints that stored none). A
-    folder is a Hugging Face model folder (:func:`trainer.hf.load_folder`)."""
-    from pathlib import Path
-
-    from trainer.tokenizer import tokenizer_from_json
-
-    if Path(path).is_dir():
-        from trainer.hf import load_folder
-
-        return load_folder(path, device, dtype)
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyCausalLM(LMConfig(**blob["config"]))
-    model.load_state_dict(blob["state_dict"])
-    model.tokenizer = tokenizer_from_json(blob.get("tokenizer"))
-    return model.to(device=resolve_device(device), dtype=getattr(torch, dtype))

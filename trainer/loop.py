@@ -69,6 +69,7 @@ from trainer.rollout import (
     EpisodeMetrics,
     Rollout,
     group_rollout,
+    training_seeds,
     tree_rollout,
 )
 
@@ -495,11 +496,6 @@ def write_summary(out: Path | None, evaluation: dict[str, float], wall_s: float,
     """``RUN_DIR/summary.json``: the final evaluation, wall seconds and warnings (nothing when ``out`` is None)."""
     if out:
         (out / "summary.json").write_text(json.dumps({"evaluation": evaluation, "wall_s": wall_s, "warnings": warnings}, indent=2))
-
-
-def training_seeds(seed: int, iteration: int, n: int) -> list[int]:
-    """The ``n`` env reset seeds of ``iteration`` (disjoint across iterations; evaluation uses others)."""
-    return [(seed * 1_000_003 + iteration * n + i) % 2**31 for i in range(n)]
 
 
 def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: int,

@@ -178,6 +178,12 @@ class _Counter:
         self.forks_failed = 0
 
 
+def training_seeds(seed: int, iteration: int, n: int) -> list[int]:
+    """The ``n`` env reset seeds of ``iteration`` of a run with ``seed`` (disjoint across iterations;
+    evaluation uses others): what every collector of a run resets its episodes with, local or on Ray."""
+    return [(seed * 1_000_003 + iteration * n + i) % 2**31 for i in range(n)]
+
+
 def episode_seeds(rng: random.Random, n: int) -> list[int]:
     """``n`` 64-bit stream seeds drawn from ``rng`` in order (one per episode of a group, one per base of a
     tree), before any sampling."""

@@ -64,12 +64,14 @@ def _sft(args) -> int:
         cfg = guarded("sft", resume_config, cfg, "sft_config.json")
     model, metrics = guarded("sft", sft, cfg)
     ev = evaluate(model, cfg, samples=128)
-    print(json.dumps({"final_loss": metrics[-1]["loss"], "wall_s": round(metrics[-1]["wall_s"], 1), "evaluation": ev}, indent=2))
+    summary = {"final_loss": metrics[-1]["loss"], "wall_s": round(metrics[-1]["wall_s"], 1), "evaluation": ev}
+    print(json.dumps(summary, indent=2))
     run_dir = cfg.resume or cfg.run_dir
     if run_dir:
         from pathlib import Path
 
-        (Path(run_dir) / "sft_summary.json").write_text(json.dumps({"evaluation": ev, "wall_s": metrics[-1]["wall_s"]}, indent=2))
+        (Path(run_dir) / "sft_summary.json").write_text(
+            json.dumps({"evaluation": ev, "wall_s": metrics[-1]["wall_s"]}, indent=2))
     return 0
 
 
@@ -84,7 +86,7 @@ def _train_lm(args) -> int:
 def _eval_lm(args) -> int:
     import torch
 
-    from trainer.lm import load_checkpoint
+    from trainer.checkpoints import load_checkpoint
     from trainer.text_config import EvalConfig
     from trainer.text_eval import evaluate, exact_success
 

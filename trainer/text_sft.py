@@ -29,7 +29,8 @@ import torch
 
 from envs.features import Demonstrator
 from envs.tool_calls import action_to_call, format_tool_call
-from trainer.lm import ByteTokenizer, build_model, save_checkpoint
+from trainer.checkpoints import save_checkpoint
+from trainer.lm import ByteTokenizer, build_model
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_policy import chat_template, pad_rows, token_logprobs, tools_text
@@ -96,7 +97,9 @@ def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
     return BPETokenizer.train(texts, cfg.vocab)
 
 
-def demo_rows(cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None) -> tuple[list[list[int]], list[list[int]]]:
+def demo_rows(
+    cfg: TextTrainConfig, n_episodes: int, seed: int, tokenizer=None
+) -> tuple[list[list[int]], list[list[int]]]:
     """``n_episodes`` episodes played by ``env.demo_action`` rendered with the chat template.
 
     Returns ``(rows, masks)``: token ids and loss masks (1 on action tokens and their ``<|end|>``)."""

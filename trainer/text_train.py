@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from trainer.estimators import Assigned
-from trainer.lm import load_checkpoint, save_checkpoint
+from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.loop import (
     TrainResult,
     collect,

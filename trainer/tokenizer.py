@@ -113,5 +113,5 @@ def tokenizer_from_json(blob: str | None):
 
 def model_tokenizer(model):
     """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text_sft.sft`,
-    :func:`trainer.text_sft.new_model` and :func:`trainer.lm.load_checkpoint`); a bare model is byte-level."""
+    :func:`trainer.text_sft.new_model` and :func:`trainer.checkpoints.load_checkpoint`); a bare model is byte-level."""
     return getattr(model, "tokenizer", None) or ByteTokenizer()
