@@ -50,6 +50,16 @@ def close_shared_providers() -> None:
         provider.close()
 
 
+def close_shared_provider(name: str) -> bool:
+    """Close the provider kept under ``name`` (a later :func:`shared` makes a new one). Returns whether one
+    was kept."""
+    with _lock:
+        provider = _providers.pop(name, None)
+    if provider is not None:
+        provider.close()
+    return provider is not None
+
+
 atexit.register(close_shared_providers)
 
-__all__ = ["close_shared_providers", "shared"]
+__all__ = ["close_shared_provider", "close_shared_providers", "shared"]

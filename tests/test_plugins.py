@@ -149,11 +149,9 @@ def test_a_new_backend_is_one_registration_away_from_envs_and_services():
         with pytest.raises(ValueError, match="already registered"):
             register_backend(type("Other", (CountingConfig,), {"__module__": __name__}))
     finally:
-        from sandbox_server import embedded
+        from sandbox_server.shared_providers import close_shared_provider
 
-        svc = embedded._providers.pop("test-counting", None)
-        if svc is not None:
-            svc.close()
+        close_shared_provider("test-counting")
         BACKENDS.pop("test-counting", None)
 
 
