@@ -8,7 +8,8 @@ as a ratio to in-process in the same run. The batched figures come from the vect
 many sessions. Run:
 
     .venv/bin/python benchmarks/bench_env_http.py [--env clueprobe|fileqa|both] [--seconds S]
-    .venv/bin/python benchmarks/bench_env_http.py --profile     # where a step's time goes (profile_app, profile_server, profile_fileqa)
+    # where a step's time goes (profile_app, profile_server, profile_fileqa):
+    .venv/bin/python benchmarks/bench_env_http.py --profile
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ async def _http_many(url: str, env_id: str, kwargs: dict, seconds: float, sessio
                     raise RuntimeError(f"POST {path}: HTTP {r.status} {(await r.text())[:300]}")
                 return await r.json()
 
-        made = await asyncio.gather(*[post("/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": i}) for i in range(sessions)])
+        made = await asyncio.gather(*[post("/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": i})
+                                      for i in range(sessions)])
         count = [0]
         stop = time.perf_counter() + seconds
 
@@ -163,8 +165,8 @@ def _warm(url: str) -> None:
 
 def http_fork(url: str, env_id: str, kwargs: dict, n: int = 40, warm: bool = False) -> tuple[float, float]:
     """p50 / p95 ms of env fork(4) over HTTP. ``warm``: before each fork, wait until the pool is refilled
-    (``min_idle`` idle sandboxes, no start in flight) (released sandboxes are destroyed and replaced, so back-to-back forks would time
-    container starts instead: that sustained rate is the steps/s figure's business)."""
+    (``min_idle`` idle sandboxes, no start in flight) (released sandboxes are destroyed and replaced, so
+    back-to-back forks would time container starts instead: that sustained rate is the steps/s figure's business)."""
     with httpx.Client(base_url=url, timeout=60) as c:
         d = c.post("/v1/envs", json={"env_id": env_id, "kwargs": kwargs, "seed": 0}).json()
         sid = d["session_id"]
@@ -273,10 +275,12 @@ def profile_app(n_single: int = 3000, n_batch: int = 300) -> None:
     async def run() -> None:
         async with app.router.lifespan_context(app):
             made = await _asgi_call(app, "/v1/envs/batch/create", orjson.dumps(
-                {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 64}, "seed": i} for i in range(32)]}))
+                {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 64}, "seed": i}
+                           for i in range(32)]}))
             sids = [r["result"]["session_id"] for r in orjson.loads(made[1])["results"]]
             reset = orjson.dumps({"items": [{"session_id": s, "seed": 0} for s in sids]})
-            cases = [("one request per step", f"/v1/envs/{sids[0]}/step", orjson.dumps({"action": "probe(0)"}), 1, n_single),
+            cases = [("one request per step", f"/v1/envs/{sids[0]}/step", orjson.dumps({"action": "probe(0)"}), 1,
+                      n_single),
                      ("one request per 32 steps", "/v1/envs/batch/step",
                       orjson.dumps({"items": [{"session_id": s, "action": "probe(0)"} for s in sids]}), 32, n_batch)]
             for name, path, body, steps, n in cases:
@@ -300,7 +304,8 @@ def profile_app(n_single: int = 3000, n_batch: int = 300) -> None:
                 per = {k: v / n * 1e6 for k, v in spans.total.items()}
                 app_us = total / n * 1e6
                 handler_rest = per["handler"] - per["env.step"]
-                rest = app_us - per["handler"] - per["validate (pydantic) + dependencies"] - per["read body + json.loads"]
+                rest = (app_us - per["handler"] - per["validate (pydantic) + dependencies"]
+                        - per["read body + json.loads"])
                 print(f"  {name} ({steps} step{'s' * (steps > 1)}): app {app_us:.0f} us per request, "
                       f"{app_us / steps:.1f} us per step")
                 for label, us in [("env.step (ClueProbe itself)", per["env.step"]),
@@ -379,11 +384,13 @@ def profile_fileqa(url: str, pid: int, seconds: float, sessions: int, backend: s
     print(f"    sandbox service (checks, lock)       {per['service.exec'] - per['agent round trip']:.2f} ms")
     print(f"    agent round trip (JSON line, spawn + run the tool process, answer) {per['agent round trip']:.2f} ms")
     marks: list[tuple[float, float, float, float]] = []
-    rate = asyncio.run(_http_many(url, ENVS["fileqa"][0], ENVS["fileqa"][1], seconds, sessions, meter=lambda: marks.append(
-        (_machine_busy_s(), _cpu_s(pid), time.process_time(), time.perf_counter()))))
+    rate = asyncio.run(_http_many(
+        url, ENVS["fileqa"][0], ENVS["fileqa"][1], seconds, sessions,
+        meter=lambda: marks.append((_machine_busy_s(), _cpu_s(pid), time.process_time(), time.perf_counter()))))
     (m0, s0, c0, t0), (m1, s1, c1, t1) = marks
     steps = rate * (t1 - t0)
-    _fileqa_cpu_line(f"unbatched over HTTP ({sessions} sessions, aiohttp)", sessions, steps, m1 - m0, s1 - s0, c1 - c0, t1 - t0)
+    _fileqa_cpu_line(f"unbatched over HTTP ({sessions} sessions, aiohttp)", sessions, steps, m1 - m0, s1 - s0,
+                     c1 - c0, t1 - t0)
     _warm(url)
     vec = RemoteVectorEnv(ENVS["fileqa"][0], url, sessions, **ENVS["fileqa"][1])
     try:
@@ -476,12 +483,17 @@ def main(argv: list[str] | None = None) -> None:
             f50, f95 = http_fork(url, env_id, kw, warm=name == "fileqa")
             print(f"{env_id}:")
             print(f"  in-process:                 {local:>10,.0f} steps/s")
-            print(f"  HTTP, 1 session (httpx):    {one:>10,.0f} steps/s  (p50 {p50:.2f} ms; in-process / HTTP = {local / one:.1f}x)")
-            print(f"  HTTP, 1 session (aiohttp):  {one_async:>10,.0f} steps/s  (in-process / HTTP = {local / one_async:.1f}x)")
-            print(f"  HTTP, {n_sessions:>2} sessions (aiohttp): {many:>10,.0f} steps/s  (in-process / HTTP = {local / many:.1f}x)")
+            print(f"  HTTP, 1 session (httpx):    {one:>10,.0f} steps/s  "
+                  f"(p50 {p50:.2f} ms; in-process / HTTP = {local / one:.1f}x)")
+            print(f"  HTTP, 1 session (aiohttp):  {one_async:>10,.0f} steps/s  "
+                  f"(in-process / HTTP = {local / one_async:.1f}x)")
+            print(f"  HTTP, {n_sessions:>2} sessions (aiohttp): {many:>10,.0f} steps/s  "
+                  f"(in-process / HTTP = {local / many:.1f}x)")
             if many_all is not many:
-                print(f"  HTTP, {args.sessions:>2} sessions (aiohttp): {many_all:>10,.0f} steps/s  (in-process / HTTP = {local / many_all:.1f}x)")
-            print(f"  HTTP, {args.sessions:>2} sessions batched:  {batched:>10,.0f} steps/s  (p50 {b50:.2f} ms per batch; "
+                print(f"  HTTP, {args.sessions:>2} sessions (aiohttp): {many_all:>10,.0f} steps/s  "
+                      f"(in-process / HTTP = {local / many_all:.1f}x)")
+            print(f"  HTTP, {args.sessions:>2} sessions batched:  {batched:>10,.0f} steps/s  "
+                  f"(p50 {b50:.2f} ms per batch; "
                   f"batched / unbatched = {batched / many_all:.1f}x; in-process / HTTP = {local / batched:.1f}x)")
             warm_note = " (pool refilled before each fork)" if name == "fileqa" else ""
             print(f"  env fork(4) over HTTP:      p50 {f50:.2f} ms, p95 {f95:.2f} ms{warm_note}")

@@ -78,7 +78,7 @@ def sampled_gradients(model, cfg: TextTrainConfig, samples: int, seed: int) -> t
         logp, ent, _ = token_logprobs(model, batch.ids, cfg.temperature, policy.tok.suppressed_ids)
         loss, _ = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, ppo, ent, None, batch.group)
         d = torch.autograd.grad(loss, params, allow_unused=True)
-        grads.append(-_flat([g if g is not None else torch.zeros_like(p) for g, p in zip(d, params)]))
+        grads.append(-_flat([g if g is not None else torch.zeros_like(p) for g, p in zip(d, params, strict=True)]))
     env.close()
     return grads, calls
 
@@ -127,7 +127,8 @@ def main() -> None:
         }
     base_row = rows.get("traj")
     print(f"\n{args.samples} sampled iterations per variant, T={args.turns}, seed {args.seed}\n")
-    print("| variant | env calls / iter | cos ± s.e. | cos(mean) | cos(adam) ± s.e. | share cos > 0 | cos / traj | wall s |")
+    print("| variant | env calls / iter | cos ± s.e. | cos(mean) | cos(adam) ± s.e. | share cos > 0 | cos / traj "
+          "| wall s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         ratio = f"{r['cos'] / base_row['cos']:.2f}" if base_row and base_row["cos"] else "-"

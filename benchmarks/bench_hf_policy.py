@@ -49,7 +49,8 @@ def main() -> int:
     size = cfg.lm_config(tok.vocab_size)
     tiny = build_model(size, args.device, "float32", seed=0)
     tiny.tokenizer = tok
-    models = {"forkyard TinyCausalLM (baseline)": tiny, "transformers LlamaForCausalLM": build_llama(size, tok, args.device)}
+    models = {"forkyard TinyCausalLM (baseline)": tiny,
+              "transformers LlamaForCausalLM": build_llama(size, tok, args.device)}
     params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     env = make_env("forkyard/ClueProbe-v0", {"turns": 4})
     sampling = SamplingConfig(max_new_tokens=16)

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                              ServiceConfig(min_idle=1, max_total=4)).start()
         try:
             sb = svc.create()
-            rows.append(("service.exec cat in-process", pct(timed(lambda: svc.exec(sb.id, "cat", CAT["args"]), args.n))))
+            in_process = timed(lambda: svc.exec(sb.id, "cat", CAT["args"]), args.n)
+            rows.append(("service.exec cat in-process", pct(in_process)))
         finally:
             svc.close()
         rows.append(("anyio.to_thread.run_sync(no-op)", pct(thread_hop(args.n))))

@@ -71,7 +71,8 @@ def bench_backend(kind: str, n: int, n_off: int, workers: int) -> dict:
                 settle(svc)
                 m = svc.metrics.registry.get_sample_value
                 rec0, fail0, ret0 = (m("forkyard_sandboxes_recycled_total") or 0,
-                                     m("forkyard_recycle_failures_total") or 0, m("forkyard_sandboxes_retired_total") or 0)
+                                     m("forkyard_recycle_failures_total") or 0,
+                                     m("forkyard_sandboxes_retired_total") or 0)
                 s0, c0 = m("forkyard_recycle_seconds_sum") or 0, m("forkyard_recycle_seconds_count") or 0
                 iters = n if recycle else n_off
                 rate = loop(svc, iters, w)
@@ -84,11 +85,13 @@ def bench_backend(kind: str, n: int, n_off: int, workers: int) -> dict:
                              f"failed {int((m('forkyard_recycle_failures_total') or 0) - fail0)}, "
                              f"retired {int((m('forkyard_sandboxes_retired_total') or 0) - ret0)}, "
                              f"reset+verify mean {(s1 - s0) / max(1, c1 - c0) * 1000:.2f} ms")
-                print(f"  {label:<22} {w} thread{'s' if w > 1 else ' '}  {rate:9.1f} acquisitions/s  (n={iters}){extra}")
+                print(f"  {label:<22} {w} thread{'s' if w > 1 else ' '}  {rate:9.1f} acquisitions/s  "
+                      f"(n={iters}){extra}")
         finally:
             svc.close()
     for w in (1, workers):
-        print(f"  ratio, {w} thread{'s' if w > 1 else ''}: recycled / destroyed = {out[(True, w)] / out[(False, w)]:.0f}x")
+        ratio = out[(True, w)] / out[(False, w)]
+        print(f"  ratio, {w} thread{'s' if w > 1 else ''}: recycled / destroyed = {ratio:.0f}x")
     return out
 
 

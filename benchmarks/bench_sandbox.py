@@ -154,9 +154,11 @@ def bench_backend(kind: str, n: int, forks: int) -> dict:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     if "exec_sdk" in res:
-        print(f"  ratio: docker exec_run p50 / direct tool call p50 = {res['exec_sdk'][0] / res['exec_direct'][0]:.1f}x; "
+        print(f"  ratio: docker exec_run p50 / direct tool call p50 = "
+              f"{res['exec_sdk'][0] / res['exec_direct'][0]:.1f}x; "
               f"/ HTTP tool call p50 = {res['exec_sdk'][0] / res['exec_http'][0]:.1f}x")
-        print(f"  ratio: naive commit+4 starts p50 / fork(4) HTTP p50 = {res['fork_naive'][0] / res['fork_http'][0]:.1f}x"
+        print(f"  ratio: naive commit+4 starts p50 / fork(4) HTTP p50 = "
+              f"{res['fork_naive'][0] / res['fork_http'][0]:.1f}x"
               f" (p95 {res['fork_naive'][1] / res['fork_http'][1]:.1f}x); / direct p50 = "
               f"{res['fork_naive'][0] / res['fork_direct'][0]:.1f}x")
     return res

@@ -20,7 +20,7 @@ import ast
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 #: Longest action text accepted, in characters.
 MAX_ACTION_CHARS = 4096
@@ -73,7 +73,8 @@ def _literal(node: ast.expr, where: str) -> Scalar:
         and isinstance(node.operand, ast.Constant)
         and type(node.operand.value) in (int, float)
     ):
-        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+        number = cast(int | float, node.operand.value)  # its type was checked just above
+        return -number if isinstance(node.op, ast.USub) else number
     raise ActionParseError(f"{where} must be a literal (a quoted string, a number, True, False or None). {FORMAT_HELP}")
 
 
@@ -160,12 +161,16 @@ def bind_arguments(call: ToolCall, params: list[str]) -> dict[str, Any]:
     """
     if len(call.args) > len(params):
         raise ActionParseError(
-            f"{call.name}() takes at most {len(params)} argument(s) ({', '.join(params) or 'none'}), got {len(call.args)}."
+            f"{call.name}() takes at most {len(params)} argument(s) ({', '.join(params) or 'none'}), "
+            f"got {len(call.args)}."
         )
-    bound: dict[str, Any] = dict(zip(params, call.args))
+    # Fewer positional arguments than parameters is fine: the rest come by keyword or default.
+    bound: dict[str, Any] = dict(zip(params, call.args, strict=False))
     for key, value in call.kwargs:
         if key not in params:
-            raise ActionParseError(f"{call.name}() has no argument {key!r}; its arguments are: {', '.join(params) or 'none'}.")
+            raise ActionParseError(
+                f"{call.name}() has no argument {key!r}; its arguments are: {', '.join(params) or 'none'}."
+            )
         if key in bound:
             raise ActionParseError(f"{call.name}() got argument {key!r} twice.")
         bound[key] = value

@@ -11,8 +11,8 @@ legal action at index ``turn % len(legal)``), so episodes reach varied states an
 end. An env with an open action set needs ``actions``: a list of action texts, the one at index
 ``turn % len(actions)`` is played on each turn.
 
-A "fresh env" is built by ``make_env()`` (default ``type(env)(**kwargs)`` with the kwargs a snapshot records, the constructor
-arguments a snapshot records). Every env a check creates (forks, fresh envs, restored envs) is closed
+A "fresh env" is built by ``make_env()`` (default ``type(env)(**kwargs)`` with the kwargs a snapshot records, the
+constructor arguments a snapshot records). Every env a check creates (forks, fresh envs, restored envs) is closed
 before it returns; the env passed in is reset and stepped but never closed.
 
 Limits: the checks compare runs on the same machine and seeds they choose; they can miss a fault that shows
@@ -60,7 +60,8 @@ def _pick(env: TextEnv, info: dict[str, Any], actions: Sequence[str] | None, off
 def _assert_in_space(env: TextEnv, obs: Any, where: str) -> None:
     assert env.observation_space.contains(obs), (
         f"{where}: observation {str(obs)[:80]!r}... (type {type(obs).__name__}, length "
-        f"{len(obs) if isinstance(obs, str) else '?'}) is not contained in the observation space {env.observation_space}")
+        f"{len(obs) if isinstance(obs, str) else '?'}) is not contained in the observation space "
+        f"{env.observation_space}")
 
 
 def _state(env: TextEnv) -> tuple:
@@ -74,9 +75,11 @@ def _step(env: TextEnv, action: str, where: str) -> tuple:
     return out
 
 
-def _run(env: TextEnv, info: dict[str, Any], actions: Sequence[str] | None, where: str, limit: int | None = None) -> list[tuple]:
+def _run(
+    env: TextEnv, info: dict[str, Any], actions: Sequence[str] | None, where: str, limit: int | None = None
+) -> list[tuple]:
     """Step ``env`` with the picked actions until the episode ends (or ``limit`` steps); the step results."""
-    results = []
+    results: list[tuple] = []
     while not env.done and (limit is None or len(results) < limit):
         action = _pick(env, info, actions)
         out = _step(env, action, f"{where}, turn {env.turn} ({action})")
@@ -163,7 +166,8 @@ def check_snapshot_round_trip(env: TextEnv, seed: int = 0, actions: Sequence[str
     try:
         restored.restore(data)
         assert _state(restored) == _state(original), (
-            f"restored env differs from the snapshotted one:\n restored {_state(restored)}\n original {_state(original)}")
+            f"restored env differs from the snapshotted one:\n restored {_state(restored)}\n"
+            f" original {_state(original)}")
         want = _run(original, info, actions, "fork of the snapshotted env")
         got = _run(restored, info, actions, "restored env")
         assert got == want, f"restored env stepped differently from the original:\n restored {got}\n original {want}"
@@ -231,9 +235,11 @@ def check_anchor_keys(env: TextEnv, seed: int = 0, actions: Sequence[str] | None
                     f"history ({expect}); does it include hidden state?")
                 for other, key in seen.items():
                     if other == visible:
-                        assert key == info["anchor_key"], f"seed {s}, turn {e.turn}: equal visible histories, other anchor keys"
+                        assert key == info["anchor_key"], (
+                            f"seed {s}, turn {e.turn}: equal visible histories, other anchor keys")
                     else:
-                        assert key != info["anchor_key"], f"seed {s}, turn {e.turn}: different visible histories share an anchor key"
+                        assert key != info["anchor_key"], (
+                            f"seed {s}, turn {e.turn}: different visible histories share an anchor key")
                 seen[visible] = info["anchor_key"]
                 if e.done:
                     break
@@ -274,7 +280,8 @@ def check_fork_contract(env: TextEnv, seed: int = 0, actions: Sequence[str] | No
         env: the env to check; it is reset and stepped, never closed.
         seed: the first seed the checks use.
         actions: action texts to play (index ``turn % len``); default the env's ``info["legal_actions"]``.
-        make_env: builds a fresh env of the same kwargs (default ``type(env)(**kwargs)`` with the kwargs a snapshot records).
+        make_env: builds a fresh env of the same kwargs (default ``type(env)(**kwargs)`` with the kwargs a snapshot
+            records).
 
     Raises:
         AssertionError: naming the first broken promise.

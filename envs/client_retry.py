@@ -59,7 +59,8 @@ def safe_to_repeat(method: str, path: str) -> bool:
     sandbox tool call (``.../exec``: tools are read-only). Steps, creates, forks, clones and snapshots are
     not: repeating them could apply an action twice or leave sessions nobody knows of."""
     method = method.upper()
-    return method in ("GET", "HEAD", "PUT", "DELETE") or (method == "POST" and path.rstrip("/").endswith(("/reset", "/exec")))
+    return method in ("GET", "HEAD", "PUT", "DELETE") or (
+        method == "POST" and path.rstrip("/").endswith(("/reset", "/exec")))
 
 
 class BusyWait:

@@ -109,7 +109,8 @@ class ClueProbeEnv(TextEnv):
         """The two tools as JSON-schema definitions (:class:`envs.features.ToolSchemas`)."""
         return [
             function_tool("probe", "reveal one bit of the hidden target (turns before the last)",
-                          {"k": {"type": "integer", "minimum": 0, "maximum": self.bits - 1, "description": "bit index"}}),
+                          {"k": {"type": "integer", "minimum": 0, "maximum": self.bits - 1,
+                                 "description": "bit index"}}),
             function_tool("answer", "name the target (the last turn only); reward 1 when right",
                           {"c": {"type": "integer", "minimum": 0, "maximum": self.n_candidates - 1,
                                  "description": "the candidate"}}),
@@ -141,7 +142,8 @@ class ClueProbeEnv(TextEnv):
                 raise IllegalActionError(f"answer(c) needs c in 0..{self.n_candidates - 1}, got {value}.")
             correct = value == self._target
             verdict = "correct" if correct else f"wrong; the target was {self._target}"
-            return Outcome(f"answer({value}) is {verdict}.", reward=1.0 if correct else 0.0, terminated=True, reason="answered")
+            return Outcome(f"answer({value}) is {verdict}.", reward=1.0 if correct else 0.0, terminated=True,
+                           reason="answered")
         if name != "probe":
             raise IllegalActionError(f"answer(c) is for the last turn ({self.turns}); on this turn call probe(k).")
         if not 0 <= value < self.bits:

@@ -28,9 +28,9 @@ back as an observation. A call past ``per_turn_timeout_s`` ends the episode as t
 The action set is open, but ``info["legal_actions"]`` offers a finite menu for each question (a few useful
 and useless tool calls and four candidate answers, sorted) so tabular policies apply.
 
-Hard gates (a minimum of tool calls before an answer, against answer-first shortcuts): ``min_tool_calls`` tool calls must have run before an answer
-counts, and every tool in ``required_tools`` must have been called; a gated answer earns 0 and
-``info["gate"]`` says why. Reward 1.0 for a right answer that passes the gates, else 0.0.
+Hard gates (a minimum of tool calls before an answer, against answer-first shortcuts): ``min_tool_calls`` tool
+calls must have run before an answer counts, and every tool in ``required_tools`` must have been called; a gated
+answer earns 0 and ``info["gate"]`` says why. Reward 1.0 for a right answer that passes the gates, else 0.0.
 
 A manifest with a content hash ties the question generator to the corpus: if the sandbox's
 ``/data/MANIFEST.json`` differs from the corpus the questions come from, construction fails with
@@ -101,7 +101,9 @@ class FileQAEnv(TextEnv):
             raise ValueError(f"kinds must be a list of question kinds, e.g. [{kinds!r}], not a str")
         kinds = tuple(kinds) if kinds else QUESTION_KINDS
         if set(kinds) - set(QUESTION_KINDS):
-            raise ValueError(f"unknown question kinds {sorted(set(kinds) - set(QUESTION_KINDS))}; choose from {QUESTION_KINDS}")
+            raise ValueError(
+                f"unknown question kinds {sorted(set(kinds) - set(QUESTION_KINDS))}; choose from {QUESTION_KINDS}"
+            )
         if not isinstance(per_turn_timeout_s, (int, float)) or not 0 < per_turn_timeout_s <= 60:
             raise ValueError(f"per_turn_timeout_s must be in (0, 60] seconds, got {per_turn_timeout_s!r}")
         if not isinstance(min_tool_calls, int) or min_tool_calls < 0:
@@ -184,7 +186,7 @@ class FileQAEnv(TextEnv):
             boxes = self._provider.fork(self._sandbox, len(children))
         except SandboxFailure as exc:
             raise EnvInfraError(f"sandbox fork failed: {exc}") from exc
-        for child, box in zip(children, boxes):
+        for child, box in zip(children, boxes, strict=True):  # one clone per child, or a loud error
             child._sandbox = box.id
 
     # ------------------------------------------------------------------ the task
@@ -202,7 +204,8 @@ class FileQAEnv(TextEnv):
         if self.min_tool_calls or self.required_tools:
             gates = (f" An answer counts only after at least {self.min_tool_calls} tool call(s)"
                      + (f" including {', '.join(self.required_tools)}" if self.required_tools else "") + ".")
-        return (f"FileQA: {self._question['text']}\nTools: {', '.join(f'{n}({chr(44).join(p)})' for n, p in self._tools.items())}"
+        tools = ", ".join(f"{n}({','.join(p)})" for n, p in self._tools.items())
+        return (f"FileQA: {self._question['text']}\nTools: {tools}"
                 f"; answer(value) ends the episode. You have {self.max_turns} turn(s).{gates}\n{self._prompt()}")
 
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -57,12 +57,12 @@ def corpus_facts(root: str) -> dict[str, Any]:
                     and isinstance(node.value, ast.Constant) and type(node.value.value) in (int, str)
                     and len(str(node.value.value)) <= 40 and "\n" not in str(node.value.value)):
                 constants.append((path, node.targets[0].id, node.value.value))
-        for node in ast.walk(tree):
+        for sub in ast.walk(tree):
             mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                mods = [node.module.split(".")[0]]
+            if isinstance(sub, ast.Import):
+                mods = [a.name.split(".")[0] for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                mods = [sub.module.split(".")[0]]
             for m in mods:
                 importers.setdefault(m, set()).add(path)
     unique_defs = sorted((name, paths[0]) for name, paths in defined.items() if len(paths) == 1)
@@ -96,7 +96,9 @@ def normalize_answer(value: Any) -> str:
         return text
 
 
-def draw_question(corpus_dir: str, kinds: tuple[str, ...], rng: np.random.Generator) -> tuple[dict[str, Any], dict[str, bytes]]:
+def draw_question(
+    corpus_dir: str, kinds: tuple[str, ...], rng: np.random.Generator
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     """One question of a kind drawn from ``kinds`` with ``rng``: ``({"text", "answer", "candidates", "menu",
     "kind"}, {per-episode file name under /scratch: bytes})``. Deterministic given the corpus and ``rng``'s state."""
     facts = corpus_facts(corpus_dir)

@@ -222,7 +222,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     break
                 if not busy.wait(max(retry_after_s(results[k].get("retry_after_s")) for k in waiting)):
                     break
-                for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting], busy)):
+                for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting], busy), strict=True):
                     results[k] = r
             out.extend(results)
         return out
@@ -269,14 +269,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if new:
             made = self._batch("create", [{"env_id": self.env_id, "kwargs": self.kwargs, "seed": seeds[k],
                                            "options": options} for k in new])
-            answers.update(zip(new, made))
+            answers.update(zip(new, made, strict=True))
             lost = [r for r in made if r.get("status_code") == 404]  # a create has no session to lose:
             if lost:  # its 404 is an env id the server does not serve, a configuration error
                 raise ValueError(f"the server does not serve {self.env_id!r}: {self._failure(lost[0]).detail}")
         if old:
             done = self._batch("reset", [{"session_id": self.session_ids[idx[k]], "seed": seeds[k],
                                           "options": options} for k in old])
-            answers.update(zip(old, done))
+            answers.update(zip(old, done, strict=True))
         for k, i in enumerate(idx):
             res = answers[k]
             if "result" in res:
@@ -324,7 +324,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-envs")
         idx = [i for i in range(self.num_envs) if mask is None or mask[i]]
-        obs, infos, failures = list(self._last_obs), [], {}
+        infos: list[tuple[int, dict]] = []
+        failures: dict[int, ItemFailure] = {}
+        obs = list(self._last_obs)
         self._reset_some(idx, [seeds[i] for i in idx], options or None, obs, infos, failures)
         self._last_obs = obs
         result = (tuple(obs), vector_info(self.num_envs, infos))
@@ -348,7 +350,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if all(s is None for s in self.session_ids):
             raise gym.error.ResetNeeded("call reset() before step()")
         n = self.num_envs
-        obs, infos, failures = [""] * n, [], {}
+        infos: list[tuple[int, dict]] = []
+        failures: dict[int, ItemFailure] = {}
+        obs = [""] * n
         rewards = np.zeros(n, dtype=np.float64)
         terms, truncs = np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
         next_step = self.autoreset_mode == AutoresetMode.NEXT_STEP
@@ -362,7 +366,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if missing:
                 raise gym.error.ResetNeeded(f"sub-envs {missing} have no session: call reset()")
             answers = self._batch("step", [{"session_id": self.session_ids[i], "action": actions[i]} for i in go])
-            for i, res in zip(go, answers):
+            for i, res in zip(go, answers, strict=True):
                 if "result" in res:
                     data = res["result"]
                     obs[i], rewards[i] = data["observation"], data["reward"]
@@ -399,7 +403,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if any(self.session_ids[i] is None for i in idx):
             raise gym.error.ResetNeeded("call reset() before fork()")
         answers = self._batch("fork", [{"session_id": self.session_ids[i], "n": counts[i]} for i in idx])
-        failures = {i: self._failure(res) for i, res in zip(idx, answers) if "result" not in res}
+        failures = {i: self._failure(res) for i, res in zip(idx, answers, strict=True) if "result" not in res}
         if failures:
             made = [sid for res in answers if "result" in res for sid in res["result"]["session_ids"]]
             self._delete(made)

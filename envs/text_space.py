@@ -114,7 +114,9 @@ def _write_textspace_to_shared_memory(space: TextSpace, index: int, value: str, 
     if not isinstance(value, str):
         raise TypeError(f"a TextSpace observation must be a str, got {type(value).__name__}")
     if len(value) > space.max_length:
-        raise ValueError(f"observation of {len(value)} code points does not fit TextSpace(max_length={space.max_length})")
+        raise ValueError(
+            f"observation of {len(value)} code points does not fit TextSpace(max_length={space.max_length})"
+        )
     row = space.max_length + 1
     dest = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[index * row : (index + 1) * row]
     dest[0] = len(value)
@@ -147,7 +149,7 @@ class SharedTextBatch(Sequence):
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, (tuple, list, SharedTextBatch)) and tuple(self) == tuple(other)
 
-    __hash__ = None  # mutable: its items change with the buffer
+    __hash__ = None  # type: ignore[assignment]  # mutable: its items change with the buffer
 
     def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
         return tuple(self)

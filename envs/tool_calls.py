@@ -141,7 +141,9 @@ def call_to_action(call: dict[str, Any], tools: list[dict[str, Any]]) -> str:
     args = named
     unknown = [k for k in args if k not in params]
     if unknown:
-        raise ActionParseError(f"{name}() has no argument {unknown[0]!r}; its arguments are: {', '.join(params) or 'none'}.")
+        raise ActionParseError(
+            f"{name}() has no argument {unknown[0]!r}; its arguments are: {', '.join(params) or 'none'}."
+        )
     positional: list[Scalar] = []
     keywords: dict[str, Scalar] = {}
     for p in params:
@@ -408,7 +410,8 @@ def parse_model_output(text: str, tools: list[dict[str, Any]]) -> str:
 def format_tool_call(call: dict[str, Any]) -> str:
     """``<tool_call>`` + the call as compact JSON + ``</tool_call>``: the Qwen / Hermes form a chat template
     renders an assistant's tool call in."""
-    return "<tool_call>" + json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False) + "</tool_call>"
+    body = json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
+    return "<tool_call>" + body + "</tool_call>"
 
 
 __all__ = ["CALL_CLOSE", "CALL_OPEN", "THINK_CLOSE", "THINK_OPEN", "ReadCall", "action_to_call", "call_to_action",

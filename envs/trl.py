@@ -182,8 +182,8 @@ def environment_factory(env_id: str, *, seed_column: str = "seed", **kwargs: Any
 
 
 def _tool_method(fn: dict[str, Any]) -> Callable[..., str]:
-    """A method ``name(self, *, params) -> str`` (keyword arguments, as TRL calls tools) whose signature, annotations and docstring describe the tool
-    as ``transformers.utils.get_json_schema`` reads them."""
+    """A method ``name(self, *, params) -> str`` (keyword arguments, as TRL calls tools) whose signature,
+    annotations and docstring describe the tool as ``transformers.utils.get_json_schema`` reads them."""
     name = fn["name"]
     params = fn.get("parameters", {})
     required = set(params.get("required", []))

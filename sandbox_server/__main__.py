@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         ap.error("bad setting: " + "; ".join(problems))
     # A flag wins over its variable everywhere: later reads of the settings (the app, the backends, the
     # corpus) see the values this command runs with, never a bad variable the flag replaced.
-    for field, value in given.items():
+    for field in given:
         os.environ[f"FORKYARD_{field.upper()}"] = str(getattr(settings if field in ServerSettings.model_fields
                                                               else config, field))
 
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
               "send it from the same variable).", file=sys.stderr, flush=True)
     provider = None  # --ray: the cluster's sandboxes, closed when the server stops
     if ns.no_sandboxes or settings.ray:
-        pool_flags = [f for f, v in (("--backend", ns.backend), ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
+        pool_flags = [f for f, v in (("--backend", ns.backend),
+                                     ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
                                      ("--min-idle", ns.min_idle), ("--max-total", ns.max_total)) if v is not None]
         what = "--ray puts the sandboxes on the cluster's nodes" if settings.ray else "--no-sandboxes serves none"
         if pool_flags:
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             try:
                 provider = RayProvider(settings.ray)
             except Exception as exc:  # noqa: BLE001 - no cluster at that address (ConnectionError, RuntimeError...)
-                print(f"{prog}: cannot use the Ray cluster {settings.ray!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"{prog}: cannot use the Ray cluster {settings.ray!r}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
                 return 2
             # ray.init made SIGTERM exit with status 15; uvicorn re-raises the SIGTERM it stopped on once it
             # has shut down: a stop asked for is a clean stop (status 0, the cluster's sandboxes closed below).

@@ -24,6 +24,7 @@ the key is ``api_key=``, else ``FORKYARD_API_KEY``). Error bodies are the server
 from __future__ import annotations
 
 import base64
+import builtins  # the clients' list() method shadows list in their class bodies
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -42,7 +43,7 @@ from sandbox_server.models import (
 from sandbox_server.tools import ToolResult, ToolSpec
 
 #: HTTP status -> the error class raised for it (503 is :class:`ServiceUnavailable`, with ``Retry-After``).
-ERRORS: dict[int, type[SandboxError]] = {413: LimitExceeded, 422: ToolRefused, 404: SandboxNotFound}
+ERRORS: dict[int, type[Exception]] = {413: LimitExceeded, 422: ToolRefused, 404: SandboxNotFound}
 
 _ERRORS_DOC = {404: "SandboxNotFound (404): no such {what}", 413: "LimitExceeded (413): {limit}",
                422: "ToolRefused (422): {refused}", 503: "ServiceUnavailable (503, or no answer): retry after "
@@ -255,6 +256,7 @@ class _ClientBase:
     """What the sync and async clients share: building a request from a table entry, parsing the answer."""
 
     timeout_s: float
+    http: httpx.Client | httpx.AsyncClient
 
     @staticmethod
     def _build(name: str, args: dict[str, Any]) -> _Request:
@@ -325,8 +327,9 @@ class SandboxClient(_ClientBase):
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.Client | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        self.http = http or httpx.Client(base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
-                                         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        self.http: httpx.Client = http or httpx.Client(
+            base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.timeout_s = timeout_s
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = busy_timeout_s
@@ -423,11 +426,11 @@ class SandboxClient(_ClientBase):
         return self._call("delete_snapshot", snapshot_id=snapshot_id)
 
     @_op("clone")
-    def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
+    def clone(self, snapshot_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return self._call("clone", snapshot_id=snapshot_id, n=n)
 
     @_op("fork")
-    def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
+    def fork(self, sandbox_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return self._call("fork", sandbox_id=sandbox_id, n=n)
 
 
@@ -436,8 +439,9 @@ class AsyncSandboxClient(_ClientBase):
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
-                                              limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        self.http: httpx.AsyncClient = http or httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.timeout_s = timeout_s
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = busy_timeout_s
@@ -534,9 +538,9 @@ class AsyncSandboxClient(_ClientBase):
         return await self._call("delete_snapshot", snapshot_id=snapshot_id)
 
     @_op("clone")
-    async def clone(self, snapshot_id: str, n: int = 1) -> list[SandboxInfo]:
+    async def clone(self, snapshot_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return await self._call("clone", snapshot_id=snapshot_id, n=n)
 
     @_op("fork")
-    async def fork(self, sandbox_id: str, n: int = 1) -> list[SandboxInfo]:
+    async def fork(self, sandbox_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return await self._call("fork", sandbox_id=sandbox_id, n=n)

@@ -57,4 +57,5 @@ MaybeService = Annotated[SandboxService | None, Depends(get_optional_service)]
 Sessions = Annotated[EnvSessions, Depends(get_env_sessions)]
 Host = Annotated[SessionHost, Depends(get_env_host)]
 
-__all__ = ["Host", "MaybeService", "Service", "Sessions", "get_env_host", "get_env_sessions", "get_optional_service", "get_service"]
+__all__ = ["Host", "MaybeService", "Service", "Sessions", "get_env_host", "get_env_sessions", "get_optional_service",
+           "get_service"]

@@ -162,8 +162,8 @@ class EnvSessions:
                 if self.sandbox_unavailable:
                     raise ServiceUnavailable(f"{env_id} needs a sandbox and this server's sandbox service is down: "
                                              f"{self.sandbox_unavailable}", retry_after_s=NO_BACKEND_RETRY_S)
-                raise HTTPException(422, f"{env_id} needs a sandbox and this server has no sandbox service: run "
-                                         "the full server (python -m sandbox_server, without --no-sandboxes) to serve it")
+                raise HTTPException(422, f"{env_id} needs a sandbox and this server has no sandbox service: run the "
+                                         "full server (python -m sandbox_server, without --no-sandboxes) to serve it")
             extra["sandbox_provider"] = self.sandbox_provider
         return EnvRecipe(env_id, cls, {**defaults, **kwargs}, extra)
 
@@ -192,15 +192,14 @@ class EnvSessions:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
             sids = [self._new_id() for _ in env_list]
-            for sid, env in zip(sids, env_list):
+            for sid, env in zip(sids, env_list, strict=True):
                 self._sessions[sid] = EnvSession(env_id, env, blocking)
             self._reserved -= len(env_list)  # the room held for them is now theirs
             slots.committed = True
             return sids
 
     def get(self, sid: str) -> EnvSession:
-        """The live session ``sid`` (its idle clock restarts). Raises HTTPException 404 if it is unknown,
-        closed or expired."""
+        """The live session ``sid`` (its idle clock restarts); HTTPException 404 if it is unknown, closed or expired."""
         now = time.monotonic()
         s = self._sessions.get(sid)
         if s is not None and now - s.last_used > self.ttl_s and not s.lock.locked():
@@ -213,7 +212,8 @@ class EnvSessions:
                     close_quietly(gone.env)
             s = None
         if s is None:
-            raise HTTPException(404, f"no env session {sid!r} (unknown, closed, or expired after {self.ttl_s:g} s idle)")
+            raise HTTPException(
+                404, f"no env session {sid!r} (unknown, closed, or expired after {self.ttl_s:g} s idle)")
         s.last_used = now
         return s
 
@@ -239,8 +239,8 @@ class EnvSessions:
         """Close sessions idle for more than ``ttl_s`` (``now``: a ``time.monotonic()`` value); returns how many."""
         now = time.monotonic() if now is None else now
         with self._guard:
-            expired = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_s and not s.lock.locked()]
-            gone = [self._sessions.pop(sid) for sid in expired]
+            expired = [k for k, s in self._sessions.items() if now - s.last_used > self.ttl_s and not s.lock.locked()]
+            gone = [self._sessions.pop(k) for k in expired]
         for s in gone:
             close_quietly(s.env)
         return len(gone)

@@ -32,8 +32,8 @@ from sandbox_server.models import ErrorBody
 log = logging.getLogger("forkyard.http")
 
 #: The ``status`` word of an error answer without a more specific one, by HTTP status.
-STATUS_WORDS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid",
-                500: "internal", 503: "unavailable"}
+STATUS_WORDS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict", 413: "too_large",
+                422: "invalid", 500: "internal", 503: "unavailable"}
 
 #: Domain errors -> (HTTP status, status word). Looked up along the exception's MRO, so a subclass
 #: listed here (LimitExceeded under ToolRefused, PoolExhausted under ServiceUnavailable) wins.
@@ -69,7 +69,9 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def error_response(status: int, detail: str, word: str | None = None, headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    status: int, detail: str, word: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
     """An :class:`ErrorBody` answer (``status`` 400 is answered 422: the one status for bad requests)."""
     if status == 400:
         status = 422
@@ -309,5 +311,6 @@ class CatchAll:
                 raise exc from None
 
 
-__all__ = ["DOMAIN_ERRORS", "ENV_BATCH_BODY_BYTES", "ENV_BODY_BYTES", "MIN_ROUTE_LIMIT", "SMALL_BODY_BYTES", "STATUS_WORDS", "BodyLimit", "CatchAll",
-           "RouteLimit", "classify", "domain_response", "error_response", "error_responses", "install", "retry_after"]
+__all__ = ["DOMAIN_ERRORS", "ENV_BATCH_BODY_BYTES", "ENV_BODY_BYTES", "MIN_ROUTE_LIMIT", "SMALL_BODY_BYTES",
+           "STATUS_WORDS", "BodyLimit", "CatchAll", "RouteLimit", "classify", "domain_response", "error_response",
+           "error_responses", "install", "retry_after"]

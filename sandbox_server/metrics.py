@@ -20,17 +20,21 @@ class Metrics:
         self.snapshots = Gauge("forkyard_snapshots", "stored snapshots", registry=r)
         self.acquire_s = Histogram("forkyard_acquire_seconds", "time to acquire a sandbox", buckets=_LAT, registry=r)
         self.start_s = Histogram("forkyard_sandbox_start_seconds", "time to start a sandbox", buckets=_LAT, registry=r)
-        self.exec_s = Histogram("forkyard_exec_seconds", "tool call latency in the service", ["tool"], buckets=_LAT, registry=r)
+        self.exec_s = Histogram("forkyard_exec_seconds", "tool call latency in the service", ["tool"],
+                                buckets=_LAT, registry=r)
         self.fork_s = Histogram("forkyard_fork_seconds", "clone / fork latency", ["op"], buckets=_LAT, registry=r)
         self.calls = Counter("forkyard_tool_calls", "tool calls by status", ["tool", "status"], registry=r)
         self.timeouts = Counter("forkyard_timeouts", "tool calls that ran past their deadline", registry=r)
         self.rejected = Counter("forkyard_rejected_calls", "tool calls refused before execution", registry=r)
-        self.replaced = Counter("forkyard_sandboxes_replaced", "sandboxes replaced after their agent hung or died", registry=r)
+        self.replaced = Counter("forkyard_sandboxes_replaced", "sandboxes replaced after their agent hung or died",
+                                registry=r)
         self.recycle_s = Histogram("forkyard_recycle_seconds", "time to reset and verify a released sandbox",
                                    buckets=_LAT, registry=r)
-        self.recycled = Counter("forkyard_sandboxes_recycled", "released sandboxes reset, verified and reused", registry=r)
+        self.recycled = Counter("forkyard_sandboxes_recycled", "released sandboxes reset, verified and reused",
+                                registry=r)
         self.recycle_failed = Counter("forkyard_recycle_failures",
-                                      "released sandboxes destroyed because their reset could not be verified", registry=r)
+                                      "released sandboxes destroyed because their reset could not be verified",
+                                      registry=r)
         self.retired = Counter("forkyard_sandboxes_retired",
                                "released sandboxes destroyed because they reached max_sandbox_uses", registry=r)
         self.unavailable = Counter("forkyard_unavailable", "requests answered 503", ["reason"], registry=r)

@@ -485,12 +485,13 @@ class EnvHealth(BaseModel):
     env_sessions: int = Field(description="env sessions held now")
 
 
-__all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest", "WriteFilesRequest",
-           "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest", "CloneResponse",
-           "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo", "CreateEnvRequest",
-           "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse", "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth",
-           "MAX_CLONES", "MAX_TOOL_NAME_CHARS", "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem",
-           "BatchRequest", "BatchCreateRequest", "BatchResetItem", "BatchResetRequest", "BatchStepItem", "BatchStepRequest",
+__all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest",
+           "WriteFilesRequest", "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest",
+           "CloneResponse", "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo",
+           "CreateEnvRequest", "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse",
+           "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth", "MAX_CLONES", "MAX_TOOL_NAME_CHARS",
+           "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem", "BatchRequest",
+           "BatchCreateRequest", "BatchResetItem", "BatchResetRequest", "BatchStepItem", "BatchStepRequest",
            "BatchForkItem", "BatchForkRequest", "BatchSessionItem", "BatchDeleteRequest", "BatchResetResult",
            "BatchStepResult", "BatchForkResult", "BatchDeleteResult", "BatchResetResponse", "BatchStepResponse",
            "BatchForkResponse", "BatchDeleteResponse"]

@@ -204,7 +204,8 @@ class SandboxPool:
         """Destroy (in the background) idle sandboxes above ``min_idle`` that stayed idle longer than
         ``surplus_idle_ttl_s``, oldest first (the caller holds ``_cond``)."""
         now = time.monotonic()
-        while len(self._idle) > self.min_idle and now - self._idle_since.get(self._idle[0], now) >= self.surplus_idle_ttl_s:
+        while (len(self._idle) > self.min_idle
+               and now - self._idle_since.get(self._idle[0], now) >= self.surplus_idle_ttl_s):
             sid = self._idle.pop(0)
             self._forget(sid)
             self._update_gauges()
@@ -332,7 +333,8 @@ class SandboxPool:
                     return None
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PoolExhausted(f"all {self.max_total} sandboxes are in use; try again later", retry_after_s=2.0)
+                    raise PoolExhausted(f"all {self.max_total} sandboxes are in use; try again later",
+                                        retry_after_s=2.0)
                 self._cond.wait(min(left, 0.5))
 
     def acquire_many(self, n: int, timeout_s: float | None = None) -> list[str]:

@@ -125,7 +125,7 @@ class RayProvider:
     def close(self) -> None:
         """Shut the hosts down (their sandboxes are destroyed) and let them go."""
         ray = require_ray()
-        for name, host in self.hosts.items():
+        for host in self.hosts.values():
             try:
                 ray.get(host.shutdown.remote(), timeout=60)
                 ray.kill(host)

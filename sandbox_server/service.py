@@ -15,6 +15,7 @@ Splitting sessions from tool calls or from clone / fork would spread that protoc
 
 from __future__ import annotations
 
+import builtins  # SandboxService.list() shadows list in the class body
 import threading
 import time
 import uuid
@@ -65,8 +66,8 @@ class SandboxService:
         registry: the tool whitelist (default :data:`sandbox_server.tools.TOOLS`).
     """
 
-    def __init__(self, backend: Backend, config: ServiceConfig | None = None, *, registry: dict[str, Tool] | None = None,
-                 metrics: Metrics | None = None):
+    def __init__(self, backend: Backend, config: ServiceConfig | None = None, *,
+                 registry: dict[str, Tool] | None = None, metrics: Metrics | None = None):
         self.backend = backend
         self.config = config or ServiceConfig()
         self.registry = TOOLS if registry is None else registry
@@ -146,7 +147,8 @@ class SandboxService:
     def _session(self, sandbox_id: str) -> _Session:
         s = self._sessions.get(sandbox_id)
         if s is None or s.deleted:
-            raise SandboxNotFound(f"no sandbox {sandbox_id!r} (deleted, expired after {self.config.idle_ttl_s:g} s idle, or never created)")
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r} (deleted, expired after {self.config.idle_ttl_s:g} s "
+                                  "idle, or never created)")
         return s
 
     def _live(self, s: _Session) -> None:
@@ -169,7 +171,7 @@ class SandboxService:
             raise ServiceUnavailable("the request was abandoned before its sandbox was handed out", retry_after_s=1.0)
         now = time.time()
         out = [_Session(id="sb-" + uuid.uuid4().hex[:16], sid=sid, state=st, created_at=now, last_used_at=now,
-                        restore_point=restore_point) for sid, st in zip(sids, states)]
+                        restore_point=restore_point) for sid, st in zip(sids, states, strict=True)]
         with self._mu:
             for sess in out:
                 self._sessions[sess.id] = sess
@@ -287,7 +289,7 @@ class SandboxService:
             s.touch()
 
     # -- tool calls -----------------------------------------------------------------------------------
-    def tools(self) -> list[ToolSpec]:
+    def tools(self) -> builtins.list[ToolSpec]:
         """The whitelist with ordered parameter names and JSON schemas."""
         return tool_specs(self.registry)
 
@@ -328,15 +330,16 @@ class SandboxService:
         self.metrics.calls.labels(tool, res.status).inc()
         return res
 
-    def exec_argv(self, sandbox_id: str, argv: list[str], timeout_s: float | None = None,
-                  path_args: list[int] | None = None) -> ToolResult:
+    def exec_argv(self, sandbox_id: str, argv: builtins.list[str], timeout_s: float | None = None,
+                  path_args: builtins.list[int] | None = None) -> ToolResult:
         """Run a raw argv in a sandbox, bypassing the whitelist. Not exposed over HTTP: for tests and
         trusted server-side code only. Raises SandboxNotFound, ToolRefused (bad timeout)."""
         s = self._session(sandbox_id)
         t = clamp_timeout(timeout_s, self.config.default_timeout_s, self.config.max_timeout_s)
         return self._run(s, list(argv), list(path_args or []), t)
 
-    def _run(self, s: _Session, argv: list[str], path_args: list[int], timeout_s: float) -> ToolResult:
+    def _run(self, s: _Session, argv: builtins.list[str], path_args: builtins.list[int],
+             timeout_s: float) -> ToolResult:
         t0 = time.perf_counter()
         with s.lock:
             self._live(s)
@@ -345,7 +348,8 @@ class SandboxService:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
                                         cap_bytes=self.config.output_cap_bytes, path_args=path_args)
             except (AgentTimeout, AgentFailed) as exc:
-                if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):  # the agent answered: an error, not a failure
+                # the agent answered: an error, not a failure
+                if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):
                     res = ToolResult(status="error", duration_s=time.perf_counter() - t0, message=str(exc))
                 elif s.deleted:  # deleted while the call ran (its sandbox destroyed): nothing to replace
                     res = ToolResult(status="error", duration_s=time.perf_counter() - t0,
@@ -392,7 +396,9 @@ class SandboxService:
             return fn()
 
     # -- snapshots, clone, fork -----------------------------------------------------------------------
-    def snapshot(self, sandbox_id: str, ttl_s: float | None = None, *, cancel: CancelToken | None = None) -> SnapshotInfo:
+    def snapshot(
+        self, sandbox_id: str, ttl_s: float | None = None, *, cancel: CancelToken | None = None
+    ) -> SnapshotInfo:
         """Capture /scratch, /tmp and the session state as plain data kept ``ttl_s`` seconds.
 
         Raises:
@@ -427,7 +433,8 @@ class SandboxService:
         self.snapshots.delete(snapshot_id)
         self._gauges()
 
-    def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None) -> list[SandboxInfo]:
+    def _clone_data(self, data: bytes, state: SessionState, n: int,
+                    cancel: CancelToken | None) -> builtins.list[SandboxInfo]:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
             raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
         if n > self.pool.max_total:  # can never succeed: a client error, not a 503 to retry
@@ -445,7 +452,7 @@ class SandboxService:
             raise SandboxError(f"could not restore the clones: {exc}") from None
         return [self._info(s) for s in self._register(sids, [state.model_copy(deep=True) for _ in sids], data, cancel)]
 
-    def clone(self, snapshot_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> list[SandboxInfo]:
+    def clone(self, snapshot_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other
         (all or none). ``cancel``: see :meth:`create`.
 
@@ -458,7 +465,7 @@ class SandboxService:
         self.metrics.fork_s.labels("clone").observe(time.perf_counter() - t0)
         return out
 
-    def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> list[SandboxInfo]:
+    def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """Snapshot + clone in one call (the snapshot is not stored). Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)

@@ -265,7 +265,7 @@ def make_env(recipe: EnvRecipe, start: Start = None) -> tuple[TextEnv, Any, Any]
     try:
         env = build(recipe)
     except Exception as exc:
-        raise env_failure(exc, f"cannot make {recipe.env_id} with kwargs {recipe.kwargs}", True)
+        raise env_failure(exc, f"cannot make {recipe.env_id} with kwargs {recipe.kwargs}", True)  # noqa: B904
     if start is None:
         return env, None, None
     try:
@@ -273,7 +273,7 @@ def make_env(recipe: EnvRecipe, start: Start = None) -> tuple[TextEnv, Any, Any]
     except BaseException as exc:
         close_quietly(env)
         if isinstance(exc, Exception):
-            raise env_failure(exc, "reset", True)
+            raise env_failure(exc, "reset", True)  # noqa: B904 - see env_failure
         raise
     return env, obs, info
 
@@ -296,7 +296,7 @@ def reset_env(env: TextEnv, seed: int | None, options: dict[str, Any] | None) ->
     try:
         return env.reset(seed=seed, options=options)
     except Exception as exc:
-        raise env_failure(exc, "reset", True)
+        raise env_failure(exc, "reset", True)  # noqa: B904 - see env_failure
 
 
 def step_env(env: TextEnv, action: str, check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -309,7 +309,7 @@ def step_env(env: TextEnv, action: str, check_length: bool = True) -> tuple[str,
     try:
         obs, reward, term, trunc, info = env.step(action)
     except Exception as exc:
-        raise env_failure(exc, "step", False)
+        raise env_failure(exc, "step", False)  # noqa: B904 - see env_failure
     return obs, float(reward), bool(term), bool(trunc), info
 
 
@@ -318,7 +318,7 @@ def fork_env(env: TextEnv, n: int) -> list[TextEnv]:
     try:
         return list(env.fork(n))
     except Exception as exc:
-        raise env_failure(exc, "fork", False)
+        raise env_failure(exc, "fork", False)  # noqa: B904 - see env_failure
 
 
 def snapshot_env(env: TextEnv, env_id: str) -> Snapshot:
@@ -326,7 +326,7 @@ def snapshot_env(env: TextEnv, env_id: str) -> Snapshot:
     try:
         snap: Snapshot = env.snapshot()
     except Exception as exc:
-        raise env_failure(exc, "snapshot", False)
+        raise env_failure(exc, "snapshot", False)  # noqa: B904 - see env_failure
     return snap if snap.env_id is not None else snap.model_copy(update={"env_id": env_id})
 
 
@@ -344,7 +344,8 @@ def env_failure(exc: Exception, what: str, client_values: bool) -> Exception:
     """What to raise for an exception of env code: domain errors as they are (the one mapping,
     :data:`sandbox_server.http_contract.DOMAIN_ERRORS`, answers them); with ``client_values`` (kwargs,
     seed, options came from the client) TypeError / ValueError / Gymnasium errors are 422; anything else
-    is the env's failure: :class:`EnvInfraError` (503), never a 500."""
+    is the env's failure: :class:`EnvInfraError` (503), never a 500. Callers raise it without ``from`` (it may
+    be ``exc`` itself, which must not become its own ``__cause__``); ``exc`` stays its ``__context__``."""
     if isinstance(exc, _PASS_ON):
         return exc
     if client_values and isinstance(exc, (TypeError, ValueError, gym.error.Error)):

@@ -368,6 +368,7 @@ async def run_blocking(fn: Callable[..., Any], *args: Any, deadline_s: float = E
         result = await work
         if not client_gone:
             return result
+        assert undo is not None  # a token exists only with undo
         await anyio.to_thread.run_sync(undo, result)
     else:
         work.add_done_callback(_consume)

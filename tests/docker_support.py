@@ -147,7 +147,7 @@ def make_fixture_tree(root: Path) -> Path:
     sib = root / "data2"
     sib.mkdir()
     (sib / "secret").write_text("secret\n")
-    for d, dirs, files in os.walk(root):
+    for d, _dirs, files in os.walk(root):
         os.chmod(d, 0o755)
         for f in files:
             p = os.path.join(d, f)

@@ -22,7 +22,8 @@ from envs.actions import (
         ("probe(2)", ToolCall("probe", (2,))),
         ("  answer( 5 )\n", ToolCall("answer", (5,))),
         ('cat("Lib/os.py")', ToolCall("cat", ("Lib/os.py",))),
-        ("grep(pattern='a b', path='.', recursive=True)", ToolCall("grep", (), (("pattern", "a b"), ("path", "."), ("recursive", True)))),
+        ("grep(pattern='a b', path='.', recursive=True)",
+         ToolCall("grep", (), (("pattern", "a b"), ("path", "."), ("recursive", True)))),
         ("head('x', n=-3)", ToolCall("head", ("x",), (("n", -3),))),
         ("ls()", ToolCall("ls")),
         ("cat('café 🚀')", ToolCall("cat", ("café 🚀",))),
@@ -100,8 +101,9 @@ def test_a_keyword_called_name_is_an_argument_like_any_other():
 
 
 # ------------------------------------------------------------------ field case S43: legality by meaning
-@pytest.mark.parametrize("spelling", ["ｐｒｏｂｅ(0)", "probe( 0 )", "probe(0x0)", "probe(0o0)", "probe(0b0)", "probe((0))",
-                                      " probe(0)\n", "probe(+0)", "probe(-0)", "probe(0,)", "\U0001d429robe(0)"])
+@pytest.mark.parametrize("spelling", ["ｐｒｏｂｅ(0)", "probe( 0 )", "probe(0x0)", "probe(0o0)", "probe(0b0)",
+                                      "probe((0))", " probe(0)\n", "probe(+0)", "probe(-0)", "probe(0,)",
+                                      "\U0001d429robe(0)"])
 def test_field_case_s43_every_spelling_the_env_runs_as_probe_0_is_legal(spelling):
     import gymnasium as gym
 
@@ -147,8 +149,10 @@ def test_is_legal_action_agrees_with_the_env_on_every_respelling(data, seed):
     for _ in range(3):
         name = data.draw(st.sampled_from(["probe", "answer"]))
         value = data.draw(st.integers(-2, 9))
-        arg = data.draw(st.one_of(st.just(_int_spelling(data.draw, value)), st.sampled_from(["True", "0.0", "'1'", "k=0", "None"])))
-        text = data.draw(st.sampled_from(["{}({})", " {} ( {} ) ", "{}({},)"])).format(_name_spelling(data.draw, name), arg)
+        arg = data.draw(st.one_of(st.just(_int_spelling(data.draw, value)),
+                                  st.sampled_from(["True", "0.0", "'1'", "k=0", "None"])))
+        form = data.draw(st.sampled_from(["{}({})", " {} ( {} ) ", "{}({},)"]))
+        text = form.format(_name_spelling(data.draw, name), arg)
         text = data.draw(st.one_of(st.just(text), st.text(max_size=12)))
         legal = is_legal_action(text, info["legal_actions"])
         _, _, terminated, truncated, info = env.step(text)

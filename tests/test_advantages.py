@@ -14,7 +14,7 @@ SQ7 = math.sqrt(7)
 
 def approx(values, expected, tol=1e-9):
     assert len(values) == len(expected)
-    for v, e in zip(values, expected):
+    for v, e in zip(values, expected, strict=True):
         assert v == pytest.approx(e, abs=tol)
 
 
@@ -60,7 +60,8 @@ def test_s6_anchor_buckets():
 # ---------------------------------------------------------------- hand-computed cases
 def test_traj_and_rloo_by_hand():
     approx(adv.traj_advantages([1, 0, 0, 1]), [1, -1, -1, 1])
-    approx(adv.traj_advantages([1, 0, 0, 0]), [3 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)])
+    approx(adv.traj_advantages([1, 0, 0, 0]),
+           [3 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)])
     approx(adv.rloo_advantages([1, 0, 0, 1]), [2 / 3, -2 / 3, -2 / 3, 2 / 3])
     approx(adv.rloo_advantages([3, 1]), [2, -2])
 

@@ -11,7 +11,6 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs
 from envs import ENV_SPECS, EpisodeFinishedError, Snapshot, check_fork_contract
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -210,7 +209,8 @@ def test_render_ansi_transcript():
 
 
 def test_demo_runs_and_explains():
-    out = subprocess.run([sys.executable, "-m", "trainer.cli", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "trainer.cli", "demo"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert "fork(4)" in out.stdout and "oracle policy: success rate 1.000" in out.stdout
 
@@ -234,7 +234,8 @@ def test_weak_demonstrator_success_rate_follows_its_skill(skill):
 
 @pytest.mark.parametrize("actions, distinct", [
     (["probe(0)", "probe(0)", "probe(2)", "answer(1)"], 2),  # a repeated probe counts once
-    (["probe(1)", "probe(9)", "probe(1", "probe(0)"], 4),  # refused and unparseable probe texts count: the last one ends it
+    # refused and unparseable probe texts count: the last one ends it
+    (["probe(1)", "probe(9)", "probe(1", "probe(0)"], 4),
     (["answer(0)", "answer(0)", "answer(0)", "answer(0)"], 0),
 ])
 def test_episode_metrics_at_the_end_only(actions, distinct):

@@ -114,7 +114,7 @@ c = SandboxClient("http://127.0.0.1:8000")
 sb = c.create(files={"question.txt": b"..."})      # per-episode files land in /scratch
 c.exec(sb.id, "grep", {"pattern": "def main", "path": "Lib"}, timeout_s=5)   # ToolResult(stdout, status, truncated, ...)
 kids = c.fork(sb.id, 4)                            # 4 independent copies of /scratch, /tmp, cwd, env, metadata
-'''
+'''  # noqa: E501 - README.md's block, verbatim
 
 def ray_line(out: str) -> dict:
     """The ``ray: {...}`` line a ``forkyard train --ray`` run ends with, as a dict."""
@@ -124,7 +124,8 @@ def ray_line(out: str) -> dict:
 TABLE: dict[str, Entry] = {
     # docs/scaling.md: simulated Ray clusters (scripts/ray-sim.sh makes its own network namespace)
     "./scripts/ray-sim.sh 3 .venv/bin/forkyard train --ray auto --env ClueProbe-v0 --iterations 30": Entry(
-        RUN, "13 s here", ("slow",), check=lambda out: ray_line(out)["nodes"] == 3 and ray_line(out)["forks_local"] > 0),
+        RUN, "13 s here", ("slow",),
+        check=lambda out: ray_line(out)["nodes"] == 3 and ray_line(out)["forks_local"] > 0),
     "./scripts/ray-sim.sh 3 .venv/bin/forkyard train --ray auto --env FileQA-v0 --iterations 5 --n-base 12 "
     "--node-capacity 3": Entry(
         RUN, "16 s here; forks travel", ("slow",),
@@ -141,6 +142,8 @@ TABLE: dict[str, Entry] = {
     "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
                       check=lambda out: "60 runs in" in out),
     "make test": Entry(BY_CI, ".ci/run runs `make test` (a test cannot run the suite that holds it)"),
+    "make lint": Entry(RUN, "ruff, and mypy against mypy-baseline.txt: about 70 s here with a cold mypy cache",
+                       ("slow",)),
     # README, env API
     ENV_API_BLOCK: Entry(PYTHON, "no server; the answer(3) branch is refused",
                          check=lambda out: "Invalid action" in out),
@@ -392,7 +395,8 @@ def check_backend(cmd: str, backend: str | None) -> None:
     with httpx.Client(base_url=URL, timeout=120) as http:
         if backend is None:  # a server of env sessions alone: a sandbox-backed env is refused, never run elsewhere
             r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "kwargs": {"kinds": ["log_errors"]}})
-            assert r.status_code == 422 and "sandbox" in r.json()["detail"], f"`{cmd}`: FileQA: {r.status_code} {r.text}"
+            assert r.status_code == 422 and "sandbox" in r.json()["detail"], (
+                f"`{cmd}`: FileQA: {r.status_code} {r.text}")
             assert http.get("/v1/pool").status_code == 404, f"`{cmd}` serves a sandbox pool"
             return
         pool = http.get("/v1/pool").json()

@@ -5,7 +5,6 @@ import httpx
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs
 from envs import EnvInfraError, EpisodeFinishedError, RemoteEnv
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
@@ -157,7 +156,8 @@ def test_trainer_runs_unchanged_against_remote_envs(server):
     from trainer.train import TrainConfig, train
 
     local = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu"))
-    remote = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu", server_url=server.url))
+    remote = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu",
+                               server_url=server.url))
     assert [m["reward_mean"] for m in remote.metrics] == [m["reward_mean"] for m in local.metrics]
     assert [m["env_calls"] for m in remote.metrics] == [m["env_calls"] for m in local.metrics]
     assert remote.evaluation == local.evaluation

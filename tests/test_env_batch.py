@@ -171,7 +171,8 @@ def drive_single(http, creates: list[dict], actions: list[list[str]], fork_n: in
         out.append(without_ids(r.json()))
         sids.append(r.json()["session_id"])
     for row in actions:
-        out.append([without_ids(http.post(f"/v1/envs/{s}/step", json={"action": a}).json()) for s, a in zip(sids, row)])
+        out.append([without_ids(http.post(f"/v1/envs/{s}/step", json={"action": a}).json())
+                    for s, a in zip(sids, row, strict=True)])
     kids = [k for s in sids for k in http.post(f"/v1/envs/{s}/fork", json={"n": fork_n}).json()["session_ids"]]
     act = actions[-1]
     out.append([without_ids(http.post(f"/v1/envs/{k}/step", json={"action": act[j // fork_n]}).json())
@@ -189,7 +190,7 @@ def drive_batched(http, creates: list[dict], actions: list[list[str]], fork_n: i
     sids = [m["session_id"] for m in made]
     for row in actions:
         out.append([without_ids(r) for r in ok(batch(http, "step", [{"session_id": s, "action": a}
-                                                                     for s, a in zip(sids, row)]))])
+                                                                     for s, a in zip(sids, row, strict=True)]))])
     forks = ok(batch(http, "fork", [{"session_id": s, "n": fork_n} for s in sids]))
     assert [f["session_id"] for f in forks] == sids
     kids = [k for f in forks for k in f["session_ids"]]
@@ -326,10 +327,10 @@ def assert_same(a, b) -> None:
             assert_same(a[k], b[k])
     elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, (a, b)
-        assert all(x == y for x, y in zip(a.tolist(), b.tolist())), (a, b)
+        assert all(x == y for x, y in zip(a.tolist(), b.tolist(), strict=True)), (a, b)
     elif isinstance(a, (tuple, list)):
         assert len(a) == len(b), (a, b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b, (a, b)
@@ -374,7 +375,8 @@ def test_vector_env_matches_a_loop_of_single_remote_envs(server):
                 expect = (o, 0.0, False, False, info)
             else:
                 expect = e.step(actions[i])
-            assert (obs[i], rewards[i], terms[i], truncs[i], infos["anchor_key"][i]) == (*expect[:4], expect[4]["anchor_key"])
+            assert (obs[i], rewards[i], terms[i], truncs[i], infos["anchor_key"][i]) == (
+                *expect[:4], expect[4]["anchor_key"])
             ended[i] = expect[2] or expect[3]
     vec.close()
     for e in singles:
@@ -479,7 +481,8 @@ def test_vector_env_on_fileqa_matches_single_remote_envs(fileqa_server):
         obs, rewards, terms, truncs, infos = vec.step(actions)
         for i, e in enumerate(singles):
             o, r, te, tr, info = e.step(actions[i])
-            assert (obs[i], rewards[i], terms[i], truncs[i], infos["anchor_key"][i]) == (o, r, te, tr, info["anchor_key"])
+            assert (obs[i], rewards[i], terms[i], truncs[i], infos["anchor_key"][i]) == (
+                o, r, te, tr, info["anchor_key"])
     vec.close()
     for e in singles:
         e.close()

@@ -310,7 +310,7 @@ def test_s28_a_failed_checkpoint_fork_loses_only_its_branches(selection):
     assigned = step_advantages(ro, TrainConfig(estimator="tree"))
     assert assigned.n_episodes == 9
     assert len(assigned.steps) == ro.env_calls
-    prefix = [a for s, a in zip(assigned.steps, assigned.advantages) if any(s is t for t in base1.steps)]
+    prefix = [a for s, a in zip(assigned.steps, assigned.advantages, strict=True) if any(s is t for t in base1.steps)]
     assert len(prefix) == 3 and len(set(prefix)) == 1  # the whole base trains as a prefix
 
 

@@ -6,7 +6,6 @@ import gymnasium as gym
 import httpx
 import pytest
 
-import envs
 from envs.fileqa import QUESTION_KINDS, corpus_facts, normalize_answer
 from sandbox_server.embedded import shared_provider
 from sandbox_server.app import create_env_app
@@ -188,7 +187,7 @@ def test_fork_after_reset_keeps_scratch_files_and_sandboxes_are_separate(backend
     kids = env.fork(3)
     assert len({k._sandbox for k in kids} | {env._sandbox}) == 4
     for k in kids:
-        obs, *_ = k.step(f"grep('ERROR', '/scratch/app.log')")
+        obs, *_ = k.step("grep('ERROR', '/scratch/app.log')")
         assert obs.count(" ERROR ") == answer
     a, b = env.fork(2)
     a.step("ls('Lib')")
@@ -266,7 +265,8 @@ def test_a_blocking_sandbox_step_does_not_stall_other_sessions():
 
     srv = UvicornThread(create_app("local")).start()
     try:
-        with httpx.Client(base_url=srv.url, timeout=30) as slow_http, httpx.Client(base_url=srv.url, timeout=30) as fast:
+        with (httpx.Client(base_url=srv.url, timeout=30) as slow_http,
+              httpx.Client(base_url=srv.url, timeout=30) as fast):
             slow = slow_http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 0,
                                                     "kwargs": {"per_turn_timeout_s": 2}}).json()
             quick = fast.post("/v1/envs", json={"env_id": "forkyard/ClueProbe-v0", "seed": 0}).json()

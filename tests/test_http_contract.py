@@ -40,7 +40,8 @@ def assert_error_body(resp: httpx.Response, status: int, says: str = "") -> dict
     assert resp.status_code == status, (resp.status_code, resp.text)
     assert resp.headers["content-type"].startswith("application/json"), resp.headers
     body = resp.json()
-    assert set(body) == {"detail", "status"} and isinstance(body["detail"], str) and isinstance(body["status"], str), body
+    assert set(body) == {"detail", "status"}, body
+    assert isinstance(body["detail"], str) and isinstance(body["status"], str), body
     ErrorBody.model_validate(body)
     assert says in body["detail"], body
     if status == 503:
@@ -253,8 +254,9 @@ def test_s15_strict_types_and_one_error_shape(http, route, body):
     sb = http.post("/v1/sandboxes", json={}).json()["id"]
     snap = http.post(f"/v1/sandboxes/{sb}/snapshot", json={}).json()["id"]
     sid = _session(http)
-    url = {"exec": f"/v1/sandboxes/{sb}/exec", "fork": f"/v1/sandboxes/{sb}/fork", "clone": f"/v1/snapshots/{snap}/clone",
-           "snapshot": f"/v1/sandboxes/{sb}/snapshot", "create": "/v1/sandboxes", "files": f"/v1/sandboxes/{sb}/files",
+    url = {"exec": f"/v1/sandboxes/{sb}/exec", "fork": f"/v1/sandboxes/{sb}/fork",
+           "clone": f"/v1/snapshots/{snap}/clone", "snapshot": f"/v1/sandboxes/{sb}/snapshot",
+           "create": "/v1/sandboxes", "files": f"/v1/sandboxes/{sb}/files",
            "env_create": "/v1/envs", "env_reset": f"/v1/envs/{sid}/reset", "env_fork": f"/v1/envs/{sid}/fork",
            "env_step": f"/v1/envs/{sid}/step"}[route]
     try:
@@ -471,7 +473,8 @@ def test_s19_env_code_failures_in_create_reset_step_fork_keep_nothing(env_app_se
     conn = RawConnection(srv.port)  # one keep-alive connection for everything
     try:
         for kwargs, options in (({"boom": "init"}, None), ({"boom": "reset"}, None), ({}, {"boom": True})):
-            status, headers, body = conn.request("POST", "/v1/envs", {"env_id": BOOM, "kwargs": kwargs, "options": options})
+            status, headers, body = conn.request("POST", "/v1/envs",
+                                                 {"env_id": BOOM, "kwargs": kwargs, "options": options})
             assert status == 503 and int(headers["retry-after"]) >= 1, body
             assert "kaboom" in ErrorBody.model_validate_json(body).detail
             assert len(store) == 0 and BoomEnv.open_envs == 0
@@ -663,7 +666,8 @@ def test_s29_fileqa_sessions_take_sandboxes_from_the_servers_service(fixture_dat
                                   next(iter(kw)))
             made = []
             for _ in range(5):
-                r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 1, "kwargs": {"kinds": ["log_errors"]}})
+                r = http.post("/v1/envs", json={"env_id": "forkyard/FileQA-v0", "seed": 1,
+                                                "kwargs": {"kinds": ["log_errors"]}})
                 if r.status_code != 201:
                     assert_error_body(r, 503)  # the pool is exhausted: never a 500
                     break

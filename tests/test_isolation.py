@@ -46,7 +46,8 @@ def test_ci_tests_the_isolated_local_backend(fixture_data):
         sid = b.create()
         conf = b.confinement(sid)
         assert conf["noexec"] == ["/scratch", "/tmp"] and conf["caps_dropped"] is True
-        r = b.exec(sid, ["sh", "-c", "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; grep -E ' /(scratch|tmp) ' /proc/self/mountinfo"])
+        r = b.exec(sid, ["sh", "-c", "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; "
+                                     "grep -E ' /(scratch|tmp) ' /proc/self/mountinfo"])
         caps = dict(line.split(":\t") for line in r.stdout.splitlines() if line.startswith("Cap"))
         assert set(caps.values()) == {"0000000000000000"}, r.stdout
         mounts = [line for line in r.stdout.splitlines() if " - tmpfs " in line]
@@ -56,7 +57,8 @@ def test_ci_tests_the_isolated_local_backend(fixture_data):
         b.close()
 
 
-@pytest.mark.parametrize("bwrap_script", [None, "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"],
+@pytest.mark.parametrize("bwrap_script",
+                         [None, "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"],
                          ids=["missing", "broken"])
 def test_no_silent_fallback_without_bubblewrap(fixture_data, tmp_path, monkeypatch, bwrap_script):
     monkeypatch.setenv("PATH", fake_bin(tmp_path, bwrap_script))
@@ -66,7 +68,8 @@ def test_no_silent_fallback_without_bubblewrap(fixture_data, tmp_path, monkeypat
     assert "apt-get install bubblewrap" in msg and "make" in msg and "unsafe_no_isolation=True" in msg
     if bwrap_script:
         assert "Permission denied" in msg  # bwrap's own reason is kept
-    b = LocalBackend(fixture_data, server_name=f"{SERVER_NAME}-nobwrap", unsafe_no_isolation=True)  # the explicit opt-in
+    # the explicit opt-in
+    b = LocalBackend(fixture_data, server_name=f"{SERVER_NAME}-nobwrap", unsafe_no_isolation=True)
     try:
         assert b.isolated is False and b.isolation == "none (unsafe)" and "UNSAFE" in b.describe()
         sid = b.create()
@@ -205,7 +208,8 @@ def test_s17_nothing_uploaded_can_be_executed(service):
         abi = service.backend.confinement(service._session(sid0).sid).get("landlock_abi", 0)
         service.delete(sid0)
         if not abi:
-            pytest.skip("unisolated local backend on a kernel without Landlock: the environment allow-list is the barrier")
+            pytest.skip("unisolated local backend on a kernel without Landlock: the environment allow-list is the "
+                        "barrier")
     true_bin = Path(shutil.which("true")).read_bytes()
     info = service.create(files={"t": true_bin, "s.sh": b"#!/bin/sh\necho RAN\n"})
     try:
@@ -330,4 +334,5 @@ def test_path_rewriter_is_the_same_however_the_stream_is_cut():
 
 def test_session_env_names_are_only_locale_and_display():
     assert not [n for n in SESSION_ENV_NAMES if n.startswith(("LD_", "PYTHON", "MALLOC", "GLIBC", "PERL"))]
-    assert not {"PATH", "HOME", "IFS", "ENV", "BASH_ENV", "GCONV_PATH", "LOCPATH", "TMPDIR", "POSIXLY_CORRECT"} & SESSION_ENV_NAMES
+    assert not {"PATH", "HOME", "IFS", "ENV", "BASH_ENV", "GCONV_PATH", "LOCPATH", "TMPDIR",
+                "POSIXLY_CORRECT"} & SESSION_ENV_NAMES

@@ -126,7 +126,8 @@ def _history_error(messages: list[dict]) -> str | None:
             missing = [x for x in ids if x not in answered]
             if missing:
                 return ("An assistant message with 'tool_calls' must be followed by tool messages responding to each "
-                        f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(missing)}")
+                        "'tool_call_id'. The following tool_call_ids did not have response messages: "
+                        f"{', '.join(missing)}")
         i += 1
     return None
 

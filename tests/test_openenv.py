@@ -426,7 +426,7 @@ def test_remote_env_plays_alike_over_both_transports(server, transport):
     assert env.observation_space.max_length == local.observation_space.max_length
     assert env.step("probe(0)") == local.step("probe(0)")
     kids, twins = env.fork(2), local.fork(2)
-    for kid, twin, k in zip(kids, twins, (1, 2)):
+    for kid, twin, k in zip(kids, twins, (1, 2), strict=True):
         assert kid.step(f"probe({k})") == twin.step(f"probe({k})")
     assert env.step("probe(2)") == local.step("probe(2)")  # the parent goes on alone
     assert sessions(server) == 3

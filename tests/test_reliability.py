@@ -113,7 +113,8 @@ def test_load_rounds_return_every_count_to_its_baseline():
             res = srv.resources()
             # The engine client's connection pool may keep one or two more connections after a round that ran
             # on a busier machine (seen once: 40 against 39 after 30 s); a leak grows every round and fails.
-            while (res["fds"] > base["fds"] + FD_SLACK or res["threads"] > base["threads"]) and time.monotonic() < deadline:
+            while ((res["fds"] > base["fds"] + FD_SLACK or res["threads"] > base["threads"])
+                   and time.monotonic() < deadline):
                 time.sleep(0.5)
                 res = srv.resources()
             rounds.append({"sessions_got": got, **res, "containers": len(leftover_containers(srv.name))})
@@ -171,6 +172,12 @@ def _settled(svc, sessions: int) -> None:
     raise AssertionError(f"not settled: {svc.pool_status()}, backend holds {len(svc.backend.ids())}")
 
 
+def _cat_q(http: httpx.Client, sandbox_id: str) -> str:
+    """The stdout of ``cat /scratch/q.txt`` run over HTTP in sandbox ``sandbox_id``."""
+    return http.post(f"/v1/sandboxes/{sandbox_id}/exec",
+                     json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"]
+
+
 def test_a_killed_agent_costs_one_call_of_one_session(served):
     kind, svc, http = served
     a = http.post("/v1/sandboxes", json={"files": {"q.txt": "hello"}}).json()["id"]
@@ -179,8 +186,8 @@ def test_a_killed_agent_costs_one_call_of_one_session(served):
     r = http.post(f"/v1/sandboxes/{a}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}})
     assert r.status_code == 200 and r.json()["status"] == "error" and "replaced" in r.json()["message"]
     # the session goes on, from its last restore point; the other session never noticed
-    assert http.post(f"/v1/sandboxes/{a}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"] == "hello"
-    assert http.post(f"/v1/sandboxes/{b}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"] == "other"
+    assert _cat_q(http, a) == "hello"
+    assert _cat_q(http, b) == "other"
     for sid in (a, b):
         assert http.delete(f"/v1/sandboxes/{sid}").status_code == 204
     _settled(svc, 0)
@@ -203,7 +210,7 @@ def test_docker_kill_of_a_busy_and_an_idle_container(served):
     t.join(30)
     r = out["r"]
     assert r.status_code == 200 and r.json()["status"] == "error", r.text
-    assert http.post(f"/v1/sandboxes/{sb}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"] == "hello"
+    assert _cat_q(http, sb) == "hello"
     # every idle container killed: a new session's first call still works (S31)
     with svc.pool._cond:
         idle = list(svc.pool._idle)
@@ -230,7 +237,7 @@ def test_pool_exhausted_mid_fork_leaves_only_the_parent(served):
     kids = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 2})
     assert kids.status_code == 201
     for k in kids.json()["sandboxes"]:
-        assert http.post(f"/v1/sandboxes/{k['id']}/exec", json={"tool": "cat", "args": {"path": "/scratch/q.txt"}}).json()["stdout"] == "hello"
+        assert _cat_q(http, k["id"]) == "hello"
         http.delete(f"/v1/sandboxes/{k['id']}")
     http.delete(f"/v1/sandboxes/{parent}")
     _settled(svc, 0)

@@ -84,7 +84,9 @@ def test_a_tabular_run_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp
     assert without_wall(got) == without_wall(want)  # the next iterations' seeds, RNG and table as if never stopped
     a, b = (torch.load(d / "resume.pt", weights_only=True)["policy"] for d in (cut, whole))
     assert torch.equal(a["table"], b["table"]) and a["rows"] == b["rows"]
-    summary = lambda d: json.loads((d / "summary.json").read_text())["evaluation"]
+    def summary(d):
+        return json.loads((d / "summary.json").read_text())["evaluation"]
+
     assert summary(cut) == summary(whole)
 
 
@@ -212,7 +214,7 @@ def test_train_lm_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     got = rows(cut / "metrics.jsonl")
     assert [m["iteration"] for m in got] == list(range(8))
-    for g, w in zip(without_wall(got), without_wall(want)):
+    for g, w in zip(without_wall(got), without_wall(want), strict=True):
         assert g.keys() == w.keys()
         for k in g:
             assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), k

@@ -50,7 +50,8 @@ class FlakyClueProbe(ClueProbeEnv):
 def test_tree_branches_share_their_base_target_and_count_env_calls(selection):
     log = []
     env = RecordingClueProbe(log, turns=5)
-    ro = tree_rollout(env, TabularPolicy(device="cpu"), 5, 4, seeds=[10, 11, 12, 13, 14], rng=random.Random(0), fork_selection=selection)
+    ro = tree_rollout(env, TabularPolicy(device="cpu"), 5, 4, seeds=[10, 11, 12, 13, 14], rng=random.Random(0),
+                      fork_selection=selection)
     targets = {}
     for seed, target in log:
         targets.setdefault(seed, set()).add(target)
@@ -89,7 +90,8 @@ def test_group_rollout_counts_and_degeneration_matches_article_at_t2():
         ro = group_rollout(env, policy, 16, [it * 16 + i for i in range(16)], rng)
         assert ro.env_calls == 32
         degen.append(anchor_stats([s for e in ro.episodes for s in e.steps])["degeneration"])
-    # The reference granularity study (docs/results/granularity.md): 15.1% of anchors hold one sample at G=16, T=2 (uniform policy; 16 into 6 buckets).
+    # The reference granularity study (docs/results/granularity.md): 15.1% of anchors hold one sample at G=16,
+    # T=2 (uniform policy; 16 into 6 buckets).
     assert abs(sum(degen) / len(degen) - 0.151) < 0.02
 
 
@@ -109,7 +111,7 @@ def test_tree_step_advantages_follow_the_documented_rule():
     env = ClueProbeEnv(turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 4, 4, [0, 1, 2, 3], random.Random(5))
     assigned = step_advantages(ro, TrainConfig(estimator="tree"))
-    by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages)}
+    by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages, strict=True)}
     from trainer.advantages import normalize
 
     bases = [e for e in ro.episodes if e.branch == 0]
@@ -133,7 +135,7 @@ def test_anchor_fallback_on_a_tree_rollout_groups_each_forks_siblings():
     assert assigned.n_episodes == 16 and len(assigned.steps) == sum(len(e.steps) for e in ro.episodes)
     episode_adv = normalize([e.reward for e in ro.episodes])
     steps = [(s, i) for i, e in enumerate(ro.episodes) for s in e.steps]
-    by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages)}
+    by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages, strict=True)}
     for b in (e for e in ro.episodes if e.branch == 0):
         fork_keys = {s.anchor_key for e in ro.episodes if e.base == b.base for s in e.steps if s.turn == b.fork_turn}
         assert len(fork_keys) == 1  # the 4 siblings act in one visible state
@@ -177,7 +179,8 @@ def test_train_writes_jsonl_metrics(tmp_path):
     import json
 
     m = json.loads(lines[0])
-    for key in ("reward_mean", "reward_std", "entropy", "grad_norm", "env_calls", "anchors", "mean_anchor_size", "degeneration", "zero_variance_groups"):
+    for key in ("reward_mean", "reward_std", "entropy", "grad_norm", "env_calls", "anchors", "mean_anchor_size",
+                "degeneration", "zero_variance_groups"):
         assert key in m
     assert (tmp_path / "summary.json").exists()
 

@@ -128,7 +128,8 @@ def test_s3_timeouts_kill_everything_and_the_sandbox_stays_usable(service):
     try:
         cases = [
             (ids[0], lambda s: service.exec(s, "cat", {"path": "fifo"}, timeout_s=2)),
-            (ids[1], lambda s: service.exec_argv(s, ["sh", "-c", "echo started; sleep 1000.123 & exit 0"], timeout_s=2)),
+            (ids[1], lambda s: service.exec_argv(s, ["sh", "-c", "echo started; sleep 1000.123 & exit 0"],
+                                                 timeout_s=2)),
             (ids[2], lambda s: service.exec_argv(s, ["cat"], timeout_s=2)),
             (ids[3], lambda s: service.exec_argv(s, ["grep", "foo"], timeout_s=2)),
         ]
@@ -226,7 +227,8 @@ def test_s4_server_memory_grows_by_cap_times_calls_not_by_output(service):
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
         with ThreadPoolExecutor(16) as ex:
-            results = list(ex.map(lambda i: service.exec_argv(ids[i % 4], ["cat", "/dev/zero"], timeout_s=5), range(16)))
+            results = list(ex.map(lambda i: service.exec_argv(ids[i % 4], ["cat", "/dev/zero"], timeout_s=5),
+                                  range(16)))
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -254,7 +256,8 @@ def test_s5_undecodable_bytes(service, sb):
 # -- files, state, snapshot, clone, fork -------------------------------------------------------------------
 
 def test_write_files_and_state(service):
-    info = service.create(files={"q/question.txt": b"what?"}, cwd="/scratch", env={"LANG": "C.UTF-8"}, metadata={"k": 1})
+    info = service.create(files={"q/question.txt": b"what?"}, cwd="/scratch", env={"LANG": "C.UTF-8"},
+                          metadata={"k": 1})
     try:
         assert service.exec(info.id, "cat", {"path": "q/question.txt"}).stdout == "what?"
         assert service.exec(info.id, "ls", {"path": "/data/sub"}).stdout == "deep\n"

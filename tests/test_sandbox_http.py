@@ -89,14 +89,16 @@ def test_bad_calls_are_422_never_500(server, client, body, words):
 
 def test_malformed_requests(server, client):
     assert httpx.post(f"{server.url}/v1/sandboxes/nope/exec", json={"tool": "ls"}).status_code == 404
-    assert httpx.post(f"{server.url}/v1/sandboxes", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    assert httpx.post(f"{server.url}/v1/sandboxes", content=b"{not json",
+                      headers={"content-type": "application/json"}).status_code == 422
     assert httpx.post(f"{server.url}/v1/snapshots/nope/clone", json={"n": 1}).status_code == 404
     sb = client.create()
     try:
         assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": 0}).status_code == 422
         assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": 10_000}).status_code == 422
         assert httpx.post(f"{server.url}/v1/sandboxes/{sb.id}/fork", json={"n": True}).status_code == 422
-        assert httpx.put(f"{server.url}/v1/sandboxes/{sb.id}/files", json={"files": {"x": "!!"}, "encoding": "base64"}).status_code == 422
+        assert httpx.put(f"{server.url}/v1/sandboxes/{sb.id}/files",
+                         json={"files": {"x": "!!"}, "encoding": "base64"}).status_code == 422
         with pytest.raises(ToolRefused):
             client.write_files(sb.id, {"/abs": b"x"})
         with pytest.raises(LimitExceeded):  # 413 from the service's limit, named in the message

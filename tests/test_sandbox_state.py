@@ -58,7 +58,8 @@ def test_s22_a_second_backend_leaves_the_first_ones_sandboxes(fixture_data, tmp_
         sid = a.create()
         a.write_files(sid, {"notes.txt": b"mine"})
         b = LocalBackend(fixture_data, state_dir=tmp_path, server_name=name, unsafe_no_isolation=local_kind)
-        other = LocalBackend(fixture_data, state_dir=tmp_path, server_name="another-name", unsafe_no_isolation=local_kind)
+        other = LocalBackend(fixture_data, state_dir=tmp_path, server_name="another-name",
+                             unsafe_no_isolation=local_kind)
         assert a.state_dir != b.state_dir and a.state_dir.parent == b.state_dir.parent == tmp_path / name
         assert b.cleanup_orphans() == 0 and other.cleanup_orphans() == 0
         assert a.exec(sid, ["cat", "/scratch/notes.txt"], path_args=[1]).stdout == "mine"
@@ -315,7 +316,8 @@ SETUP = ("cd /scratch && touch -d '2001-01-01 00:00:00.123456789' f && chmod 640
 
 def _stats(service, sid):
     return {p: service.exec(sid, "stat", {"path": p}).stdout for p in (
-        "/scratch/f", "/scratch/hard", "/scratch/lnk", "/scratch/d", "/scratch/d/e", "/scratch/d/e/g", "/scratch/secret",
+        "/scratch/f", "/scratch/hard", "/scratch/lnk", "/scratch/d", "/scratch/d/e", "/scratch/d/e/g",
+        "/scratch/secret",
         "/scratch/ro", "/scratch/ro/in", "/scratch/ro/in/x")}
 
 
@@ -326,7 +328,8 @@ def test_s27_fork_carries_modes_mtimes_and_links(service):
         r = host_sh(service, origin.id, SETUP)
         assert r.status == "ok" and r.exit_code == 0, r
         want = _stats(service, origin.id)
-        assert "Modify: 2001-01-01 00:00:00.123456789 +0000" in want["/scratch/f"] and "Mode: 0640" in want["/scratch/f"]
+        assert "Modify: 2001-01-01 00:00:00.123456789 +0000" in want["/scratch/f"]
+        assert "Mode: 0640" in want["/scratch/f"]
         assert "Type: symbolic link" in want["/scratch/lnk"] and "-> 'f'" in want["/scratch/lnk"]
         assert "Mode: 0700" in want["/scratch/d/e"] and "2003-03-03" in want["/scratch/d"]
         assert "Mode: 0000" in want["/scratch/secret"] and "Mode: 0555" in want["/scratch/ro"]
@@ -354,8 +357,9 @@ def test_s27_fork_carries_modes_mtimes_and_links(service):
         delete_quietly(service, *ids)
 
 
-@pytest.mark.parametrize("where,make", [("/scratch/p", "mkfifo /scratch/p"), ("/tmp/sub/p", "mkdir /tmp/sub && mkfifo /tmp/sub/p"),
-                                        ("/scratch/s", "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('/scratch/s')\"")],
+@pytest.mark.parametrize("where,make", [
+    ("/scratch/p", "mkfifo /scratch/p"), ("/tmp/sub/p", "mkdir /tmp/sub && mkfifo /tmp/sub/p"),
+    ("/scratch/s", "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('/scratch/s')\"")],
                          ids=["fifo", "fifo-in-tmp", "socket"])
 def test_s27_what_cannot_be_carried_is_refused_loudly(service, where, make):
     origin = service.create(files={"keep.txt": b"keep"})

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from envs.actions import bind_arguments, parse_action
 from sandbox_server.agent import utf8_cut
-from sandbox_server.tools import (MAX_ARG_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, SESSION_ENV_NAMES, STAT_FORMAT, TOOLS,
-                                  ToolRefused, clamp_timeout, tool_specs, validate_call, validate_session_env)
+from sandbox_server.tools import (MAX_ARG_CHARS, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, SESSION_ENV_NAMES, STAT_FORMAT,
+                                  TOOLS, ToolRefused, clamp_timeout, tool_specs, validate_call,
+                                  validate_session_env)
 
 # (tool, args, words the refusal message must contain)
 REFUSED = [
@@ -168,8 +169,8 @@ def test_session_env_value_rules(env, words):
 
 
 def test_session_env_allowed_values():
-    env = {"LANG": "en_US.UTF-8", "LANGUAGE": "fr:en", "LC_ALL": "C.UTF-8", "LC_TIME": "de_DE@euro", "TZ": "Europe/Paris",
-           "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40", "NO_COLOR": "1"}
+    env = {"LANG": "en_US.UTF-8", "LANGUAGE": "fr:en", "LC_ALL": "C.UTF-8", "LC_TIME": "de_DE@euro",
+           "TZ": "Europe/Paris", "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40", "NO_COLOR": "1"}
     assert validate_session_env(env) == env and validate_session_env(None) == {} and validate_session_env({}) == {}
     assert validate_session_env({"TZ": "EST5EDT,M3.2.0,M11.1.0"}) == {"TZ": "EST5EDT,M3.2.0,M11.1.0"}
     assert validate_session_env({"TZ": "<+03>-3"}) == {"TZ": "<+03>-3"}

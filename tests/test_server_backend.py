@@ -87,7 +87,8 @@ def test_local_server_refuses_to_start_without_isolation_unless_told_it_is_unsaf
         assert health["backend"] == "local"
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
             sb = http.post("/v1/sandboxes").json()["id"]
-            assert http.post(f"/v1/sandboxes/{sb}/exec", json={"tool": "ls", "args": {"path": "/data"}}).status_code == 200
+            r = http.post(f"/v1/sandboxes/{sb}/exec", json={"tool": "ls", "args": {"path": "/data"}})
+            assert r.status_code == 200
     finally:
         proc.terminate()
         proc.wait(30)

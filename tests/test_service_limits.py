@@ -68,7 +68,8 @@ def test_an_abandoned_request_keeps_nothing(svc):
     with pytest.raises(ServiceUnavailable, match="abandoned"):
         svc.create(files={"q.txt": b"x"}, cancel=token)
     parent = svc.create(files={"q.txt": b"x"})
-    for call in (lambda t: svc.fork(parent.id, 3, cancel=t), lambda t: svc.clone(svc.snapshot(parent.id).id, 2, cancel=t)):
+    for call in (lambda t: svc.fork(parent.id, 3, cancel=t),
+                 lambda t: svc.clone(svc.snapshot(parent.id).id, 2, cancel=t)):
         token = CancelToken()
         token.set()
         with pytest.raises(ServiceUnavailable):

@@ -110,7 +110,7 @@ def test_async_single_and_batched_operations_answer_alike():
         a = [o.session_id for o in single]
         b = [o.session_id for o in batched[:3]]
         actions = ["probe(1)", "answer(2)", "probe(0)"]
-        one = [await host.step(s, x) for s, x in zip(a, actions)]
+        one = [await host.step(s, x) for s, x in zip(a, actions, strict=True)]
         many = await session_batch.batch_step(host, [*b, "gone", b[0]], [*actions, "probe(0)", "x" * 300])
         assert many[:3] == one
         assert [status(e) for e in many[3:]] == [404, 413]

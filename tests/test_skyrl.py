@@ -134,8 +134,8 @@ def test_omegaconf_configs_as_skyrl_passes_them_reach_a_server_as_plain_json():
         srv.stop()
 
 
-@pytest.mark.parametrize("extras, seed", [({"seed": 3}, 3), ({"seed": "7"}, 7), ({"seed": None, "extra_info": {"seed": 2}}, 2),
-                                          ({}, None)])
+@pytest.mark.parametrize("extras, seed", [({"seed": 3}, 3), ({"seed": "7"}, 7),
+                                          ({"seed": None, "extra_info": {"seed": 2}}, 2), ({}, None)])
 def test_row_seeds(extras, seed):
     env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE}, extras=extras)
     assert env.seed == seed

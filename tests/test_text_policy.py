@@ -50,7 +50,7 @@ def test_template_render_mask():
     expected = ([TOK.bos_id, TOK.user_id] + TOK.encode("Q?") + [TOK.eot_id, TOK.assistant_id] + a1
                 + [TOK.tool_id] + TOK.encode("a.txt\nb.txt") + [TOK.eot_id, TOK.assistant_id] + a2)
     assert ids == expected
-    assert [i for i, m in zip(ids, mask) if m] == a1 + a2
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == a1 + a2
     assert sum(mask) == len(a1) + len(a2)
 
 
@@ -67,7 +67,7 @@ def _check_s7(session, s1, s2, tool_output, model):
     ids, mask = session.ids, session.mask
     generated = s1.data.action_ids + s2.data.action_ids
     # mask 1 exactly on the generated ids (a generated <|end|> included), in order
-    assert [i for i, m in zip(ids, mask) if m] == generated
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == generated
     assert sum(mask) == len(generated)
     for s in (s1, s2):
         if s.data.stop == "eot":
@@ -77,7 +77,8 @@ def _check_s7(session, s1, s2, tool_output, model):
     start = len(s1.data.context) + len(s1.data.action_ids) + (s1.data.stop != "eot")
     assert ids[start] == TOK.tool_id and ids[start + 1:start + 1 + len(tool)] == tool
     assert not any(mask[start:start + len(tool) + 3])
-    assert all(m == 0 for i, m in zip(ids, mask) if i in (TOK.bos_id, TOK.user_id, TOK.assistant_id, TOK.tool_id))
+    specials = (TOK.bos_id, TOK.user_id, TOK.assistant_id, TOK.tool_id)
+    assert all(m == 0 for i, m in zip(ids, mask, strict=True) if i in specials)
     # the trainer's rows: mask sum = response length; entropy and KL read the same mask
     ro = Rollout("group", [Episode(steps=[s1, s2])])
     batch = build_batch(ro, [s1, s2], [1.0, -0.5], TOK.pad_id, "cpu")
@@ -182,7 +183,9 @@ def test_no_retokenisation_drift(tree):
     model, ro = tree
     steps = [s for e in ro.episodes for s in e.steps]
     batch = build_batch(ro, steps, [1.0] * len(steps), TOK.pad_id, "cpu")
-    trained = [i for row, m in zip(batch.rows, batch.mask.tolist()) for i, k in zip(row, m) if k]
+    # batch.rows are unpadded, the mask is padded to the widest row: the inner zip stops at the row's end
+    trained = [i for row, m in zip(batch.rows, batch.mask.tolist(), strict=True)
+               for i, k in zip(row, m, strict=False) if k]
     by_row = []
     for e in ro.episodes:
         if e.steps:
@@ -274,7 +277,7 @@ def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
     before = [e.reward for e in ro.episodes]
     apply_invalid_penalty(ro, 0.5)
     bases = {e.base: e for e in ro.episodes if e.branch == 0}
-    for e, r0 in zip(ro.episodes, before):
+    for e, r0 in zip(ro.episodes, before, strict=True):
         path = list(e.steps)
         if e.branch:
             path = [s for s in bases[e.base].steps if s.turn < e.fork_turn] + path

@@ -235,7 +235,8 @@ def test_field_case_s34_several_calls_of_a_turn_are_read_in_order():
 
 
 @pytest.mark.parametrize("output", ["ｐｒｏｂｅ(0)", "probe( 0 )", "probe(0x0)", "probe(0b0)", "probe((0))",
-                                    '{"name": "ｐｒｏｂｅ", "arguments": {"k": 0}}', '{"name": " probe ", "arguments": {" k": 0}}',
+                                    '{"name": "ｐｒｏｂｅ", "arguments": {"k": 0}}',
+                                    '{"name": " probe ", "arguments": {" k": 0}}',
                                     '<tool_call>{"name": "probe", "arguments": {"ｋ": 0}}</tool_call>'])
 def test_unusual_spellings_mean_what_they_mean_to_the_env(output):
     # Python reads identifiers NFKC-normalised and literals by value: the JSON forms read names the same way
@@ -251,8 +252,11 @@ NASTY_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12)
 PLAIN = st.text(st.characters(blacklist_characters="<", blacklist_categories=("Cs",)), max_size=30)
 
 
+CALL_COUNTS = st.integers(1, 3)
+
+
 @st.composite
-def tools_and_calls(draw, n=st.integers(1, 3)):
+def tools_and_calls(draw, n=CALL_COUNTS):
     """A few tools and a list of calls of them whose string arguments hold tags and syntax."""
     names = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
     tools, calls = [], []
@@ -298,11 +302,12 @@ def test_the_calls_of_a_turn_are_found_in_order_and_drafts_in_reasoning_never(tc
     tools, calls = tc
     drafts = [c for c in drafts_tc[1]]
     draft_tools = drafts_tc[0]
-    reasoning = texts[0] + "".join(format_tool_call(d) + t for d, t in zip(drafts, texts[1:]))
+    reasoning = texts[0] + "".join(format_tool_call(d) + t for d, t in zip(drafts, texts[1:], strict=False))
     out = ("" if opened_by_prompt else "<think>") + reasoning + "</think>" + texts[3]
-    for c, t in zip(calls, texts[4:]):
+    for c, t in zip(calls, texts[4:], strict=False):
         out += format_tool_call(c) + t
-    got = read_calls(out, tools + [t for t in draft_tools if t["function"]["name"] not in {x["function"]["name"] for x in tools}])
+    names = {x["function"]["name"] for x in tools}
+    got = read_calls(out, tools + [t for t in draft_tools if t["function"]["name"] not in names])
     assert [c.action for c in got] == [call_to_action(c, tools) for c in calls]
     if len(calls) == 1:
         assert parse_model_output(out, tools) == call_to_action(calls[0], tools)
@@ -324,11 +329,12 @@ def test_any_output_reads_or_raises_action_parse_error(text):
 
 @settings(max_examples=200, deadline=None)
 @given(tools_and_calls(), st.lists(st.sampled_from(["\n", "; ", " ", ";\n"]), min_size=3, max_size=3),
-       st.lists(st.sampled_from(["json", "call"]), min_size=3, max_size=3), st.sampled_from(["", "<think>", "</think>"]))
+       st.lists(st.sampled_from(["json", "call"]), min_size=3, max_size=3),
+       st.sampled_from(["", "<think>", "</think>"]))
 def test_several_bare_calls_in_one_turn_are_delimited_by_their_grammar(tc, seps, kinds, reasoning):
     tools, calls = tc
     out = {"": "", "<think>": f"<think>{format_tool_call(calls[0])}</think>",
            "</think>": f"{format_tool_call(calls[-1])}</think>"}[reasoning]
-    for c, sep, kind in zip(calls, seps, kinds):
+    for c, sep, kind in zip(calls, seps, kinds, strict=False):
         out += (json.dumps(c) if kind == "json" else call_to_action(c, tools)) + sep
     assert [c.action for c in read_calls(out, tools)] == [call_to_action(c, tools) for c in calls]

@@ -18,7 +18,7 @@ from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy
-from trainer.text_sft import demo_episodes, demo_rows, make_tokenizer
+from trainer.text_sft import demo_episodes, make_tokenizer
 
 CLI = [sys.executable, "-c", "import sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))"]
 CFG = TextTrainConfig(turns=3, vocab=300, tools="json")
@@ -57,7 +57,7 @@ def test_the_prompt_with_tools_is_the_hf_chat_template_with_tools(tok):
     assert text.startswith(json.dumps(TOOLS[0]) + "\n" + json.dumps(TOOLS[1]) + "\n")
     assert len(template.first(first)) > len(ChatTemplate(tok).first(first)) + 50
     # the demonstrated actions are <tool_call> JSON, and only they carry loss
-    written = tok.decode([i for i, m in zip(ids, mask) if m])
+    written = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert written.count("<tool_call>") == len(turns) and '"name": "answer"' in written
 
 
@@ -111,7 +111,8 @@ def test_sampled_actions_go_to_the_env_mapped_and_the_record_keeps_the_sampled_i
     session = policy.session(obs, info)
     step = session.act(random.Random(0))
     assert step.action == policy.to_action(tok.decode([i for i in step.data.action_ids if i != tok.eot_id]))
-    assert session.ids[len(step.data.context):len(step.data.context) + len(step.data.action_ids)] == step.data.action_ids
+    start = len(step.data.context)
+    assert session.ids[start:start + len(step.data.action_ids)] == step.data.action_ids
 
 
 def test_sft_on_tool_call_json_then_evaluation_plays_the_env_through_the_mapping(tmp_path):

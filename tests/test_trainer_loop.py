@@ -69,7 +69,8 @@ def test_any_policy_of_the_protocol_trains_in_the_loop(tmp_path):
     run = train_loop(cfg, env, policy, shaping=lambda ro: shaped.append(len(ro.episodes)), monitors=[FireAt(3)],
                      evaluate=lambda: evals.append(1) or {"score": 1.5})
     assert policy.updates == [(4, 12, 4)] * 5 and shaped == [4] * 5 and len(evals) == 3  # iterations 2, 4, 5
-    assert run.warnings == ["fired at 3"] and [m.get("test_warning") for m in run.metrics] == [None, None, None, 1, None]
+    assert run.warnings == ["fired at 3"]
+    assert [m.get("test_warning") for m in run.metrics] == [None, None, None, 1, None]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("eval_score") for r in rows] == [None, 1.5, None, 1.5, 1.5]
     for m in rows:

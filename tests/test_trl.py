@@ -102,8 +102,8 @@ def assistant_labels(tok, text: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids of ``text`` and labels that keep only the assistant turns (the tool calls and their end)."""
     enc = tok(text, return_offsets_mapping=True)
     spans = [(m.start(1), m.end(1)) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", text, re.S)]
-    labels = [i if any(a <= s0 < b for a, b in spans) else -100 for i, (s0, _) in zip(enc["input_ids"],
-                                                                                    enc["offset_mapping"])]
+    pairs = zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+    labels = [i if any(a <= s0 < b for a, b in spans) else -100 for i, (s0, _) in pairs]
     return torch.tensor(enc["input_ids"]), torch.tensor(labels)
 
 
@@ -264,7 +264,7 @@ def check_tree(rollout: TreeForkRollout, rows: dict, g: int = 4) -> None:
         for i in range(g):
             c, lp, m = rows["completion_ids"][j + i], rows["logprobs"][j + i], rows["env_mask"][j + i]
             assert len(c) == len(lp) == len(m) and m[0] == 1
-            assert all(x == 0.0 for x, k in zip(lp, m) if k == 0) and all(x <= 0.0 for x in lp)
+            assert all(x == 0.0 for x, k in zip(lp, m, strict=True) if k == 0) and all(x <= 0.0 for x in lp)
 
 
 class Recording(TreeForkRollout):

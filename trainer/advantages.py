@@ -11,8 +11,9 @@ Normalisation (shared by ``traj``, ``anchor`` and ``tree``)::
                                                            and max(R) - min(R) > equal_tol
     A_i = 0                                                otherwise
 
-``std`` is the population standard deviation (ddof=0, as the reference study's anchor code (docs/results/granularity.md) and RAGEN use;
-pass ``ddof=1`` for the unbiased std of verl's GRPO). Rewards are summed in float64, so float32 inputs
+``std`` is the population standard deviation (ddof=0, as the reference study's anchor code
+(docs/results/granularity.md) and RAGEN use; pass ``ddof=1`` for the unbiased std of verl's GRPO). Rewards are
+summed in float64, so float32 inputs
 that are equal up to rounding (``[0.35] * 8`` as float32) count as equal; ``std_floor`` (default 1e-3,
 as one public project floors it) bounds the advantage of near-equal rewards. With the population std a
 two-member group ``[a, b]`` (a != b) always normalises to ``[-1, +1]`` (ordered as the rewards);
@@ -78,14 +79,14 @@ def normalize(
     if std_floor <= 0:
         raise ValueError(f"std_floor must be > 0, got {std_floor}")
     valid = _check_valid(len(rewards), valid)
-    vals = [float(r) for r, ok in zip(rewards, valid) if ok]
+    vals = [float(r) for r, ok in zip(rewards, valid, strict=True) if ok]
     if any(not math.isfinite(v) for v in vals):
         raise ValueError(f"rewards must be finite, got {vals}")
     if len(vals) < 2 or max(vals) - min(vals) <= equal_tol:
         return [0.0] * len(rewards)
     mean = math.fsum(vals) / len(vals)
     denom = max(group_std(vals, ddof=ddof), std_floor)
-    return [(float(r) - mean) / denom if ok else 0.0 for r, ok in zip(rewards, valid)]
+    return [(float(r) - mean) / denom if ok else 0.0 for r, ok in zip(rewards, valid, strict=True)]
 
 
 def traj_advantages(rewards: Sequence[float], **kwargs) -> list[float]:
@@ -104,13 +105,13 @@ def rloo_advantages(rewards: Sequence[float], *, valid: Sequence[bool] | None = 
     valid members gives zeros. Returns a [K] list.
     """
     valid = _check_valid(len(rewards), valid)
-    vals = [float(r) for r, ok in zip(rewards, valid) if ok]
+    vals = [float(r) for r, ok in zip(rewards, valid, strict=True) if ok]
     k = len(vals)
     if k < 2:
         return [0.0] * len(rewards)
     total = math.fsum(vals)
     out = []
-    for r, ok in zip(rewards, valid):
+    for r, ok in zip(rewards, valid, strict=True):
         out.append(float(r) - (total - float(r)) / (k - 1) if ok else 0.0)
     return out
 
@@ -134,8 +135,9 @@ def anchor_advantages(
 
     Steps are bucketed by their anchor key (the visible history before the action); within a bucket
     the steps' returns are normalised with :func:`normalize`. A bucket of size 1, or whose returns are
-    all equal, gives 0: exactly the first version in the reference granularity study (docs/results/granularity.md), whose late-turn buckets mostly
-    hold one sample. ``step_returns[j]`` is the return from step j on (the episode's reward here, as
+    all equal, gives 0: exactly the first version in the reference granularity study
+    (docs/results/granularity.md), whose late-turn buckets mostly hold one sample. ``step_returns[j]`` is the
+    return from step j on (the episode's reward here, as
     rewards come only at the end; GiGPO uses the discounted return-to-go).
 
     Args:
@@ -152,7 +154,7 @@ def anchor_advantages(
     out = [0.0] * len(step_returns)
     for idxs in bucket_by_anchor(anchor_keys).values():
         adv = normalize([step_returns[i] for i in idxs], valid=[valid[i] for i in idxs], **kwargs)
-        for i, a in zip(idxs, adv):
+        for i, a in zip(idxs, adv, strict=True):
             out[i] = a
     return out
 
@@ -167,7 +169,8 @@ def anchor_fallback_advantages(
     valid_episodes: Sequence[bool] | None = None,
     **kwargs,
 ) -> list[float]:
-    """GiGPO's combined advantage: ``A_{i,t} = A^E_i + omega * A^S_{i,t}`` (Feng et al. 2025, arXiv:2505.10978, combined advantage).
+    """GiGPO's combined advantage: ``A_{i,t} = A^E_i + omega * A^S_{i,t}`` (Feng et al. 2025, arXiv:2505.10978,
+    combined advantage).
 
     ``A^E`` is :func:`traj_advantages` over the episodes, ``A^S`` is :func:`anchor_advantages` over the
     steps. A degenerate bucket (size 1 or equal returns) has ``A^S = 0``, so its steps fall back to
@@ -189,7 +192,7 @@ def anchor_fallback_advantages(
     ep_adv = normalize(episode_rewards, valid=valid_episodes, **kwargs)
     step_valid = [valid_episodes[e] for e in step_episode]
     step_adv = anchor_advantages(anchor_keys, step_returns, valid=step_valid, **kwargs)
-    return [ep_adv[e] + omega * a if ok else 0.0 for e, a, ok in zip(step_episode, step_adv, step_valid)]
+    return [ep_adv[e] + omega * a if ok else 0.0 for e, a, ok in zip(step_episode, step_adv, step_valid, strict=True)]
 
 
 def tree_advantages(
@@ -201,7 +204,8 @@ def tree_advantages(
     prefix_value: str = "base",
     **kwargs,
 ) -> tuple[list[float], list[list[float]]]:
-    """Tree-fork advantages (the "prefix fork" of the reference granularity study, docs/results/granularity.md; Tree-GRPO, arXiv:2509.21240, and ARPO, arXiv:2507.19849, share the idea).
+    """Tree-fork advantages (the "prefix fork" of the reference granularity study, docs/results/granularity.md;
+    Tree-GRPO, arXiv:2509.21240, and ARPO, arXiv:2507.19849, share the idea).
 
     A tree rollout has ``n_base`` base episodes; base b is forked at turn ``t_b`` into ``m`` branches
     (branch 0 is the base's own continuation, branches 1..m-1 are new). The exact rule:
@@ -273,7 +277,7 @@ def keep_groups(
     keep = [True] * n
     spreads = [(max(g) - min(g)) if len(g) else 0.0 for g in group_rewards]
     if drop_zero_variance:
-        keep = [k and s > equal_tol for k, s in zip(keep, spreads)]
+        keep = [k and s > equal_tol for k, s in zip(keep, spreads, strict=True)]
     if filter_top_p is not None:
         if not 0 < filter_top_p <= 1:
             raise ValueError(f"filter_top_p must be in (0, 1], got {filter_top_p}")

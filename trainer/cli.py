@@ -137,11 +137,13 @@ def _rollout_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default="ClueProbe-v0", help="a registered env id (the forkyard/ prefix is optional)")
     p.add_argument("--env-kwargs", default="{}", help="the env's constructor kwargs as a JSON object")
     p.add_argument("--episodes", type=int, default=8, help="episodes (group) or bases (tree)")
-    p.add_argument("--branches", type=int, default=1, help="tree-fork rollouts with this many branches per base (1: a group)")
+    p.add_argument("--branches", type=int, default=1,
+                   help="tree-fork rollouts with this many branches per base (1: a group)")
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--template", default=None,
                    help="completions: a local model folder whose tokenizer's chat template renders the prompt")
-    p.add_argument("--no-tools", dest="tools", action="store_false", help="chat: send no tools= (and parse name(args) only)")
+    p.add_argument("--no-tools", dest="tools", action="store_false",
+                   help="chat: send no tools= (and parse name(args) only)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--extra-body", default="{}", help="more JSON fields for every request (server extensions)")

@@ -146,7 +146,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 def markdown_table(summary: list[dict], bits: int = 3) -> str:
     """The markdown table ``forkyard compare`` prints."""
     lines = [
-        "| T | optimum | variant | greedy accuracy mean ± 95% CI | min | max | distinct probes | env calls / iter | iterations | degeneration |",
+        "| T | optimum | variant | greedy accuracy mean ± 95% CI | min | max | distinct probes | env calls / iter "
+        "| iterations | degeneration |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
@@ -168,7 +169,8 @@ def run_sweep(sweep: SweepConfig) -> tuple[list[dict], list[dict], Path]:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     out = Path(sweep.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     (out / "metrics").mkdir(parents=True, exist_ok=True)
-    jobs = [(t, v, s, sweep, str(out / "metrics")) for t in sweep.turns for v in sweep.variants for s in range(sweep.seeds)]
+    jobs = [(t, v, s, sweep, str(out / "metrics"))
+            for t in sweep.turns for v in sweep.variants for s in range(sweep.seeds)]
     # Longest runs first so the pool's tail is short.
     jobs.sort(key=lambda j: -j[0])
     workers = sweep.workers or os.cpu_count() or 1

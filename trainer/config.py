@@ -42,9 +42,9 @@ _GIVEN = "_forkyard_given"  # the attribute from_args leaves on a config: the fi
 
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING,
-            flag: str | None = None, aliases: tuple[str, ...] = (), choices: Iterable | Callable[[], Iterable] | None = None,
-            parse: Callable[[str], Any] | None = None, group: str = "", positional: bool = False,
-            cli: bool = True, metavar: str | None = None) -> Any:
+            flag: str | None = None, aliases: tuple[str, ...] = (),
+            choices: Iterable | Callable[[], Iterable] | None = None, parse: Callable[[str], Any] | None = None,
+            group: str = "", positional: bool = False, cli: bool = True, metavar: str | None = None) -> Any:
     """A dataclass field with its command-line description.
 
     Args:
@@ -102,7 +102,9 @@ def _unwrap(tp: Any) -> tuple[Any, tuple]:
     return typing.get_origin(tp) or tp, args
 
 
-def cli_fields(cls: type, groups: Iterable[str] | None = None, names: Iterable[str] | None = None) -> list[dataclasses.Field]:
+def cli_fields(
+    cls: type, groups: Iterable[str] | None = None, names: Iterable[str] | None = None
+) -> list[dataclasses.Field]:
     """The fields of dataclass ``cls`` that are on the command line, in declaration order: all of them, or
     those whose :func:`setting` ``group`` is in ``groups``, or those named in ``names``.
 

@@ -134,7 +134,7 @@ def _prefill_rows(todo: list[TextSession], news: list[list[int]]) -> None:
     if cache is None:
         raise RuntimeError("the model returned no KV cache (a Hugging Face model in training mode): sample in "
                            "eval mode, model.eval()")
-    for r, (s, n) in enumerate(zip(todo, news)):
+    for r, (s, n) in enumerate(zip(todo, news, strict=True)):
         s._past = _row_cache(cache, r, mask[r])
         s._cached += len(n)
         s._next_logits = out[r]
@@ -275,7 +275,7 @@ class RolloutEngine:
                 if before_act is not None:
                     for r in wave:
                         before_act(r)
-                for r, step in zip(wave, generate(wave)):
+                for r, step in zip(wave, generate(wave), strict=True):
                     _env_step(r, step, counter)
             for r in live:
                 if r.done:
@@ -291,7 +291,7 @@ class RolloutEngine:
         except EnvInfraError:
             copies = [None] * len(episodes)
         rows = []
-        for ep, rng, e, opt in zip(episodes, rngs, copies, options or [None] * len(episodes)):
+        for ep, rng, e, opt in zip(episodes, rngs, copies, options or [None] * len(episodes), strict=True):
             try:
                 if e is None:
                     raise EnvInfraError("env copy failed")

@@ -159,7 +159,7 @@ def episode_scores(rollout: Rollout, episode_adv: list[float]) -> Scores:
     ([K], one per episode); one filter group of all valid episodes' returns."""
     rewards, valid = rollout.rewards, rollout.valid
     step_ep = rollout.step_episode
-    return Scores([episode_adv[i] for i in step_ep], [[r for r, ok in zip(rewards, valid) if ok]],
+    return Scores([episode_adv[i] for i in step_ep], [[r for r, ok in zip(rewards, valid, strict=True) if ok]],
                   [0] * len(step_ep))
 
 
@@ -203,7 +203,7 @@ def gigpo(rollout: Rollout, cfg: Any) -> Scores:
         [s.anchor_key for s in rollout.steps], [rewards[i] for i in step_ep], step_ep, rewards,
         omega=cfg.omega, valid_episodes=valid, std_floor=cfg.std_floor,
     )
-    return Scores(values, [[r for r, ok in zip(rewards, valid) if ok]], [0] * len(step_ep))
+    return Scores(values, [[r for r, ok in zip(rewards, valid, strict=True) if ok]], [0] * len(step_ep))
 
 
 @register_estimator("tree", needs_tree=True)
@@ -235,7 +235,7 @@ def tree(rollout: Rollout, cfg: Any) -> Scores:
     pos = {j: (bi, k) for bi, i in enumerate(bases) for k, j in enumerate(members[eps[i].base])}
     values: list[float] = []
     step_group: list[int | None] = []
-    for s, i in zip(rollout.steps, rollout.step_episode):
+    for s, i in zip(rollout.steps, rollout.step_episode, strict=True):
         bi, k = pos[i]
         fork_turn = eps[base_of[eps[i].base]].fork_turn
         if fork_turn is None or s.turn < fork_turn:
@@ -311,15 +311,15 @@ def step_advantages(rollout: Rollout, cfg: Any) -> Assigned:
     steps = rollout.steps
     valid = rollout.valid
     step_ep = rollout.step_episode
-    stats = anchor_stats([s for e, ok in zip(rollout.episodes, valid) if ok for s in e.steps])
+    stats = anchor_stats([s for e, ok in zip(rollout.episodes, valid, strict=True) if ok for s in e.steps])
     scores = est.fn(rollout, cfg)
     if len(scores.values) != len(steps) or len(scores.step_group) != len(steps):
         raise ValueError(f"estimator {cfg.estimator!r} gave {len(scores.values)} values and "
                          f"{len(scores.step_group)} groups for {len(steps)} steps")
     keep = adv.keep_groups(scores.groups, drop_zero_variance=cfg.drop_zero_variance, filter_top_p=cfg.filter_top_p)
-    step_keep = [valid[i] and (g is None or keep[g]) for i, g in zip(step_ep, scores.step_group)]
+    step_keep = [valid[i] and (g is None or keep[g]) for i, g in zip(step_ep, scores.step_group, strict=True)]
     groups = scores.groups
     zero_var = [len(g) < 2 or max(g) - min(g) <= adv.EQUAL_TOL for g in groups]
     stats["zero_variance_groups"] = sum(zero_var) / max(len(groups), 1)
-    kept = [(s, a) for s, a, k in zip(steps, scores.values, step_keep) if k]
+    kept = [(s, a) for s, a, k in zip(steps, scores.values, step_keep, strict=True) if k]
     return Assigned([s for s, _ in kept], [a for _, a in kept], sum(valid), stats)

@@ -94,7 +94,8 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.hf = hf
         self.tokenizer = tokenizer
-        self.config = HFModelConfig(int(hf.config.max_position_embeddings), int(hf.get_output_embeddings().weight.shape[0]))
+        self.config = HFModelConfig(int(hf.config.max_position_embeddings),
+                                    int(hf.get_output_embeddings().weight.shape[0]))
         import inspect
 
         # transformers 5.2x names the cache argument `cache` (`past_key_values` before, now deprecated); a
@@ -206,7 +207,8 @@ def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "fl
 def hf_tokenizer(tokenizer):
     """forkyard's BPE tokenizer (:class:`trainer.tokenizer.BPETokenizer`) as a ``PreTrainedTokenizerFast``
     with the same ids (its role tokens as special tokens right after the BPE vocabulary),
-    :data:`CHAT_TEMPLATE` and :data:`RESPONSE_TEMPLATE` (so TRL's tool loop takes it as it is). Raises ValueError for the byte-level tokenizer (no ``tokenizers`` model)."""
+    :data:`CHAT_TEMPLATE` and :data:`RESPONSE_TEMPLATE` (so TRL's tool loop takes it as it is). Raises ValueError
+    for the byte-level tokenizer (no ``tokenizers`` model)."""
     from transformers import PreTrainedTokenizerFast
 
     tk = getattr(tokenizer, "_tk", None)

@@ -136,7 +136,8 @@ class _Block(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model))
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
+                                 nn.Linear(4 * cfg.d_model, cfg.d_model))
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
@@ -253,7 +254,9 @@ class TinyCausalLM(nn.Module):
         return logits, cache
 
 
-def build_model(cfg: LMConfig | None = None, device: str = "auto", dtype: str = "float32", seed: int = 0) -> TinyCausalLM:
+def build_model(
+    cfg: LMConfig | None = None, device: str = "auto", dtype: str = "float32", seed: int = 0
+) -> TinyCausalLM:
     """A freshly initialised :class:`TinyCausalLM` on ``device`` in ``dtype`` (``float32`` or ``bfloat16``)."""
     cfg = cfg or LMConfig()
     with torch.random.fork_rng(devices=[]):

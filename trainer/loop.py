@@ -75,7 +75,8 @@ from trainer.rollout import (
 
 log = logging.getLogger(__name__)
 
-#: Warn when more than this fraction of anchors hold a single sample (the degeneration the reference granularity study reports, docs/results/granularity.md).
+#: Warn when more than this fraction of anchors hold a single sample (the degeneration the reference granularity
+#: study reports, docs/results/granularity.md).
 DEGENERATION_WARN = 0.30
 
 
@@ -102,9 +103,11 @@ class LoopConfig:
                                   help="rollout shape (default: tree for the tree estimator, else group); any "
                                        "estimator but tree also runs on a tree rollout")
     fork_selection: str = setting("uniform", choices=FORK_SELECTIONS, group="loop",
-                                  help="tree rollouts: fork turn uniform over the base's turns, or at its highest-entropy turn")
+                                  help="tree rollouts: fork turn uniform over the base's turns, or at its "
+                                       "highest-entropy turn")
     tree_prefix: str = setting("base", choices=adv.TREE_PREFIXES, group="loop",
-                               help="tree estimator: prefix turns valued by the base episode's return or its branches' mean")
+                               help="tree estimator: prefix turns valued by the base episode's return or its "
+                                    "branches' mean")
     omega: float = setting(1.0, group="loop", help="gigpo / anchor_fallback: weight of the step-level (anchor) term")
     std_floor: float = setting(adv.STD_FLOOR, group="loop", help="lower bound on a group's reward std in the advantage")
     drop_zero_variance: bool = setting(False, group="loop",
@@ -113,7 +116,8 @@ class LoopConfig:
                                          help="StarPO-S: keep the top fraction of groups by reward std, in (0, 1]")
     group_size: int = setting(16, group="loop", help="G: independent episodes per group rollout")
     n_base: int = setting(5, group="loop", help="tree rollouts: base episodes per iteration")
-    branches: int = setting(4, group="loop", help="tree rollouts: m, branches per fork (the base's own continuation included)")
+    branches: int = setting(4, group="loop",
+                            help="tree rollouts: m, branches per fork (the base's own continuation included)")
     iterations: int = setting(250, group="loop", help="training iterations")
     max_env_calls: int | None = setting(None, group="loop",
                                         help="stop once this many env calls were spent (equal-budget comparisons)")
@@ -124,17 +128,21 @@ class LoopConfig:
     node_capacity: int = setting(64, group="loop",
                                  help="with --ray: envs a node holds before its forks travel to another node")
     max_staleness: int = setting(0, group="loop",
-                                 help="with --ray: rollouts may be sampled with weights up to N updates old (0: on-policy)")
+                                 help="with --ray: rollouts may be sampled with weights up to N updates old "
+                                      "(0: on-policy)")
     seed: int = setting(0, group="common", help="seed of the training seeds, the sampling RNG and torch")
     device: str = setting("auto", group="common", help="auto (CUDA when present), cpu or cuda")
-    run_dir: str | None = setting(None, group="common", help="folder for config.json, metrics.jsonl, summary.json; a "
-                                                                "folder that holds a run's records is refused (see --resume)")
+    run_dir: str | None = setting(None, group="common",
+                                  help="folder for config.json, metrics.jsonl, summary.json; a folder that holds a "
+                                       "run's records is refused (see --resume)")
     save_every: int = setting(10, group="common",
-                              help="write the resume state (RUN_DIR/resume.pt; sft: sft_resume.pt) every N iterations (sft: "
-                                   "optimizer steps), at the last one and on SIGTERM; 0: only at the last one and on SIGTERM")
+                              help="write the resume state (RUN_DIR/resume.pt; sft: sft_resume.pt) every N "
+                                   "iterations (sft: optimizer steps), at the last one and on SIGTERM; 0: only at "
+                                   "the last one and on SIGTERM")
     resume: str | None = setting(None, group="common", metavar="RUN_DIR",
-                                 help="continue the run in RUN_DIR from its resume state, with its settings (those given "
-                                      "too must agree, but --iterations, --max-env-calls, --save-every, --device, --threads)")
+                                 help="continue the run in RUN_DIR from its resume state, with its settings (those "
+                                      "given too must agree, but --iterations, --max-env-calls, --save-every, "
+                                      "--device, --threads)")
     progress: bool = setting(False, cli=False, help="show progress (the command line turns it on)")
 
     def validate(self) -> None:
@@ -250,7 +258,9 @@ def env_parameters(env_id: str) -> set[str]:
     return set(inspect.signature(cls).parameters) if cls is not None else set()
 
 
-def evaluation_resets(env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 256) -> list[tuple[int | None, dict | None]]:
+def evaluation_resets(
+    env_id: str, env_kwargs: dict[str, Any], n_seeds: int = 256
+) -> list[tuple[int | None, dict | None]]:
     """Resets for evaluation: the env's own when its class declares them
     (:class:`envs.features.EvaluationResets`, given the registered kwargs merged with ``env_kwargs``;
     ClueProbe: every target exactly once), otherwise ``n_seeds`` held-out seeds (:func:`held_out_resets`).
@@ -386,8 +396,8 @@ def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
         if name in RESUME_MAY_CHANGE:
             values[name] = value
         elif name in saved and _jsonable(value) != saved[name]:
-            raise RunDirError(f"--resume {run_dir}: {name} is {saved[name]!r} in the run, {value!r} given; a resumed run "
-                              f"keeps its settings (may change: {', '.join(RESUME_MAY_CHANGE[:6])})")
+            raise RunDirError(f"--resume {run_dir}: {name} is {saved[name]!r} in the run, {value!r} given; a "
+                              f"resumed run keeps its settings (may change: {', '.join(RESUME_MAY_CHANGE[:6])})")
     values.update(resume=str(run_dir), run_dir=str(run_dir), progress=cfg.progress)
     out = type(cfg)(**{k: _typed(names[k], v) for k, v in values.items() if k in names and names[k].init})
     return out
@@ -447,8 +457,8 @@ def continue_records(path: Path, done: int, key: str = "iteration") -> list[dict
         return []
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     rows = [json.loads(line) for line in lines]
-    keep = [line for line, row in zip(lines, rows) if row.get(key, -1) < done]
-    extra = [line for line, row in zip(lines, rows) if row.get(key, -1) >= done]
+    keep = [line for line, row in zip(lines, rows, strict=True) if row.get(key, -1) < done]
+    extra = [line for line, row in zip(lines, rows, strict=True) if row.get(key, -1) >= done]
     if extra:
         aside = path.with_name(path.stem + ".discarded.jsonl")
         with aside.open("a") as f:
@@ -456,7 +466,8 @@ def continue_records(path: Path, done: int, key: str = "iteration") -> list[dict
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)
-        log.warning("%s: %d rows past the saved state moved to %s (the resumed run redoes them)", path, len(extra), aside)
+        log.warning("%s: %d rows past the saved state moved to %s (the resumed run redoes them)", path, len(extra),
+                    aside)
     return [row for row in rows if row.get(key, -1) < done]
 
 
@@ -495,7 +506,8 @@ def open_run_dir(cfg: Any) -> tuple[Path | None, Any, dict[str, Any] | None]:
 def write_summary(out: Path | None, evaluation: dict[str, float], wall_s: float, warnings: list[str]) -> None:
     """``RUN_DIR/summary.json``: the final evaluation, wall seconds and warnings (nothing when ``out`` is None)."""
     if out:
-        (out / "summary.json").write_text(json.dumps({"evaluation": evaluation, "wall_s": wall_s, "warnings": warnings}, indent=2))
+        (out / "summary.json").write_text(
+            json.dumps({"evaluation": evaluation, "wall_s": wall_s, "warnings": warnings}, indent=2))
 
 
 def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: int,
@@ -565,7 +577,7 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
         metrics = state["metrics"]
         rng.setstate(as_random_state(state["rng"]))
         set_rng_state(state["torch_rng"])
-        for monitor, saved in zip(monitors, state["monitors"]):
+        for monitor, saved in zip(monitors, state["monitors"], strict=True):
             vars(monitor).update(saved)
         if state.get("policy") is not None:
             policy.load_state_dict(state["policy"])

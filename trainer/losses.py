@@ -101,7 +101,8 @@ class PPOConfig:
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              cfg: PPOConfig | None = None, entropy: torch.Tensor | None = None,
-             ref_logp: torch.Tensor | None = None, group: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             ref_logp: torch.Tensor | None = None,
+             group: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate loss (module docstring) reduced with ``cfg.reduction``.
 
     Args:

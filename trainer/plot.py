@@ -57,11 +57,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, compare: tuple 
     ncol = 3
     nrow = (len(keys) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.8 * nrow), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes.flat, keys, strict=False):  # the grid may have more axes than keys
         for r, rows in data.items():
             pts = [(row["iteration"], row[key]) for row in rows if key in row]
             if pts:
-                xs, ys = zip(*pts)
+                xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o" if key in EVAL_KEYS else None, ms=3, label=r.name)
             for row in rows:
                 if row.get("echo_trap_warning"):

@@ -259,7 +259,7 @@ def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: ra
         raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
     counter = _Counter()
     episodes = []
-    for seed, stream_seed in zip(seeds, episode_seeds(rng, group_size)):
+    for seed, stream_seed in zip(seeds, episode_seeds(rng, group_size), strict=True):
         ep = Episode(seed=seed)
         episodes.append(ep)
         session = _start(env, policy, ep)

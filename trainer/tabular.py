@@ -56,7 +56,9 @@ class TabularPolicy:
         r = self.rows.get(anchor_key)
         if r is not None:
             if len(self.legal[r]) != len(legal_actions):
-                raise ValueError(f"anchor {anchor_key} seen with {len(self.legal[r])} and {len(legal_actions)} legal actions")
+                raise ValueError(
+                    f"anchor {anchor_key} seen with {len(self.legal[r])} and {len(legal_actions)} legal actions"
+                )
             return r
         r = len(self.legal)
         n = len(legal_actions)

@@ -70,15 +70,15 @@ class TextTrainConfig(LoopConfig):
                                          help="cut observations to this many tokens for the model (SFT, sampling, "
                                               "evaluation alike; None: never). FileQA's tool outputs need it")
     tools: str = setting("none", choices=("none", "text", "json"), group="common",
-                         help="the env's tools as JSON schemas in the prompt: none; text (demos write name(args)); json "
-                              "(demos write <tool_call> JSON). With tools, model output in any tool-call form maps "
-                              "to the env action")
+                         help="the env's tools as JSON schemas in the prompt: none; text (demos write name(args)); "
+                              "json (demos write <tool_call> JSON). With tools, model output in any tool-call form "
+                              "maps to the env action")
     gradient_checkpointing: bool = setting(False, group="common",
                                            help="Hugging Face models: recompute activations in the backward pass "
                                                 "(less memory, about one more forward pass per update)")
     lora_rank: int = setting(0, group="common",
-                             help="Hugging Face models: train rank-r LoRA adapters (peft) on every linear layer instead "
-                                  "of every weight (0: all weights); saved folders have the adapters merged")
+                             help="Hugging Face models: train rank-r LoRA adapters (peft) on every linear layer "
+                                  "instead of every weight (0: all weights); saved folders have the adapters merged")
     lora_alpha: float = setting(16.0, group="common", help="LoRA scale numerator (the update is alpha / r * B A x)")
     threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
     # SFT
@@ -91,7 +91,8 @@ class TextTrainConfig(LoopConfig):
                                      "tool, then the answer); 0: random legal actions")
     # RL
     lr: float = setting(2e-4, group="loop",
-                        help="Adam learning rate (1e-3 collapsed to invalid actions within 2 iterations, docs/results/text_policy.md)")
+                        help="Adam learning rate (1e-3 collapsed to invalid actions within 2 iterations, "
+                             "docs/results/text_policy.md)")
     ppo_epochs: int = setting(2, group="loop", help="full-batch PPO epochs per iteration")
     max_grad_norm: float = setting(1.0, group="loop", help="gradient-norm clip")
     clip_low: float = setting(0.2, group="loop", help="PPO ratio clip below 1")
@@ -100,9 +101,11 @@ class TextTrainConfig(LoopConfig):
     kl_coef: float = setting(0.0, group="loop", help="KL weight against the starting model (0: no reference model)")
     reduction: str = setting("token-mean", choices=_reductions, group="loop", help="loss reduction (trainer/losses.py)")
     invalid_penalty: float = setting(0.0, group="loop",
-                                     help="shaping: subtract this from an episode's return per illegal action on its path")
+                                     help="shaping: subtract this from an episode's return per illegal action on its "
+                                          "path")
     fork_entropy: str = setting("first", choices=("first", "greedy_max"), group="loop",
-                                help="entropy fork selection: first token of the action, or max along its greedy continuation")
+                                help="entropy fork selection: first token of the action, or max along its greedy "
+                                     "continuation")
     temperature: float = setting(1.0, group="loop", help="sampling temperature (0: greedy)")
     top_p: float = setting(1.0, group="loop", help="nucleus sampling: sample from the smallest token set of this mass")
     max_new_tokens: int = setting(16, group="loop", help="token limit of one action")
@@ -177,7 +180,8 @@ class EvalConfig(TextTrainConfig):
     device: str = "cpu"
     checkpoints: list[str] = setting(default_factory=list, positional=True, help="model.pt / sft.pt files")
     samples: int = setting(1000, help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
-    exact: bool = setting(False, help="also the exact expected success over every accepted action path (trainer/text_eval.py)")
+    exact: bool = setting(False, help="also the exact expected success over every accepted action path "
+                                      "(trainer/text_eval.py)")
 
     def validate(self) -> None:
         """:meth:`TextTrainConfig.validate`, and no ``exact`` with ``tools="json"`` (the exact metric scores the
@@ -189,6 +193,5 @@ class EvalConfig(TextTrainConfig):
 
 
 #: The fields ``forkyard eval-lm`` takes.
-EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device", "threads",
-               "sampler", "max_batch",
-               "max_obs_tokens", "tools")
+EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device",
+               "threads", "sampler", "max_batch", "max_obs_tokens", "tools")

@@ -78,7 +78,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
             episodes = RolloutEngine(cfg.max_batch).play(env, policy, resets, rng)
         else:
             episodes = [_play(env, policy, seed, options, stream(s))
-                        for (seed, options), s in zip(resets, episode_seeds(rng, len(resets)))]
+                        for (seed, options), s in zip(resets, episode_seeds(rng, len(resets)), strict=True)]
         for ep in episodes:
             actions += len(ep.steps)
             invalid += ep.invalid_actions
@@ -202,7 +202,7 @@ def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: 
         probs = action_probabilities(policy, ids, candidates)
         q = [0.0] * len(candidates)
         kept = [(i, prob * p) for i, p in enumerate(probs) if prob * p >= min_path_prob]
-        for (i, path_prob), child in zip(kept, node.fork(len(kept)) if kept else []):
+        for (i, path_prob), child in zip(kept, node.fork(len(kept)) if kept else [], strict=True):
             obs, reward, terminated, truncated, child_info = child.step(candidates[i])
             q[i] = float(reward)
             if terminated or truncated:
@@ -216,7 +216,7 @@ def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: 
             child.close()
         if nodes is not None:
             nodes.append((weight * prob, ids, candidates, q))
-        return math.fsum(p * v for p, v in zip(probs, q))
+        return math.fsum(p * v for p, v in zip(probs, q, strict=True))
 
     try:
         for seed, options in resets:
@@ -229,7 +229,8 @@ def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: 
 
 
 def exact_policy_gradient(model, cfg, resets: list[tuple[int | None, dict | None]] | None = None,
-                          min_path_prob: float = 1e-6, max_paths: int = 200_000) -> tuple[dict[str, float], list[torch.Tensor]]:
+                          min_path_prob: float = 1e-6,
+                          max_paths: int = 200_000) -> tuple[dict[str, float], list[torch.Tensor]]:
     """The exact gradient of :func:`exact_success` with respect to the model's parameters.
 
     The policy-gradient theorem on the finite tree (Sutton et al. 2000, Theorem 1, undiscounted):
@@ -257,7 +258,7 @@ def exact_policy_gradient(model, cfg, resets: list[tuple[int | None, dict | None
             continue
         probs = action_probabilities(policy, ids, candidates, differentiable=True)
         value = reach * (probs * torch.tensor(q, dtype=probs.dtype, device=probs.device)).sum()
-        for i, d in zip(live, torch.autograd.grad(value, [params[i] for i in live], allow_unused=True)):
+        for i, d in zip(live, torch.autograd.grad(value, [params[i] for i in live], allow_unused=True), strict=True):
             if d is not None:
                 grads[i] += d
     return total, grads

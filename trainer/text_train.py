@@ -80,9 +80,9 @@ def build_batch(rollout: Rollout, steps: list, advantages: list[float], pad_id: 
     Returns None when no step is trained. Raises RuntimeError if a step's ids are not where its record
     says they are in the episode's history (re-tokenisation drift).
     """
-    adv_of = {id(s): a for s, a in zip(steps, advantages)}
+    adv_of = {id(s): a for s, a in zip(steps, advantages, strict=True)}
     rows, masks, advs, olds, groups = [], [], [], [], []
-    for ei, ep in enumerate(rollout.episodes):
+    for ep in rollout.episodes:
         trained = [s for s in ep.steps if id(s) in adv_of]
         if not trained:
             continue
@@ -186,7 +186,8 @@ class PPOTextPolicy(TextPolicy):
         steps = rollout.steps
         legal_known = [s for s in steps if s.data.legal is not None]
         return {
-            "entropy": sum(x for s in steps for x in s.data.entropies) / max(sum(len(s.data.entropies) for s in steps), 1),
+            "entropy": (sum(x for s in steps for x in s.data.entropies)
+                        / max(sum(len(s.data.entropies) for s in steps), 1)),
             "response_length": sum(len(s.data.action_ids) for s in steps) / max(len(steps), 1),
             "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
         }
@@ -240,7 +241,8 @@ class PPOTextPolicy(TextPolicy):
             out: dict[str, float] = {}
             for epoch in range(self.ppo_epochs):
                 logp, ent, _ = token_logprobs(model, batch.ids, temperature, suppress)
-                loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp, batch.group)
+                loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp,
+                                    batch.group)
                 self.optimizer.zero_grad()
                 loss.backward()
                 g = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm))

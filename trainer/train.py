@@ -30,13 +30,15 @@ from trainer.rollout import EpisodeMetrics
 
 @dataclass
 class TrainConfig(LoopConfig):
-    """Hyperparameters of a tabular run (defaults: the protocol of the reference granularity study, docs/results/granularity.md); the loop's settings are
-    those of :class:`trainer.loop.LoopConfig`. ``forkyard train`` is generated from these fields."""
+    """Hyperparameters of a tabular run (defaults: the protocol of the reference granularity study,
+    docs/results/granularity.md); the loop's settings are those of :class:`trainer.loop.LoopConfig`.
+    ``forkyard train`` is generated from these fields."""
 
     turns: int | None = setting(None, group="common",
                                 help="shortcut for --env-kwarg turns=N (None: the env's default)")
     env_kwargs: dict[str, Any] = setting(default_factory=dict, flag="--env-kwarg", group="common",
-                                         help="an env constructor argument, KEY=VALUE (repeatable; values parsed as JSON)")
+                                         help="an env constructor argument, KEY=VALUE (repeatable; values parsed "
+                                              "as JSON)")
     lr: float = setting(0.1, group="loop", help="SGD step size on the logit table")
     eval_episodes: int = setting(64, group="loop",
                                  help="greedy evaluation episodes on held-out seeds (ClueProbe: every target instead)")

@@ -24,7 +24,9 @@ from sandbox_server.agent import MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
 from sandbox_server.settings import cache_dir
-from sandbox_server.backends.base import AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record
+from sandbox_server.backends.base import (
+    AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
+)
 
 
 def _close_attach_socket(sock: Any) -> None:
@@ -169,7 +171,8 @@ class DockerBackend(AgentBackend):
                                      "--max-area-entries", str(MAX_AREA_ENTRIES)],
                 stdin_open=True, tty=False, detach=False, **self.run_kwargs())
         except docker.errors.ImageNotFound:
-            raise EngineUnavailable(f"sandbox image {self.image!r} is missing (scripts/build-images.sh builds it)") from None
+            raise EngineUnavailable(
+                f"sandbox image {self.image!r} is missing (scripts/build-images.sh builds it)") from None
         except Exception as exc:
             raise EngineUnavailable(f"the Docker engine refused to create a sandbox: {exc}") from None
         sid = "d-" + c.id[:12]

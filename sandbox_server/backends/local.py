@@ -118,7 +118,8 @@ class LocalBackend(AgentBackend):
         self._bwrap_size = False
         if not unsafe_no_isolation:
             if not self._bwrap:
-                raise IsolationUnavailable(f"the local backend needs bubblewrap and `bwrap` is not installed: {INSTALL_HINT}")
+                raise IsolationUnavailable(
+                    f"the local backend needs bubblewrap and `bwrap` is not installed: {INSTALL_HINT}")
             self._bwrap_size = _bwrap_has_size(self._bwrap)
             problem = bwrap_problem(self._argv(None, probe=True))
             if problem:

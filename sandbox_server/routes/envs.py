@@ -229,7 +229,7 @@ async def batch_create(request: Request, req: BatchCreateRequest, host: Host) ->
     outs = await session_batch.batch_create(
         host, [(it.env_id, it.kwargs, it.seed, it.options) for it in (req.items[i] for i in valid)],
         still_wanted=_connected(request))
-    for i, o in zip(valid, outs):
+    for i, o in zip(valid, outs, strict=True):
         results[i] = item_error(o) if isinstance(o, BaseException) else _reset_item(
             201, o.session_id, o.env, o.observation, o.info)
     return _json(results)
@@ -243,7 +243,7 @@ async def batch_reset(req: BatchResetRequest, host: Host) -> Response:
     valid = _valid(req.items, results)
     items = [req.items[i] for i in valid]
     outs = await session_batch.batch_reset(host, [(it.session_id, it.seed, it.options) for it in items])
-    for i, it, o in zip(valid, items, outs):
+    for i, it, o in zip(valid, items, outs, strict=True):
         results[i] = item_error(o) if isinstance(o, BaseException) else _reset_item(200, it.session_id, o[0].env,
                                                                                     o[1], o[2])
     return _json(results)
@@ -263,7 +263,7 @@ async def batch_step(req: BatchStepRequest, host: Host) -> Response:
             sids.append(item.session_id)
             actions.append(item.action)
     outs = await session_batch.batch_step(host, sids, actions)
-    for i, sid, o in zip(valid, sids, outs):
+    for i, sid, o in zip(valid, sids, outs, strict=True):
         if type(o) is tuple:
             results[i] = {"status_code": 200, "result": {"session_id": sid, "observation": o[0], "reward": o[1],
                                                          "terminated": o[2], "truncated": o[3], "info": o[4]}}
@@ -281,7 +281,7 @@ async def batch_fork(request: Request, req: BatchForkRequest, host: Host) -> Res
     items = [req.items[i] for i in valid]
     outs = await session_batch.batch_fork(host, [(it.session_id, it.n) for it in items],
                                           still_wanted=_connected(request))
-    for i, it, o in zip(valid, items, outs):
+    for i, it, o in zip(valid, items, outs, strict=True):
         results[i] = item_error(o) if isinstance(o, BaseException) else {
             "status_code": 200, "result": {"session_id": it.session_id, "session_ids": o}}
     return _json(results)
@@ -294,7 +294,7 @@ async def batch_delete(req: BatchDeleteRequest, host: Host) -> Response:
     results: list[Item | None] = [None] * len(req.items)
     valid = _valid(req.items, results)
     sids = [req.items[i].session_id for i in valid]
-    for i, sid, held in zip(valid, sids, await session_batch.batch_delete(host, sids)):
+    for i, sid, held in zip(valid, sids, await session_batch.batch_delete(host, sids), strict=True):
         results[i] = {"status_code": 204} if held else item_error(HTTPException(404, f"no env session {sid!r}"))
     return _json(results)
 

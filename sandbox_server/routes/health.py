@@ -34,7 +34,8 @@ async def metrics(svc: MaybeService) -> Response:
 
 
 # The same operation as the full server's /healthz (its id and summary), with the env-only server's answer.
-@env_router.get("/healthz", response_model=EnvHealth, responses=R(), summary="Healthz", operation_id="healthz_healthz_get")
+@env_router.get("/healthz", response_model=EnvHealth, responses=R(), summary="Healthz",
+                operation_id="healthz_healthz_get")
 async def env_healthz(sessions: Sessions) -> EnvHealth:
     """``ok`` and how many env sessions the server holds."""
     return EnvHealth(status="ok", env_sessions=len(sessions))

@@ -312,8 +312,9 @@ class Connection:
                 owner.forks.discard(sid)
                 if owner.sid == sid:
                     owner.sid, owner.kwargs = None, None
-        return {"type": "deleted", "data": {"deleted": [s for s, h in zip(req.session_ids, held) if h],
-                                            "missing": [s for s, h in zip(req.session_ids, held) if not h]}}
+        return {"type": "deleted", "data": {
+            "deleted": [s for s, h in zip(req.session_ids, held, strict=True) if h],
+            "missing": [s for s, h in zip(req.session_ids, held, strict=True) if not h]}}
 
     async def release(self) -> None:
         """Delete the connection's session and the forks it still owns."""

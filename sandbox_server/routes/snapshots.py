@@ -18,7 +18,9 @@ router = APIRouter(prefix=V1, tags=["snapshots"])
 
 @router.post("/sandboxes/{sandbox_id}/snapshot", response_model=SnapshotInfo, status_code=201,
              responses=R(404, 413, 422, 503))
-async def snapshot(request: Request, sandbox_id: str, svc: Service, body: SnapshotRequest | None = None) -> SnapshotInfo:
+async def snapshot(
+    request: Request, sandbox_id: str, svc: Service, body: SnapshotRequest | None = None
+) -> SnapshotInfo:
     """Capture /scratch, /tmp and the session state as a stored snapshot (with a TTL)."""
     return await run_blocking(svc.snapshot, sandbox_id, (body or SnapshotRequest()).ttl_s, request=request,
                               undo=lambda info: svc.delete_snapshot(info.id), queue=on_sandbox(svc, sandbox_id))
