@@ -36,7 +36,7 @@ import torch
 
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
 from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
-                             episode_seeds, stream)
+                             branch_envs, episode_seeds, stream)
 from trainer.text_policy import TextSession, _sample_index, policy_log_softmax
 
 #: Default cap on the rows sampled at once (sequences in one batched forward).
@@ -365,12 +365,9 @@ class RolloutEngine:
             if row is None or row.checkpoint is None:
                 continue
             t, fork_env, fork_session, prefix_reward = row.checkpoint
-            envs_: list = []
             if fork_env is not None:
                 base.fork_turn = t
-                envs_ = [fork_env]
-                if branches > 2:
-                    envs_ += _fork(fork_env, branches - 2, counter) or []
+            envs_ = branch_envs(fork_env, branches, counter)
             live = len(envs_)
             for j in range(1, branches):
                 ep = Episode(seed=base.seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)

@@ -184,6 +184,15 @@ def training_seeds(seed: int, iteration: int, n: int) -> list[int]:
     return [(seed * 1_000_003 + iteration * n + i) % 2**31 for i in range(n)]
 
 
+def branch_envs(fork_env, branches: int, counter: _Counter) -> list:
+    """The envs of a tree base's new branches 1..branches-1 at its checkpoint: ``fork_env`` (the checkpoint's
+    copy; None when that fork failed: no branch) and ``branches - 2`` forks of it. Fewer when a fork fails
+    (:func:`_fork`): the missing branches are lost."""
+    if fork_env is None:
+        return []
+    return [fork_env] + ((_fork(fork_env, branches - 2, counter) or []) if branches > 2 else [])
+
+
 def episode_seeds(rng: random.Random, n: int) -> list[int]:
     """``n`` 64-bit stream seeds drawn from ``rng`` in order (one per episode of a group, one per base of a
     tree), before any sampling."""
@@ -348,12 +357,9 @@ def tree_rollout(
         if checkpoint is None:
             continue
         t, fork_env, fork_session, prefix_reward = checkpoint
-        envs_: list = []
         if fork_env is not None:
             base.fork_turn = t
-            envs_ = [fork_env]
-            if branches > 2:
-                envs_ += _fork(fork_env, branches - 2, counter) or []
+        envs_ = branch_envs(fork_env, branches, counter)
         live = len(envs_)
         for j in range(1, branches):
             ep = Episode(seed=seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
