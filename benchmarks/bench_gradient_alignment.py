@@ -62,7 +62,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def sampled_gradients(model, cfg: TextTrainConfig, samples: int, seed: int) -> tuple[list[torch.Tensor], list[int]]:
     """``samples`` ascent directions [n_params] float64 of independent iterations of ``cfg``, and their env calls."""
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     ppo = PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction)
     params = list(model.parameters())

@@ -358,7 +358,7 @@ class TextEnv(gym.Env):
 
     def count_forks(self, n: int) -> None:
         """Count ``n`` copies of this env made elsewhere from its snapshot (a cross-node fork restores the
-        snapshot on another node and forks it there, :meth:`sandbox_server.ray_nodes.NodeHost.adopt`): they took
+        snapshot on another node and forks it there, :meth:`ray_cluster.nodes.NodeHost.adopt`): they took
         this env's next ``n`` fork keys, so its later forks take the ones after (no two copies share a stream)."""
         self._forks_made += int(n)
 

@@ -78,7 +78,7 @@ def error_for(op: str, refusal: Refusal) -> Exception:
 
 # ------------------------------------------------------------------------------------------ transports
 class Transport(Protocol):
-    """What :class:`SessionClient` needs of a transport (``sandbox_server.ray_nodes.RayTransport``, which moves
+    """What :class:`SessionClient` needs of a transport (``ray_cluster.transport.RayTransport``, which moves
     sessions over Ray actor calls, has no ``restore`` or ``tools``). Every call raises :class:`Refusal` for an error
     answer, :class:`~envs.core.EnvInfraError` when the server cannot be reached or the connection fails,
     ``PermissionError`` when a connection is refused for its API key.

@@ -7,8 +7,9 @@ included. The local backend needs bubblewrap (``make`` installs it; ``apt-get in
 without it the server refuses to start unless ``--unsafe-no-isolation`` says otherwise.
 ``--no-sandboxes`` serves env sessions alone (``/v1/envs``, ``/healthz``): no sandbox pool, and
 sandbox-backed envs (FileQA) are refused with a 422 that says why. ``--ray ADDRESS`` serves env sessions
-too, with the sandboxes of FileQA sessions on the nodes of a Ray cluster
-(:class:`~sandbox_server.ray_sandboxes.RayProvider`): one URL in front of the cluster.
+too, with the sandboxes of FileQA sessions on the nodes of a Ray cluster (the provider factory ``ray`` of the
+entry-point group ``forkyard.sandbox_providers``, :func:`envs.sandbox.provider_for`): one URL in front of the
+cluster.
 
 Every option not given on the command line comes from its ``FORKYARD_*`` environment variable
 (:class:`~sandbox_server.settings.ServerSettings`, :class:`~sandbox_server.settings.ServiceConfig`), else
@@ -23,6 +24,7 @@ import argparse
 import os
 import signal
 import sys
+from typing import Any
 
 from sandbox_server.settings import LOG_LEVELS
 
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"{prog}: WARNING: listening on {settings.host}, beyond this machine's loopback, with no API key: "
               "anyone who reaches the port can start sandboxes and env sessions. Set FORKYARD_API_KEY (clients "
               "send it from the same variable).", file=sys.stderr, flush=True)
-    provider = None  # --ray: the cluster's sandboxes, closed when the server stops
+    provider: Any = None  # --ray: the cluster's sandboxes, closed when the server stops
     if ns.no_sandboxes or settings.ray:
         pool_flags = [f for f, v in (("--backend", ns.backend),
                                      ("--unsafe-no-isolation", ns.unsafe_no_isolation or None),
@@ -153,13 +155,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if ns.no_sandboxes and settings.ray:
             ap.error("--no-sandboxes serves no sandbox-backed env; --ray serves them on a Ray cluster: choose one")
         if settings.ray:
-            try:
-                from sandbox_server.ray_sandboxes import RayProvider
-            except ImportError as exc:
+            from envs.sandbox import provider_for
+
+            try:  # the cluster's provider by name (the Ray code is a plugin of the group, never imported here)
+                provider = provider_for(settings.ray, name="ray")
+            except ImportError as exc:  # no ray extra (or no factory "ray" installed): says which package
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
-            try:
-                provider = RayProvider(settings.ray)
             except Exception as exc:  # noqa: BLE001 - no cluster at that address (ConnectionError, RuntimeError...)
                 print(f"{prog}: cannot use the Ray cluster {settings.ray!r}: {type(exc).__name__}: {exc}",
                       file=sys.stderr)

@@ -5,8 +5,8 @@
 ``"docker"``, any name in :data:`sandbox_server.backends.BACKENDS`) gets an in-process
 :class:`~sandbox_server.service.SandboxService` over that backend, started on first use and closed at exit;
 an env given a server URL gets a :class:`~sandbox_server.client.SandboxClient`, and one given ``ray:ADDRESS``
-a :class:`~sandbox_server.ray_sandboxes.RayProvider` (sandboxes on the nodes of a Ray cluster). A server never
-uses this module: it passes its own service to the envs it serves.
+what the factory ``ray`` of the same group makes of ``ADDRESS`` (forkyard's: sandboxes on the nodes of a Ray
+cluster, the ray extra). A server never uses this module: it passes its own service to the envs it serves.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def _make(backend: str) -> Any:
         from sandbox_server.client import SandboxClient
 
         return SandboxClient(backend)
-    if backend.startswith("ray:"):
-        from sandbox_server.ray_sandboxes import RayProvider
+    if backend.startswith("ray:"):  # the Ray code is a plugin of the group: reached by name, never imported here
+        from envs.sandbox import provider_for
 
-        return RayProvider(backend[4:] or "auto")
+        return provider_for(backend[4:] or "auto", name="ray")
     from sandbox_server.backends import make_backend
     from sandbox_server.service import SandboxService
     from sandbox_server.settings import ServiceConfig

@@ -8,7 +8,7 @@ the domain errors raised here to its own wire only at its edge.
 * REST, one session (:mod:`sandbox_server.routes.envs`) and OpenEnv (:mod:`sandbox_server.routes.openenv`):
   :class:`SessionHost`'s async methods;
 * REST, batched (``/v1/envs/batch/*``): :mod:`sandbox_server.session_batch` (per-item outcomes over this host);
-* the Ray node host (:class:`sandbox_server.ray_nodes.NodeHost`): :class:`SessionHost`'s ``*_now`` methods.
+* the Ray node host (:class:`ray_cluster.nodes.NodeHost`): :class:`SessionHost`'s ``*_now`` methods.
 
 Two layers, one code path:
 

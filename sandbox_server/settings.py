@@ -138,7 +138,7 @@ class ServerSettings(BaseSettings):
     #: uvicorn's log level: one of :data:`LOG_LEVELS` (read in any letter case).
     log_level: LogLevel = "info"
     #: A Ray cluster (``auto``, an address, ``local``) whose nodes hold the sandboxes of the server's env
-    #: sessions (:class:`sandbox_server.ray_sandboxes.RayProvider`); None: the server's own pool.
+    #: sessions (:class:`ray_cluster.sandboxes.RayProvider`); None: the server's own pool.
     ray: str | None = None
     #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`); None:
     #: a key drawn per server process (tokens restore only on the server that made them, until it restarts).

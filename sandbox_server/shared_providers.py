@@ -2,7 +2,7 @@
 
 :mod:`sandbox_server.embedded` makes the providers (a backend's in-process service, a server's client, a Ray
 cluster's) and keeps each here under its backend name; whoever must free them (interpreter exit, a Ray node
-host shutting down: :meth:`sandbox_server.ray_nodes.NodeHost.shutdown`) calls :func:`close_shared_providers`
+host shutting down: :meth:`ray_cluster.nodes.NodeHost.shutdown`) calls :func:`close_shared_providers`
 without importing what makes them.
 """
 

@@ -19,13 +19,14 @@ import ray
 from ray.cluster_utils import Cluster
 
 from envs.core import EnvInfraError
-from sandbox_server.ray_nodes import ClusterEnv, NodeHost, alive_nodes, make, node_name, start_hosts
-from trainer.cluster import RayCollector, task_rng
+from ray_cluster.collector import RayCollector, task_rng
+from ray_cluster.nodes import NodeHost, alive_nodes, node_name, start_hosts
+from ray_cluster.transport import ClusterEnv, make
 from trainer.loop import make_env, train_loop
 from trainer.rollout import training_seeds
 from trainer.rollout import tree_rollout
 from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig
+from trainer.tabular_config import TrainConfig
 
 
 def cluster(nodes: int) -> tuple[Cluster, dict[str, Any]]:

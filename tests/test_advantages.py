@@ -106,7 +106,7 @@ def test_tree_prefix_from_branch_means_by_hand():
     approx(prefix, [1, -1])  # values 1 (own return) and 0.5
     with pytest.raises(ValueError, match="prefix_value"):
         adv.tree_advantages([1, 0], [[1], [0]], prefix_value="mean")
-    from trainer.train import TrainConfig
+    from trainer.tabular_config import TrainConfig
 
     with pytest.raises(ValueError, match="tree_prefix"):
         TrainConfig(estimator="tree", tree_prefix="mean").validate()

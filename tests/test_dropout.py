@@ -31,7 +31,7 @@ def _first_epoch_dev(model, **overrides) -> float:
     steps get advantages of alternating sign instead of the estimator's."""
     cfg = TextTrainConfig(**{**CFG, **overrides})
     policy = PPOTextPolicy.from_config(model, cfg)
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     try:
         ro, assigned = collect(cfg, env, policy, random.Random(0), 0)
     finally:

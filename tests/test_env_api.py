@@ -153,7 +153,8 @@ def test_server_failure_is_an_infra_error():
 
 
 def test_trainer_runs_unchanged_against_remote_envs(server):
-    from trainer.train import TrainConfig, train
+    from trainer.tabular_config import TrainConfig
+    from trainer.train import train
 
     local = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu"))
     remote = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu",

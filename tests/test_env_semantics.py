@@ -22,7 +22,8 @@ from tests.docker_support import UvicornThread
 from trainer.rollout import tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.estimators import step_advantages
-from trainer.train import TrainConfig, train
+from trainer.tabular_config import TrainConfig
+from trainer.train import train
 
 # ClueProbe(turns=3, bits=8): the case's numbers. A fresh env reset with seed 5 hides 171; a child forked
 # after its parent's reset(seed=0) used to draw 163 (the parent's next unseeded draw) instead.
@@ -463,7 +464,7 @@ def test_s40_copies_forked_across_nodes_draw_what_local_copies_would(monkeypatch
     """A cross-node fork (``NodeHost.adopt``: the snapshot restored on another node and forked there) gives the
     copies the fork keys a local fork would have, and the source counts them: later local forks draw other
     episodes, never a remote copy's."""
-    from sandbox_server.ray_nodes import NodeHost
+    from ray_cluster.nodes import NodeHost
 
     monkeypatch.setenv("FORKYARD_SERVER_NAME", "test")  # NodeHost sets it for its node's sandboxes
     kw = {"turns": 3}

@@ -1,5 +1,6 @@
 """The import graph keeps the layers apart: envs know no service, the service knows envs only by
-their public API, the in-sandbox files are stdlib-only, and no package imports another in a cycle.
+their public API, the in-sandbox files are stdlib-only, all Ray code is in ``ray_cluster`` (which no other
+package imports: they reach it through entry points), and no package imports another in a cycle.
 
 Every ``import`` statement counts, including those inside functions (a lazy import is still a dependency).
 """
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("envs", "sandbox_server", "trainer")
+PACKAGES = ("envs", "sandbox_server", "trainer", "ray_cluster")
+#: The layers below the Ray package: none of them imports it or names it in code, and none imports ``ray``.
+LAYERS = ("envs", "sandbox_server", "trainer")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -41,7 +44,7 @@ def module_files(package: str) -> list[Path]:
 
 
 def graph() -> dict[str, set[str]]:
-    """``{module file (relative): imported modules}`` for every module of the three packages."""
+    """``{module file (relative): imported modules}`` for every module of the packages."""
     return {str(p.relative_to(ROOT)): imports_of(p) for pkg in PACKAGES for p in module_files(pkg)}
 
 
@@ -78,15 +81,38 @@ def test_the_service_uses_envs_only_through_their_public_api_and_never_the_train
     assert bad == {}
 
 
-def test_the_trainer_reaches_the_service_only_to_start_it_or_its_node_hosts():
-    # cli.py starts the server; cluster.py runs its rollout workers as the service's Ray node hosts.
+def test_the_trainer_reaches_the_service_only_to_start_it():
+    # cli.py starts the server; the Ray rollout workers (the service's node hosts) are ray_cluster's.
     users = {f: sorted(m for m in mods if m.startswith("sandbox_server"))
              for f, mods in graph().items() if f.startswith("trainer/")}
     assert {f: m for f, m in users.items() if m} == {
-        "trainer/cli.py": ["sandbox_server.__main__", "sandbox_server.__main__.main"],
-        "trainer/cluster.py": ["sandbox_server.ray_nodes", "sandbox_server.ray_nodes.ClusterEnv",
-                               "sandbox_server.ray_nodes.NodeHost", "sandbox_server.ray_nodes.is_node_loss",
-                               "sandbox_server.ray_nodes.require_ray", "sandbox_server.ray_nodes.start_hosts"]}
+        "trainer/cli.py": ["sandbox_server.__main__", "sandbox_server.__main__.main"]}
+
+
+def test_no_layer_imports_the_ray_package_or_ray_itself():
+    """envs, sandbox_server and trainer import neither ``ray_cluster`` (not even lazily) nor ``ray``: Ray runs are
+    plugins of the entry-point groups ``forkyard.collectors`` and ``forkyard.sandbox_providers``."""
+    bad = {f: sorted(m for m in mods if m.split(".")[0] in ("ray_cluster", "ray"))
+           for f, mods in graph().items() if f.split("/")[0] in LAYERS}
+    assert {f: m for f, m in bad.items() if m} == {}
+    assert any(m == "ray" or m.startswith("ray.") for f, mods in graph().items() if f.startswith("ray_cluster/")
+               for m in mods)  # the walker sees ray_cluster's own (lazy) imports of ray
+
+
+def test_the_training_loop_imports_nothing_of_ray_and_finds_the_ray_collector_by_name():
+    loop = imports_of(ROOT / "trainer" / "loop.py")
+    assert not [m for m in loop if m.split(".")[0] in ("ray", "ray_cluster")]
+    assert "trainer.collectors" in loop
+    import importlib.metadata
+
+    from trainer.collectors import COLLECTOR_GROUP, collector_names, get_collector
+
+    assert {"local", "ray"} <= set(collector_names())
+    assert [ep.value for ep in importlib.metadata.entry_points(group=COLLECTOR_GROUP) if ep.name == "ray"] == [
+        "ray_cluster.collector:ray_collector"]
+    from ray_cluster.collector import ray_collector
+
+    assert get_collector("ray") is ray_collector
 
 
 AGENT_MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "sandbox_server" / "agent").glob("*.py"))
@@ -114,7 +140,8 @@ def test_no_import_cycle_between_packages():
     for f, mods in graph().items():
         src = f.split("/")[0]
         edges[src].update(m.split(".")[0] for m in mods if m.split(".")[0] in PACKAGES and m.split(".")[0] != src)
-    assert edges == {"envs": set(), "sandbox_server": {"envs"}, "trainer": {"envs", "sandbox_server"}}
+    assert edges == {"envs": set(), "sandbox_server": {"envs"}, "trainer": {"envs", "sandbox_server"},
+                     "ray_cluster": {"envs", "sandbox_server", "trainer"}}
 
 
 def test_long_modules_state_why():
@@ -141,19 +168,38 @@ def test_every_reference_can_be_opened_by_a_reader_of_the_repo():
     assert found == []
 
 
+def string_modules(package: str, pattern: re.Pattern[str]) -> list[str]:
+    """The string constants of ``package``'s modules that name a module as ``pattern`` matches them whole
+    (``"pkg.mod"``, ``"pkg.mod:attr"``: an import by name the walker cannot see); docstrings never match."""
+    found = []
+    for p in module_files(package):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.match(node.value.strip()):
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    return found
+
+
 def test_envs_name_no_server_or_trainer_module_in_a_string_either():
     """An entry point written as a string (``"sandbox_server.embedded:shared_provider"``) is an import the walker
     cannot see: envs reach the server's provider factory through the ``forkyard.sandbox_providers`` entry-point
     group of the installed metadata (``pyproject.toml``), never by naming it."""
-    named = re.compile(r"^(sandbox_server|trainer)(\.\w+)*(:\w+)?$")
-    found = []
-    for p in module_files("envs"):
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and named.match(node.value.strip()):
-                found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
-    assert found == []
+    assert string_modules("envs", re.compile(r"^(sandbox_server|trainer)(\.\w+)*(:\w+)?$")) == []
     import importlib.metadata
 
     from envs.sandbox import PROVIDER_GROUP
     assert [ep.value for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == "default"] == [
         "sandbox_server.embedded:shared_provider"]
+
+
+def test_no_layer_names_the_ray_package_in_a_string_and_the_server_finds_its_provider_by_name():
+    """The server and the trainer reach ``ray_cluster`` only through the entry points of ``pyproject.toml``."""
+    named = re.compile(r"^ray_cluster(\.\w+)*(:\w+)?$")
+    assert [s for pkg in LAYERS for s in string_modules(pkg, named)] == []
+    import importlib.metadata
+
+    from envs.sandbox import PROVIDER_GROUP, _factory
+    from ray_cluster.sandboxes import RayProvider
+
+    assert [ep.value for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == "ray"] == [
+        "ray_cluster.sandboxes:RayProvider"]
+    assert _factory("ray") is RayProvider

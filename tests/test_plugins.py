@@ -88,7 +88,8 @@ def test_a_new_env_is_one_registration_away_from_every_path(coin_env_id):
 
 
 def test_a_new_estimator_is_one_registration_away_from_training(coin_env_id, tmp_path):
-    from trainer.train import TrainConfig, train
+    from trainer.tabular_config import TrainConfig
+    from trainer.train import train
 
     calls = []
 
@@ -157,10 +158,11 @@ def test_a_new_backend_is_one_registration_away_from_envs_and_services():
 
 def test_a_new_policy_is_one_registration_away_from_forkyard_train(coin_env_id, tmp_path, capsys):
     from trainer.cli import main
-    from trainer.train import TrainConfig, train
+    from trainer.tabular import setup
+    from trainer.tabular_config import TrainConfig
 
     results = []
-    register_policy("test-tabular", config=TrainConfig, train=train, report=results.append,  # the one registration
+    register_policy("test-tabular", config=TrainConfig, setup=setup, report=results.append,  # the one registration
                     help="the tabular policy, reported to a list")
     try:
         assert policy_names()[-1] == "test-tabular" and isinstance(get_policy("test-tabular"), Policy)
@@ -170,7 +172,7 @@ def test_a_new_policy_is_one_registration_away_from_forkyard_train(coin_env_id, 
         assert len(result.metrics) == 2 and result.evaluation["episodes"] == 4
         assert result.config.env_id == coin_env_id and (tmp_path / "run" / "summary.json").is_file()
         with pytest.raises(ValueError, match="already registered"):
-            register_policy("test-tabular", config=TrainConfig, train=train)
+            register_policy("test-tabular", config=TrainConfig, setup=setup)
     finally:
         unregister_policy("test-tabular")
     capsys.readouterr()

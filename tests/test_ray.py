@@ -18,10 +18,11 @@ import sys
 import pytest
 
 from tests.docker_support import ROOT, require_docker
-from trainer.cluster import cluster_totals, task_rng
+from ray_cluster.collector import task_rng
+from trainer.collectors import cluster_totals
 from trainer.rollout import Rollout, tree_rollout
 from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig
+from trainer.tabular_config import TrainConfig
 
 pytest.importorskip("ray", reason="the ray extra is not installed (make installs it)")
 

@@ -142,7 +142,7 @@ def test_a_new_run_never_replaces_a_runs_records(tmp_path):
     assert r.returncode == 2 and "lr is 0.1 in the run, 0.5 given" in r.stderr
     from trainer.loop import RunDirError, resume_config
     from trainer.text_config import TextTrainConfig
-    from trainer.train import TrainConfig
+    from trainer.tabular_config import TrainConfig
 
     with pytest.raises(RunDirError, match="another command"):
         resume_config(TextTrainConfig(resume=str(run)))

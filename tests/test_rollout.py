@@ -9,7 +9,8 @@ from envs.core import EnvInfraError
 from trainer.rollout import group_rollout, tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.estimators import anchor_stats, step_advantages
-from trainer.train import TrainConfig, train
+from trainer.tabular_config import TrainConfig
+from trainer.train import train
 
 
 class RecordingClueProbe(ClueProbeEnv):

@@ -132,7 +132,8 @@ def test_compose_up_serves_the_api(monkeypatch):
         import gymnasium as gym
 
         import envs  # noqa: F401
-        from trainer.train import TrainConfig, train
+        from trainer.tabular_config import TrainConfig
+        from trainer.train import train
 
         remote = gym.make("forkyard/FileQA-v0", server_url=f"http://127.0.0.1:{port}", kinds=["log_errors"]).unwrapped
         obs, info = remote.reset(seed=1)

@@ -12,11 +12,11 @@ from fastapi import HTTPException
 
 from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError, EpisodeFinishedError
+from ray_cluster.nodes import NodeHost
 from sandbox_server import session_batch
 from sandbox_server.app import create_env_app
 from sandbox_server.env_sessions import EnvSessions
 from sandbox_server.errors import CapacityReached
-from sandbox_server.ray_nodes import NodeHost
 from sandbox_server.session_host import SessionHost, resetter
 from tests.docker_support import UvicornThread
 

@@ -28,7 +28,7 @@ def model():
 def _episodes(model, n, seed):
     """n sampled ClueProbe episodes (targets cycled); per episode: (return, all actions canonical texts of
     the env's action vocabulary, legal at their turn or not; steps)."""
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     vocabulary = env.action_vocabulary
     policy = TextPolicy(model, model.tokenizer, CFG.sampling())
     rng = random.Random(seed)
@@ -67,7 +67,7 @@ def test_action_probability_equals_the_recorded_behavior_logprob(model):
 
 def test_probabilities_of_the_legal_actions_sum_to_at_most_one(model):
     policy = TextPolicy(model, model.tokenizer, CFG.sampling())
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     obs, info = env.reset(seed=0)
     probs = action_probabilities(policy, policy.template.first(obs), info["legal_actions"])
     assert len(probs) == 3 and all(0.0 < p < 1.0 for p in probs)

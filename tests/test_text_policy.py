@@ -290,7 +290,7 @@ def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_es
 
     cfg = TextTrainConfig(turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
     model = small_model(context=512, eot_logit=5.0)
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     ro, assigned, batch = sample_batch(cfg, env, policy(model), random.Random(0), 0)
     assert ro.kind == "tree" and len(ro.episodes) == 6 and assigned.n_episodes == 6
     assert int(batch.mask.sum()) == sum(len(s.data.action_ids) for s in assigned.steps)

@@ -80,7 +80,7 @@ def test_bpe_policy_never_samples_a_suppressed_id_and_ratio_is_one(tok):
     with torch.no_grad():  # make the forbidden ids the most likely ones: suppression must still hold
         model.ln_f.bias += 5.0 * model.tok.weight[list(model.tokenizer.suppressed_ids)].sum(0)
     policy = TextPolicy(model.eval(), model.tokenizer, SamplingConfig(max_new_tokens=6))
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     obs, info = env.reset(seed=0)
     session = policy.session(obs, info)
     rng = random.Random(0)

@@ -31,7 +31,7 @@ def tok():
 
 
 def test_the_env_tools_are_the_env_schemas_and_none_means_none():
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     assert list(TOOLS) == env.tool_schemas()
     assert [t["function"]["name"] for t in TOOLS] == ["probe", "answer"]
     assert TextTrainConfig().env_tools() is None and TextTrainConfig().sampling().tools is None
@@ -83,7 +83,7 @@ def test_a_cut_never_reaches_into_the_tools(tok, n):
 def test_model_output_in_any_tool_call_form_maps_to_the_env_action(written, action):
     policy = TextPolicy(None, ByteTokenizer(), SamplingConfig(tools=TOOLS))
     assert policy.to_action(written) == action
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     env.reset(seed=1)
     if action.startswith("probe"):  # the env plays the mapped action
         obs, reward, terminated, truncated, info = env.step(policy.to_action(written))
@@ -95,7 +95,7 @@ def test_model_output_in_any_tool_call_form_maps_to_the_env_action(written, acti
 def test_other_output_reaches_the_env_as_written_and_gets_its_invalid_action_observation(written):
     policy = TextPolicy(None, ByteTokenizer(), SamplingConfig(tools=TOOLS))
     assert policy.to_action(written) == written
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     env.reset(seed=1)
     obs, reward, terminated, truncated, info = env.step(written)
     assert reward == 0.0 and not terminated and "invalid" in obs.lower()
@@ -106,7 +106,7 @@ def test_other_output_reaches_the_env_as_written_and_gets_its_invalid_action_obs
 def test_sampled_actions_go_to_the_env_mapped_and_the_record_keeps_the_sampled_ids(tok):
     model = build_model(LMConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2, context=512)).eval()
     policy = TextPolicy(model, tok, SamplingConfig(max_new_tokens=6, tools=TOOLS))
-    env = make_env(CFG.env_id, CFG.env_kwargs())
+    env = make_env(CFG.env_id, CFG.env_options())
     obs, info = env.reset(seed=2)
     session = policy.session(obs, info)
     step = session.act(random.Random(0))

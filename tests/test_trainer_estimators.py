@@ -19,7 +19,8 @@ from trainer.estimators import (
 )
 from trainer.rollout import group_rollout, tree_rollout
 from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig, train
+from trainer.tabular_config import TrainConfig
+from trainer.train import train
 
 
 def test_standard_names_and_aliases():

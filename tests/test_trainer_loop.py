@@ -10,8 +10,8 @@ import pytest
 from envs.clueprobe import ClueProbeEnv
 from trainer.loop import LoopConfig, make_env, train_loop
 from trainer.rollout import EPISODE_METRICS, EpisodeMetrics, Step, group_rollout
-from trainer.tabular import TabularPolicy
-from trainer.train import TrainConfig, greedy_eval
+from trainer.tabular import TabularPolicy, greedy_eval
+from trainer.tabular_config import TrainConfig
 
 
 class _Session:

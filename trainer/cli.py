@@ -37,34 +37,45 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_config(args: argparse.Namespace):
-    """The run config of a parsed ``forkyard train``: the config class of ``--policy``
-    (:func:`trainer.policies.get_policy`; tabular: :class:`~trainer.train.TrainConfig`, lm:
-    :class:`~trainer.text_config.TextTrainConfig`) holding every option given, with ``progress`` on."""
+def train_config(args: argparse.Namespace, policy: str | None = None):
+    """The run config of a parsed ``forkyard train``: the config class of ``--policy`` (or ``policy``;
+    :func:`trainer.policies.get_policy`; tabular: :class:`~trainer.tabular_config.TrainConfig`, lm:
+    :class:`~trainer.text_config.TextTrainConfig`) holding every option given, with ``progress`` on; validated
+    as it is made. Raises ValueError on an invalid config."""
     from trainer.config import from_args
     from trainer.policies import get_policy
 
-    return from_args(get_policy(args.policy).part("config"), args, progress=True)
+    return from_args(get_policy(policy or args.policy).part("config"), args, progress=True)
+
+
+def run_policy(name: str, args: argparse.Namespace, command: str = "train") -> int:
+    """``forkyard train --policy NAME`` (and ``forkyard train-lm``, the policy ``lm``): the config, the one
+    driver (:func:`trainer.train.train`) with the policy's setup, then its report. A usage error (an invalid
+    config, a plugin's parts that cannot be imported, a run folder that cannot take the run) is one line on
+    stderr and status 2; SIGTERM / SIGINT is status 128 + the signal (:func:`trainer.text_cli.guarded`).
+    Returns the exit status."""
+    from envs.core import EnvInfraError
+    from trainer.policies import get_policy
+    from trainer.text_cli import guarded
+    from trainer.train import train
+
+    policy = get_policy(name)
+    try:
+        setup, report = policy.part("setup"), policy.part("report")
+    except (ImportError, AttributeError) as exc:  # a plugin's parts that cannot be imported: named, status 2
+        print(f"forkyard {command}: error: --policy {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        cfg = train_config(args, name)
+    except (ValueError, EnvInfraError) as exc:  # a usage error: a line and status 2, not a traceback
+        print(f"forkyard {command}: error: {exc}", file=sys.stderr)
+        return 2
+    report(guarded(command, train, cfg, setup, command))
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = train_config(args)
-    try:
-        cfg.validate()
-    except ValueError as exc:  # a usage error: a line and status 2, not a traceback
-        print(f"forkyard train: error: {exc}", file=sys.stderr)
-        return 2
-    from trainer.policies import get_policy
-    from trainer.text_cli import guarded
-
-    policy = get_policy(args.policy)
-    try:
-        train, report = policy.part("train"), policy.part("report")
-    except (ImportError, AttributeError) as exc:  # a plugin's parts that cannot be imported: named, status 2
-        print(f"forkyard train: error: --policy {args.policy}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    report(guarded("train", train, cfg))
-    return 0
+    return run_policy(args.policy, args)
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -151,13 +162,15 @@ def _rollout_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="JSONL file of the episodes and what the server returned")
 
 
-def _train_args(p: argparse.ArgumentParser, policy: str) -> None:
+def _train_args(p: argparse.ArgumentParser, policy: str, choose: bool = True) -> None:
+    """The options of ``train`` for ``policy`` (its config's fields), with ``--policy`` when ``choose``."""
     from trainer.config import add_arguments
     from trainer.policies import get_policy, policy_names
 
-    names = policy_names()  # the registry's, plugins of forkyard.policies included
-    p.add_argument("--policy", choices=names, default="tabular",
-                   help="; ".join(f"{n}: {get_policy(n).help}" if get_policy(n).help else n for n in names))
+    if choose:
+        names = policy_names()  # the registry's, plugins of forkyard.policies included
+        p.add_argument("--policy", choices=names, default="tabular",
+                       help="; ".join(f"{n}: {get_policy(n).help}" if get_policy(n).help else n for n in names))
     spec = get_policy(policy)
     try:
         config, groups = spec.part("config"), spec.part("groups")
@@ -196,6 +209,11 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
     if wanted("train"):
         _train_args(p, policy)
     p.set_defaults(handler=_train)
+
+    p = sub.add_parser("train-lm", help="text policy: PPO-style RL with tree forks (same as train --policy lm)")
+    if wanted("train-lm"):
+        _train_args(p, "lm", choose=False)
+    p.set_defaults(handler=lambda a: run_policy("lm", a, "train-lm"))
 
     p = sub.add_parser("compare", help="the granularity sweep: T x estimator x seed, table + CSV + plot")
     if wanted("compare"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from trainer.config import setting
 from trainer.plot import plot_sweep
 from trainer.stats import mean_ci
-from trainer.train import TrainConfig
+from trainer.tabular_config import TrainConfig
 
 VARIANTS: dict[str, dict] = {
     "traj": {"estimator": "traj"},
@@ -46,7 +46,7 @@ DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in ("tree_branchmean", "tr
 @dataclass
 class SweepConfig:
     """A sweep of ``forkyard compare`` (the command line is generated from these fields). The per-run
-    settings default to :class:`trainer.train.TrainConfig`'s."""
+    settings default to :class:`trainer.tabular_config.TrainConfig`'s."""
 
     turns: tuple[int, ...] = setting((2, 3, 4, 5), help="episode lengths T to sweep")
     variants: tuple[str, ...] = setting(DEFAULT_VARIANTS, choices=tuple(VARIANTS), help="estimator variants")

@@ -61,17 +61,10 @@ from gymnasium.envs.registration import load_env_creator
 import envs  # registers the forkyard ids
 from envs.features import EvaluationResets
 from trainer import advantages as adv
+from trainer.collectors import Collector, InProcessCollector, get_collector
 from trainer.config import setting
 from trainer.estimators import Assigned, estimator_names, rollout_kind, step_advantages
-from trainer.rollout import (
-    FORK_SELECTIONS,
-    Actor,
-    EpisodeMetrics,
-    Rollout,
-    group_rollout,
-    training_seeds,
-    tree_rollout,
-)
+from trainer.rollout import FORK_SELECTIONS, Actor, EpisodeMetrics, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +90,14 @@ class LoopConfig:
 
     env_id: str = setting("forkyard/ClueProbe-v0", flag="--env", aliases=("--env-id",), parse=env_id_arg,
                           group="common", help="a registered env id (the forkyard/ prefix is optional)")
+    turns: int | None = setting(None, group="common",
+                                help="the env's turn budget, its max_turns (None: the env's default)")
+    env_kwargs: dict[str, Any] = setting(default_factory=dict, flag="--env-kwarg", group="common",
+                                         help="an env constructor argument, KEY=VALUE (repeatable; values parsed "
+                                              "as JSON)")
+    server_url: str | None = setting(None, flag="--server", aliases=("--server-url",), group="loop",
+                                     help="URL of a forkyard server; the training envs run there")
+    threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
     estimator: str = setting("tree", choices=estimator_names, group="loop",
                              help="advantage estimator (trainer/estimators.py; traj = grpo, anchor_fallback = gigpo)")
     rollout: str | None = setting(None, choices=("group", "tree"), group="loop",
@@ -123,7 +124,7 @@ class LoopConfig:
                                         help="stop once this many env calls were spent (equal-budget comparisons)")
     eval_every: int = setting(0, group="loop", help="evaluate every N iterations and at the last (0: only at the end)")
     ray: str | None = setting(None, group="loop",
-                              help="run the rollouts on a Ray cluster (trainer/cluster.py): auto (RAY_ADDRESS or "
+                              help="run the rollouts on a Ray cluster (docs/scaling.md): auto (RAY_ADDRESS or "
                                    "the local cluster), a cluster address, or local (start one here); default: no Ray")
     node_capacity: int = setting(64, group="loop",
                                  help="with --ray: envs a node holds before its forks travel to another node")
@@ -145,9 +146,21 @@ class LoopConfig:
                                       "--device, --threads)")
     progress: bool = setting(False, cli=False, help="show progress (the command line turns it on)")
 
+    def __post_init__(self) -> None:
+        """A config is checked once, when it is made (:meth:`validate`): an invalid one never exists."""
+        self.validate()
+
+    def env_options(self) -> dict[str, Any]:
+        """The env's constructor kwargs: ``env_kwargs`` with the turn budget ``turns`` added when set, under the
+        name the env's constructor takes (``turns`` for ClueProbe, else ``max_turns``)."""
+        if self.turns is None:
+            return dict(self.env_kwargs)
+        return {**self.env_kwargs, "turns" if "turns" in env_parameters(self.env_id) else "max_turns": self.turns}
+
     def validate(self) -> None:
-        """Raises ValueError on an unknown estimator, rollout or tree prefix, a tree-only estimator on a
-        group rollout, or out-of-range sizes."""
+        """Called by ``__post_init__``: every config is validated once, when made (call it again only after
+        changing a field). Raises ValueError on an unknown estimator, rollout or tree prefix, a tree-only
+        estimator on a group rollout, or out-of-range sizes."""
         if self.tree_prefix not in adv.TREE_PREFIXES:
             raise ValueError(f"tree_prefix must be one of {adv.TREE_PREFIXES}, got {self.tree_prefix!r}")
         rollout_kind(self.estimator, self.rollout)
@@ -160,10 +173,12 @@ class LoopConfig:
                              f"{self.max_staleness}")
         if self.ray is None and self.max_staleness:
             raise ValueError("--max-staleness pipelines rollouts on a Ray cluster: it needs --ray")
-        if self.ray is not None and getattr(self, "server_url", None):
+        if self.ray is not None and self.server_url:
             raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
-        if self.save_every < 0:
-            raise ValueError(f"save_every must be >= 0, got {self.save_every}")
+        if self.save_every < 0 or self.threads < 0:
+            raise ValueError(f"save_every and threads must be >= 0, got {self.save_every}, {self.threads}")
+        if self.turns is not None and self.turns < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
 
 
 class Policy(Actor, Protocol):
@@ -208,7 +223,8 @@ class LoopResult:
 
 @dataclass
 class TrainResult:
-    """A finished run: its config, metrics, final evaluation, the trained policy, wall seconds, warnings."""
+    """A finished run (:func:`trainer.train.train`): its config, metrics, final evaluation, the trained policy,
+    wall seconds, warnings, and the trained model (the text policy's; None for a policy without one)."""
 
     config: Any
     metrics: list[dict[str, Any]]
@@ -216,6 +232,7 @@ class TrainResult:
     policy: Any
     wall_s: float
     warnings: list[str] = field(default_factory=list)
+    model: Any = None
 
 
 def make_env(env_id: str, env_kwargs: dict[str, Any], server_url: str | None = None):
@@ -514,18 +531,10 @@ def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: 
             shaping: Callable[[Rollout], None] | None = None,
             rollouts: Callable[[int], Rollout] | None = None) -> tuple[Rollout, Assigned]:
     """Steps 1-2 of an iteration: the rollout on ``iteration``'s training seeds (made by ``rollouts``
-    when given: a Ray run's :meth:`trainer.cluster.RayCollector.rollout`), the reward shaping if any, and
-    the per-step advantages. Returns ``(rollout, assigned)``."""
-    engine = getattr(policy, "engine", None)  # the policy's batched rollouts (trainer.engine), or None: serial
-    if rollouts is not None:
-        ro = rollouts(iteration)
-    elif rollout_kind(cfg.estimator, cfg.rollout) == "tree":
-        seeds = training_seeds(cfg.seed, iteration, cfg.n_base)
-        ro = (engine.tree_rollout if engine else tree_rollout)(env, policy, cfg.n_base, cfg.branches, seeds, rng,
-                                                                cfg.fork_selection)
-    else:
-        seeds = training_seeds(cfg.seed, iteration, cfg.group_size)
-        ro = (engine.group_rollout if engine else group_rollout)(env, policy, cfg.group_size, seeds, rng)
+    when given: the run's :meth:`trainer.collectors.Collector.rollout`; else this process's, as
+    :class:`trainer.collectors.InProcessCollector` makes it), the reward shaping if any, and the per-step
+    advantages. Returns ``(rollout, assigned)``."""
+    ro = (rollouts or InProcessCollector(cfg, env, policy, rng).rollout)(iteration)
     if shaping is not None:
         shaping(ro)
     return ro, step_advantages(ro, cfg)
@@ -555,13 +564,11 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
         ``cfg.resume`` continues the run there (``policy`` built as the run's was: it gets the saved state).
 
     Raises:
-        ValueError: on an invalid config; :class:`RunDirError` (a ValueError) when the folder holds a run's
-            records, or has no resume state to continue.
+        RunDirError: (a ValueError) when the folder holds a run's records, or has no resume state to continue.
         TrainingInterrupted: after the iteration during which SIGTERM or SIGINT arrived, its state saved.
     """
     import torch
 
-    cfg.validate()
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)  # the policy's sampling RNG (and uniform fork turns)
@@ -590,20 +597,20 @@ def train_loop(cfg: LoopConfig, env, policy: Policy, *, shaping: Callable[[Rollo
             "torch_rng": rng_state(), "monitors": [dict(vars(m)) for m in monitors],
             "policy": policy.state_dict() if hasattr(policy, "state_dict") else None, "config": asdict(cfg)})
 
-    collector = None
+    collector: Collector | None = None
     stop = StopSignals()
     try:
         if out is not None:
             stop.__enter__()
-        if cfg.ray is not None:
-            from trainer.cluster import RayCollector
-
-            collector = RayCollector(cfg, policy, env_kwargs or {}, rollout_kind(cfg.estimator, cfg.rollout))
+        # The rollouts' source: this process, or (cfg.ray) the collector "ray" found by name (trainer.collectors).
+        kind = rollout_kind(cfg.estimator, cfg.rollout)
+        collector = (InProcessCollector(cfg, env, policy, rng, kind) if cfg.ray is None else
+                     get_collector("ray")(cfg, policy, env=env, rng=rng, env_kwargs=env_kwargs or {}, kind=kind))
         for it in range(start, cfg.iterations):
             if cfg.max_env_calls is not None and spent >= cfg.max_env_calls:
                 break  # equal-budget comparisons: no iteration starts once the budget is spent
             # 1-2. rollout, shaping, advantages
-            ro, assigned = collect(cfg, env, policy, rng, it, shaping, collector.rollout if collector else None)
+            ro, assigned = collect(cfg, env, policy, rng, it, shaping, collector.rollout)
             valid_rewards = [e.reward for e in ro.episodes if not e.infra_failure]
             env_metrics = EpisodeMetrics()
             for e in ro.episodes:

@@ -1,14 +1,15 @@
 """Training policies by name: what ``forkyard train --policy NAME`` configures, trains and reports.
 
 A policy is a :class:`Policy` registered under a name with :func:`register_policy`: its run config (a
-dataclass of :func:`trainer.config.setting` fields, usually a subclass of :class:`trainer.loop.LoopConfig`),
-the function that trains it from that config, and the function that prints the result. ``forkyard train
---policy NAME`` generates its options from the config (those of ``groups`` only, when given), builds and
-validates the config, runs ``train(cfg)`` and prints ``report(result)``: the command line never branches on
-a policy's name. Each part may be given as ``"module:attr"`` text, imported on use, so that listing the
-policies imports neither torch nor the policy's code::
+subclass of :class:`trainer.loop.LoopConfig` whose :func:`trainer.config.setting` fields become options), its
+setup (``setup(cfg) -> trainer.train.Trainee``: the env, the learner, its evaluations and hooks) and the
+function that prints the result. ``forkyard train --policy NAME`` generates its options from the config (those
+of ``groups`` only, when given), builds the config (validated as it is made), runs the one training driver
+:func:`trainer.train.train` with the policy's setup and prints ``report(result)``: the command line never
+branches on a policy's name. Each part may be given as ``"module:attr"`` text, imported on use, so that
+listing the policies imports neither torch nor the policy's code::
 
-    register_policy("mine", config="my_pkg.config:MyConfig", train="my_pkg.train:train",
+    register_policy("mine", config="my_pkg.config:MyConfig", setup="my_pkg.policy:setup",
                     help="what it is, in a few words")
 
 From an installed package, declare the :class:`Policy` object in the entry-point group ``forkyard.policies``
@@ -18,11 +19,11 @@ under its name (``mine = "my_pkg.policy:POLICY"``): the registry loads the group
 Built in:
 
 =======  ==================================================  ===============================================
-name     config                                              train
+name     config                                              setup
 =======  ==================================================  ===============================================
-tabular  :class:`trainer.train.TrainConfig`                  :func:`trainer.train.train` (REINFORCE on a
+tabular  :class:`trainer.tabular_config.TrainConfig`         :func:`trainer.tabular.setup` (REINFORCE on a
                                                              logit table)
-lm       :class:`trainer.text_config.TextTrainConfig`        :func:`trainer.text_train.train_rl` (the text
+lm       :class:`trainer.text_config.TextTrainConfig`        :func:`trainer.text_train.setup` (the text
                                                              policy; the options of ``train-lm``)
 =======  ==================================================  ===============================================
 """
@@ -61,21 +62,21 @@ def report_run(result: Any) -> None:
           f"anchor degeneration: {100 * sum(m['degeneration'] for m in ms) / len(ms):.1f}%")
     print(f"greedy evaluation: {json.dumps(result.evaluation)}")
     if getattr(result.config, "ray", None) is not None:
-        from trainer.cluster import cluster_totals
+        from trainer.collectors import cluster_totals
 
         print(f"ray: {json.dumps(cluster_totals(ms))}")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A trainable policy as ``forkyard train`` drives it. Each of ``config``, ``train``, ``report`` and
+    """A trainable policy as ``forkyard train`` drives it. Each of ``config``, ``setup``, ``report`` and
     ``groups`` may be ``"module:attr"`` text, imported when first used (:meth:`part`).
 
     Attributes:
-        config: the run config dataclass; ``--policy NAME`` takes its :func:`trainer.config.setting` fields as
-            options, sets ``progress=True`` and calls its ``validate()`` (ValueError: a usage error).
-        train: ``train(cfg) -> result``; may raise :class:`trainer.loop.RunDirError` (a usage error) and
-            :class:`trainer.loop.TrainingInterrupted` (status 128 + signal).
+        config: the run config dataclass (a :class:`trainer.loop.LoopConfig`); ``--policy NAME`` takes its
+            :func:`trainer.config.setting` fields as options and sets ``progress=True``; it validates itself
+            when made (ValueError: a usage error).
+        setup: ``setup(cfg) -> trainer.train.Trainee``, what the driver :func:`trainer.train.train` trains.
         report: ``report(result) -> None``, prints the summary (default :func:`report_run`, for a
             :class:`trainer.loop.TrainResult`).
         groups: the config fields' groups that become options (None: every command-line field).
@@ -83,13 +84,13 @@ class Policy:
     """
 
     config: type | str
-    train: Callable[[Any], Any] | str
+    setup: Callable[[Any], Any] | str
     report: Callable[[Any], None] | str = report_run
     groups: tuple[str, ...] | str | None = None
     help: str = ""
 
     def part(self, name: str) -> Any:
-        """The part ``name`` (``"config"``, ``"train"``, ``"report"``, ``"groups"``), imported when given as text.
+        """The part ``name`` (``"config"``, ``"setup"``, ``"report"``, ``"groups"``), imported when given as text.
         Raises ImportError / AttributeError when the text names nothing."""
         return _load(getattr(self, name))
 
@@ -149,9 +150,9 @@ def _add_plugin(name: str, obj: Any) -> None:
     register_policy(name, obj)
 
 
-register_policy("tabular", config="trainer.train:TrainConfig", train="trainer.train:train",
+register_policy("tabular", config="trainer.tabular_config:TrainConfig", setup="trainer.tabular:setup",
                 help="a logit table trained by REINFORCE")
-register_policy("lm", config="trainer.text_config:TextTrainConfig", train="trainer.text_train:train_rl",
+register_policy("lm", config="trainer.text_config:TextTrainConfig", setup="trainer.text_train:setup",
                 report="trainer.text_train:print_result", groups="trainer.text_cli:RL_GROUPS",
                 help="the text policy (the options of train-lm; `forkyard train --policy lm --help` lists them)")
 _REGISTRY.load_from("forkyard.policies", _add_plugin)

@@ -96,7 +96,7 @@ class Rollout:
     forks: int = 0  # env.fork calls, failed ones included
     forks_failed: int = 0  # env.fork calls that raised EnvInfraError
     branches_lost: int = 0  # branch episodes never run because their fork failed (each in ``episodes``, infra_failure)
-    cluster: dict[str, float] = field(default_factory=dict)  # a Ray run's placement figures (trainer.cluster)
+    cluster: dict[str, float] = field(default_factory=dict)  # a Ray run's placement figures (ray_cluster.collector)
 
     @property
     def valid(self) -> list[bool]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainer.rollout import Rollout, Step
+from trainer.rollout import EpisodeMetrics, Rollout, Step
 from trainer.update import grad_norm, reinforce_loss, resolve_device
 
 
@@ -129,7 +129,7 @@ class TabularPolicy:
 
     # ------------------------------------------------------------------ Ray rollout workers
     def behavior_copy(self) -> "TabularPolicy":
-        """A CPU copy of the table for a Ray rollout worker (:mod:`trainer.cluster`). Rows it adds for new
+        """A CPU copy of the table for a Ray rollout worker (:mod:`ray_cluster.collector`). Rows it adds for new
         anchors are reported by :meth:`rollout_extras` and mapped to this policy's by :meth:`adopt`."""
         twin = TabularPolicy(device="cpu", capacity=1, lr=self.lr)
         twin.table, twin.mask = self.table.detach().cpu().clone(), self.mask.cpu().clone()
@@ -235,3 +235,38 @@ class TabularSession:
         twin = object.__new__(TabularSession)
         twin.policy, twin.key, twin.legal, twin.turn = self.policy, self.key, self.legal, self.turn
         return twin
+
+
+def greedy_eval(policy: TabularPolicy, env, resets: list[tuple[int | None, dict | None]]) -> dict[str, float]:
+    """Run the greedy (argmax) tabular policy once per reset.
+
+    Returns ``{"accuracy": mean reward, <env episode metrics>: their means, "episodes": n}``; the env's
+    metrics are what it reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
+    ``distinct_probes``, the mean number of distinct probes per episode).
+    """
+    total = 0.0
+    env_metrics = EpisodeMetrics()
+    for seed, options in resets:
+        obs, info = env.reset(seed=seed, options=options)
+        while True:
+            obs, r, te, tr, info = env.step(policy.greedy(info["anchor_key"], info["legal_actions"]))
+            total += r
+            if te or tr:
+                env_metrics.add_info(info)
+                break
+    return {"accuracy": total / max(len(resets), 1), **env_metrics.means(), "episodes": len(resets)}
+
+
+def setup(cfg):
+    """The tabular policy's run (:func:`trainer.train.train`, ``forkyard train --policy tabular``): the env of
+    ``cfg`` (:class:`trainer.tabular_config.TrainConfig`; on ``cfg.server_url`` when set), a fresh
+    :class:`TabularPolicy` trained by REINFORCE with step size ``cfg.lr``, and the greedy evaluation
+    (:func:`greedy_eval`) on the env's evaluation resets (ClueProbe: every target; else ``cfg.eval_episodes``
+    held-out seeds). Returns a :class:`trainer.train.Trainee`."""
+    from trainer.loop import evaluation_resets, make_env
+    from trainer.train import Trainee
+
+    env = make_env(cfg.env_id, cfg.env_options(), cfg.server_url)
+    policy = TabularPolicy(device=cfg.device, lr=cfg.lr)
+    resets = evaluation_resets(cfg.env_id, cfg.env_options(), cfg.eval_episodes)
+    return Trainee(policy, env, evaluate=lambda: greedy_eval(policy, env, resets))

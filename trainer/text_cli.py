@@ -24,13 +24,11 @@ def _config(cls, args, command: str, **overrides):
     from envs.core import EnvInfraError
     from trainer.config import from_args
 
-    cfg = from_args(cls, args, **overrides)
     try:
-        cfg.validate()
+        return from_args(cls, args, **overrides)  # validated as it is made (LoopConfig.__post_init__)
     except (ValueError, EnvInfraError) as exc:  # EnvInfraError: the env (its tools) could not be built
         print(f"forkyard {command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return cfg
 
 
 def guarded(command: str, run, *args, **kwargs):
@@ -72,14 +70,6 @@ def _sft(args) -> int:
 
         (Path(run_dir) / "sft_summary.json").write_text(
             json.dumps({"evaluation": ev, "wall_s": metrics[-1]["wall_s"]}, indent=2))
-    return 0
-
-
-def _train_lm(args) -> int:
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_train import print_result, train_rl
-
-    print_result(guarded("train-lm", train_rl, _config(TextTrainConfig, args, "train-lm", progress=True)))
     return 0
 
 
@@ -125,14 +115,6 @@ def register(subparsers, command: str | None = None) -> None:
 
         add_arguments(p, TextTrainConfig, groups=SFT_GROUPS)
     p.set_defaults(handler=_sft)
-
-    p, build = add("train-lm", help="text policy: PPO-style RL with tree forks (same as train --policy lm)")
-    if build:
-        from trainer.config import add_arguments
-        from trainer.text_config import TextTrainConfig
-
-        add_arguments(p, TextTrainConfig, groups=RL_GROUPS)
-    p.set_defaults(handler=_train_lm)
 
     p, build = add("eval-lm", help="text policy: evaluate checkpoints (sampled, greedy, exact)")
     if build:

@@ -52,7 +52,7 @@ class TextTrainConfig(LoopConfig):
     iterations: int = 60
     eval_every: int = 10
     # env
-    turns: int = setting(4, group="common", help="turns per episode (ClueProbe: T; other envs: max_turns)")
+    turns: int | None = 4
     bits: int = setting(3, group="common", help="ClueProbe: target bits")
     # model
     d_model: int = setting(96, group="common", help="model width (a new model; a checkpoint keeps its own)")
@@ -80,7 +80,6 @@ class TextTrainConfig(LoopConfig):
                              help="Hugging Face models: train rank-r LoRA adapters (peft) on every linear layer "
                                   "instead of every weight (0: all weights); saved folders have the adapters merged")
     lora_alpha: float = setting(16.0, group="common", help="LoRA scale numerator (the update is alpha / r * B A x)")
-    threads: int = setting(0, group="common", help="torch CPU threads (0: torch's default)")
     # SFT
     sft_steps: int = setting(300, group="sft", help="SFT optimizer steps")
     sft_batch: int = setting(32, group="sft", help="SFT episodes per step")
@@ -113,20 +112,25 @@ class TextTrainConfig(LoopConfig):
                            help="rollout sampling: batched (trainer/engine.py: every live episode advances together; "
                                 "the same episodes as serial for the same seeds) or serial (one session at a time)")
     max_batch: int = setting(64, group="loop", help="batched sampling: most sequences in one forward pass (more wait)")
+    max_kv_tokens: int | None = setting(None, group="loop",
+                                        help="batched sampling: most KV-cache slots (rows x tokens) of one wave; "
+                                             "rows past it wait (None: max_batch only; trainer/engine.py)")
+    env_threads: int = setting(16, group="loop", help="batched sampling: worker threads for a wave's env calls when "
+                                                      "the env blocks (FileQA's sandboxes); 1: one after another")
+    window_step: int = setting(1, group="common", help="the prompt window's start moves in multiples of this many "
+                                                       "tokens (1: slides every turn; larger: less prefill)")
     eval_samples: int = setting(64, group="loop", help="held-out episodes of each periodic sampled evaluation")
     checkpoint: str | None = setting(None, flag="--model", aliases=("--checkpoint",), group="loop",
                                      help="the model to start from: RUN_DIR/sft.pt of forkyard sft, or a Hugging Face "
                                           "model folder (AutoModelForCausalLM; RUN_DIR/sft of sft --arch llama, or any "
                                           "local causal LM)")
 
-    def env_kwargs(self) -> dict[str, Any]:
-        """The env's constructor kwargs, by what its constructor takes: ``turns`` under the name ``turns``
-        when it has that parameter (ClueProbe), else ``max_turns`` (:class:`envs.core.TextEnv`'s name), and
-        ``bits`` when it has that parameter (ClueProbe)."""
-        params = env_parameters(self.env_id)
-        kwargs: dict[str, Any] = {"turns" if "turns" in params else "max_turns": self.turns}
-        if "bits" in params:
-            kwargs["bits"] = self.bits
+    def env_options(self) -> dict[str, Any]:
+        """:meth:`LoopConfig.env_options`, and ``bits`` when the env's constructor takes it (ClueProbe) and
+        ``--env-kwarg`` does not set it."""
+        kwargs = super().env_options()
+        if "bits" in env_parameters(self.env_id):
+            kwargs.setdefault("bits", self.bits)
         return kwargs
 
     def lm_config(self, vocab_size: int = 262):
@@ -142,7 +146,7 @@ class TextTrainConfig(LoopConfig):
 
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                               entropy_mode=self.fork_entropy, max_obs_tokens=self.max_obs_tokens,
-                              tools=self.env_tools())
+                              tools=self.env_tools(), window_step=self.window_step)
 
     def env_tools(self) -> tuple[dict[str, Any], ...] | None:
         """The env's tool definitions (``env.tool_schemas()``) when ``tools`` is not ``"none"``, else None.
@@ -152,7 +156,7 @@ class TextTrainConfig(LoopConfig):
         """
         if self.tools == "none":
             return None
-        return _env_tools(self.env_id, json.dumps(self.env_kwargs(), sort_keys=True))
+        return _env_tools(self.env_id, json.dumps(self.env_options(), sort_keys=True))
 
     def validate(self) -> None:
         """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""

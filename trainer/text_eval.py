@@ -58,7 +58,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     Returns:
         ``{"greedy_accuracy", "greedy_invalid_share", "greedy_<env metric>", ..., "sampled_..."}``, floats.
     """
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     tok = model_tokenizer(model)
     greedy = TextPolicy(model, tok, SamplingConfig(0.0, 1.0, cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
                                                    tools=cfg.env_tools()))
@@ -66,7 +66,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     out: dict[str, float] = {}
     n_held_out = samples or cfg.eval_samples
     for name, policy, resets in (
-        ("greedy", greedy, evaluation_resets(cfg.env_id, cfg.env_kwargs(), n_held_out)),
+        ("greedy", greedy, evaluation_resets(cfg.env_id, cfg.env_options(), n_held_out)),
         ("sampled", sampled, held_out_resets(n_held_out)),
     ):
         total = invalid = actions = 0.0
@@ -75,7 +75,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         if getattr(cfg, "sampler", "serial") == "batched":
             from trainer.engine import RolloutEngine
 
-            episodes = RolloutEngine(cfg.max_batch).play(env, policy, resets, rng)
+            episodes = RolloutEngine.from_config(cfg).play(env, policy, resets, rng)
         else:
             episodes = [_play(env, policy, seed, options, stream(s))
                         for (seed, options), s in zip(resets, episode_seeds(rng, len(resets)), strict=True)]
@@ -186,11 +186,11 @@ def _walk_tree(model, cfg, resets, min_path_prob: float, max_paths: int, nodes: 
     with ``Q(h, a) = r + V(child)`` (0 for a pruned action); the success is the reset-weighted mean of the
     roots' values. When ``nodes`` is a list, every node is appended to it as ``(weight * P(h), ids,
     candidates, Q)``: what :func:`exact_policy_gradient` needs. Returns ``(totals, policy)``."""
-    resets = resets if resets is not None else evaluation_resets(cfg.env_id, cfg.env_kwargs())
+    resets = resets if resets is not None else evaluation_resets(cfg.env_id, cfg.env_options())
     policy = TextPolicy(model, model_tokenizer(model), cfg.sampling())
     template = policy.template
     tok = policy.tok
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     vocabulary = list(env.action_vocabulary) if isinstance(env, FiniteActions) else []
     total = {"success": 0.0, "coverage": 0.0, "paths": 0}
 

@@ -47,7 +47,7 @@ def demo_episodes(cfg: TextTrainConfig, n_episodes: int, seed: int) -> list[tupl
         ValueError: when the env has neither ``demo_action`` nor a ``legal_actions`` menu.
     """
     tools = cfg.env_tools()
-    env = make_env(cfg.env_id, cfg.env_kwargs())
+    env = make_env(cfg.env_id, cfg.env_options())
     try:
         return _play_demos(cfg, env, tools, n_episodes, seed)
     finally:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -37,14 +36,7 @@ import torch
 
 from trainer.estimators import Assigned
 from trainer.checkpoints import load_checkpoint, save_checkpoint
-from trainer.loop import (
-    TrainResult,
-    collect,
-    make_env,
-    run_config,
-    train_loop,
-    write_summary,
-)
+from trainer.loop import TrainResult, collect, make_env
 from trainer.losses import PPOConfig, ppo_loss
 from trainer.monitors import EchoTrapDetector, FormatCollapseDetector
 from trainer.rollout import Rollout
@@ -176,7 +168,7 @@ class PPOTextPolicy(TextPolicy):
         if cfg.sampler == "batched":
             from trainer.engine import RolloutEngine
 
-            policy.engine = RolloutEngine(cfg.max_batch)
+            policy.engine = RolloutEngine.from_config(cfg)
         return policy
 
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
@@ -205,7 +197,7 @@ class PPOTextPolicy(TextPolicy):
             self.ref.load_state_dict(state["ref"])
 
     def behavior_copy(self) -> TextPolicy:
-        """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`trainer.cluster`):
+        """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`ray_cluster.collector`):
         model, tokenizer and sampling settings, no optimizer."""
         return TextPolicy(copy.deepcopy(self.model).cpu().eval(), self.tok, self.sampling)
 
@@ -268,76 +260,62 @@ def sample_batch(cfg: TextTrainConfig, env, policy: TextPolicy, rng: random.Rand
     (``batch`` None when no step is trained). For analyses of single iterations
     (``benchmarks/bench_gradient_alignment.py``).
 
-    Raises:
-        ValueError: on an invalid config (``cfg.validate``).
     """
-    cfg.validate()
     ro, assigned = collect(cfg, env, policy, rng, iteration, invalid_penalty_shaping(cfg))
     return ro, assigned, build_batch(ro, assigned.steps, assigned.advantages, policy.tok.pad_id, policy.device)
 
 
 # ---------------------------------------------------------------------------------------------- RL
-@dataclass
-class TextTrainResult(TrainResult):
-    """A finished text-policy run (:class:`trainer.loop.TrainResult`) with its model."""
+def setup(cfg: TextTrainConfig, model=None):
+    """The text policy's run (:func:`trainer.train.train`, ``forkyard train --policy lm``): RL from ``model``
+    (or ``cfg.checkpoint``, or a fresh model) as :class:`PPOTextPolicy`, with the invalid-action shaping
+    (:func:`invalid_penalty_shaping`), the echo-trap and format-collapse monitors, the sampled and greedy
+    evaluations (:func:`trainer.text_eval.evaluate`: ``cfg.eval_samples`` held-out episodes every
+    ``cfg.eval_every`` iterations, at least 128 at the end) and ``model.pt`` saved in the run folder. A resumed
+    run's model is built as the run built it (``--model`` or a new one); the loop then gives it the saved
+    state. Returns a :class:`trainer.train.Trainee`."""
+    from trainer.train import Trainee
 
-    model: Any = None
-
-
-def train_rl(cfg: TextTrainConfig, model=None) -> TextTrainResult:
-    """RL from ``model`` (or ``cfg.checkpoint``, or a fresh model) in the shared loop (module docstring).
-
-    Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the last
-    and on SIGTERM: weights, optimizer, KL reference, RNG states, loop state), ``summary.json`` and
-    ``model.pt`` to ``cfg.run_dir`` when set; ``cfg.resume`` continues the run in that folder, its model built
-    as the run built it (``--model`` or a new one) and then given the saved state. Prints one line per
-    iteration when ``cfg.progress``.
-
-    Raises:
-        ValueError: on an invalid config; :class:`trainer.loop.RunDirError` (a ValueError) when the run folder
-            holds another run's records, or has no run to resume.
-        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
-    """
-    cfg = run_config(cfg, "train-lm")
-    cfg.validate()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    t0 = time.perf_counter()
     if model is None:
         model = load_checkpoint(cfg.checkpoint, cfg.device, cfg.dtype) if cfg.checkpoint else new_model(cfg)
     model = training_model(cfg, model)
     policy = PPOTextPolicy.from_config(model, cfg)
-    env = make_env(cfg.env_id, cfg.env_kwargs())
 
-    def periodic_evaluation() -> dict[str, float]:
+    def evaluation(samples: int) -> dict[str, float]:
         model.eval()
-        return evaluate(model, cfg)
+        return evaluate(model, cfg, samples=samples)
 
-    def show(m: dict[str, Any]) -> None:
-        evals = {k: round(v, 3) for k, v in m.items() if k.startswith("eval_") and "accuracy" in k}
-        print("it %d reward %.3f std %.3f ent %.3f gnorm %.3f %s" % (m["iteration"], m["reward_mean"], m["reward_std"],
-              m["entropy"], m["grad_norm"], evals), flush=True)
+    def postfix(m: dict[str, Any]) -> dict[str, Any]:
+        evals = {k[5:]: round(v, 3) for k, v in m.items() if k.startswith("eval_") and "accuracy" in k}
+        return {"reward": f"{m['reward_mean']:.3f}", "std": f"{m['reward_std']:.3f}", "ent": f"{m['entropy']:.3f}",
+                "gnorm": f"{m['grad_norm']:.3f}", **evals}
 
-    try:
-        run = train_loop(cfg, env, policy, shaping=invalid_penalty_shaping(cfg),
-                         monitors=(EchoTrapDetector(), FormatCollapseDetector()), evaluate=periodic_evaluation,
-                         on_iteration=show if cfg.progress else None, env_kwargs=cfg.env_kwargs())
-    finally:
-        env.close()
-    model.eval()
-    evaluation = evaluate(model, cfg, samples=max(cfg.eval_samples, 128))
-    wall = time.perf_counter() - t0
-    if run.run_dir:
-        save_checkpoint(model, str(run.run_dir / "model.pt"), policy.tok, turns=cfg.turns, env_id=cfg.env_id)
-    write_summary(run.run_dir, evaluation, wall, run.warnings)
-    return TextTrainResult(cfg, run.metrics, evaluation, policy, wall, run.warnings, model)
+    def finish(run_dir) -> None:
+        if run_dir:
+            save_checkpoint(model, str(run_dir / "model.pt"), policy.tok, turns=cfg.turns, env_id=cfg.env_id)
+
+    return Trainee(policy, make_env(cfg.env_id, cfg.env_options(), cfg.server_url),
+                   evaluate=partial(evaluation, max(cfg.eval_samples, 128)),
+                   periodic_evaluation=partial(evaluation, cfg.eval_samples), shaping=invalid_penalty_shaping(cfg),
+                   monitors=(EchoTrapDetector(), FormatCollapseDetector()), postfix=postfix, finish=finish,
+                   model=model)
+
+
+def train_rl(cfg: TextTrainConfig, model=None) -> TrainResult:
+    """:func:`trainer.train.train` of the text policy from ``model`` (None: ``cfg.checkpoint`` or a fresh model;
+    :func:`setup`). Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (weights, optimizer, KL
+    reference, RNG states, loop state), ``summary.json`` and ``model.pt`` to ``cfg.run_dir`` when set.
+    Raises as :func:`trainer.train.train`."""
+    from trainer.train import train
+
+    return train(cfg, partial(setup, model=model), command="train-lm")
 
 
 def print_result(result: TrainResult) -> None:
     """The summary ``forkyard train-lm`` prints: evaluation, wall seconds, warnings (JSON)."""
     out = {"evaluation": result.evaluation, "wall_s": round(result.wall_s, 1), "warnings": result.warnings}
     if getattr(result.config, "ray", None) is not None:
-        from trainer.cluster import cluster_totals
+        from trainer.collectors import cluster_totals
 
         out["ray"] = cluster_totals(result.metrics)
     print(json.dumps(out, indent=2))

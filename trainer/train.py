@@ -1,123 +1,128 @@
-"""The tabular trainer: a :class:`~trainer.tabular.TabularPolicy` trained by :func:`trainer.loop.train_loop`.
+"""The training driver, one for every policy: ``forkyard train --policy NAME`` (``train-lm`` is ``--policy lm``).
 
-One iteration (the shared loop, :mod:`trainer.loop`): a group rollout (G independent episodes) or a
-tree-fork rollout (``n_base`` bases x ``branches``), the chosen estimator's advantages per step
-(:mod:`trainer.estimators`), and one REINFORCE step with learning rate ``lr``
-(:meth:`TabularPolicy.update`). Metrics of every iteration go to ``RUN_DIR/metrics.jsonl``; among them
-the infrastructure losses: ``infra_failures`` (episodes lost, branches of failed forks included),
-``forks_failed`` (``env.fork`` calls that raised ``EnvInfraError``) and ``branches_lost`` (branches
-never run because their fork failed). The run ends with a greedy evaluation (:func:`greedy_eval`).
+:func:`train` runs a policy's config top to bottom:
+
+1. the run config (:func:`trainer.loop.run_config`: a resumed run's own settings, or a new run into a folder
+   that holds no run), torch's CPU threads (``cfg.threads``);
+2. the policy's **setup** builds a :class:`Trainee` from the config: the env, the learner (a
+   :class:`trainer.loop.Policy`), its evaluations and its hooks (reward shaping, monitors, what the progress
+   bar shows, what to save at the end). The tabular policy's is :func:`trainer.tabular.setup`, the text
+   policy's :func:`trainer.text_train.setup`; a plugin's is named in its :class:`trainer.policies.Policy`;
+3. the shared loop (:func:`trainer.loop.train_loop`): rollouts, advantages, updates, ``metrics.jsonl``,
+   the resume state;
+4. the final evaluation, the policy's ``finish`` (the text policy saves ``model.pt``), ``summary.json``.
+
+Metrics of every iteration go to ``RUN_DIR/metrics.jsonl``; among them the infrastructure losses:
+``infra_failures`` (episodes lost, branches of failed forks included), ``forks_failed`` (``env.fork`` calls
+that raised ``EnvInfraError``) and ``branches_lost`` (branches never run because their fork failed).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainer.config import setting
-from trainer.loop import (
-    LoopConfig,
-    TrainResult,
-    evaluation_resets,
-    make_env,
-    run_config,
-    train_loop,
-    write_summary,
-)
-from trainer.rollout import EpisodeMetrics
+from trainer.loop import LoopConfig, Monitor, Policy, TrainResult, run_config, train_loop, write_summary
+from trainer.rollout import Rollout
 
 
 @dataclass
-class TrainConfig(LoopConfig):
-    """Hyperparameters of a tabular run (defaults: the protocol of the reference granularity study,
-    docs/results/granularity.md); the loop's settings are those of :class:`trainer.loop.LoopConfig`.
-    ``forkyard train`` is generated from these fields."""
+class Trainee:
+    """What a policy's setup hands the driver (module docstring, item 2).
 
-    turns: int | None = setting(None, group="common",
-                                help="shortcut for --env-kwarg turns=N (None: the env's default)")
-    env_kwargs: dict[str, Any] = setting(default_factory=dict, flag="--env-kwarg", group="common",
-                                         help="an env constructor argument, KEY=VALUE (repeatable; values parsed "
-                                              "as JSON)")
-    lr: float = setting(0.1, group="loop", help="SGD step size on the logit table")
-    eval_episodes: int = setting(64, group="loop",
-                                 help="greedy evaluation episodes on held-out seeds (ClueProbe: every target instead)")
-    server_url: str | None = setting(None, flag="--server", aliases=("--server-url",), group="common",
-                                     help="URL of a forkyard server; envs run there")
-
-    def env_options(self) -> dict[str, Any]:
-        """The env's constructor kwargs: ``env_kwargs`` with ``turns`` added when it is set."""
-        return self.env_kwargs if self.turns is None else {**self.env_kwargs, "turns": self.turns}
-
-    def validate(self) -> None:
-        """:meth:`LoopConfig.validate`, ``lr > 0``, and ``max_staleness == 0`` (REINFORCE on the table has no
-        off-policy correction). Raises ValueError."""
-        super().validate()
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.max_staleness:
-            raise ValueError("the tabular policy's REINFORCE update has no off-policy correction: "
-                             "max_staleness must be 0 (the text policy's PPO takes stale rollouts)")
-
-
-def greedy_eval(policy, env, resets: list[tuple[int | None, dict | None]]) -> dict[str, float]:
-    """Run the greedy (argmax) tabular policy once per reset.
-
-    Returns ``{"accuracy": mean reward, <env episode metrics>: their means, "episodes": n}``; the env's
-    metrics are what it reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
-    ``distinct_probes``, the mean number of distinct probes per episode).
+    Attributes:
+        policy: the learner (:class:`trainer.loop.Policy`).
+        env: the env the loop samples on; the driver closes it.
+        evaluate: the final evaluation, ``() -> {name: value}`` (its figures go to ``summary.json``).
+        periodic_evaluation: the evaluation every ``cfg.eval_every`` iterations (None: ``evaluate``).
+        shaping: the loop's reward shaping hook, or None.
+        monitors: stability checks run on every iteration's metrics.
+        postfix: what the progress bar shows of an iteration's metrics (None: reward and anchor degeneration).
+        finish: called with the run folder (None when not saved) after the final evaluation: the policy's
+            artifacts (the text policy's ``model.pt``).
+        model: the trained model, handed back in :attr:`trainer.loop.TrainResult.model` (None: none).
     """
-    total = 0.0
-    env_metrics = EpisodeMetrics()
-    for seed, options in resets:
-        obs, info = env.reset(seed=seed, options=options)
-        while True:
-            obs, r, te, tr, info = env.step(policy.greedy(info["anchor_key"], info["legal_actions"]))
-            total += r
-            if te or tr:
-                env_metrics.add_info(info)
-                break
-    return {"accuracy": total / max(len(resets), 1), **env_metrics.means(), "episodes": len(resets)}
+
+    policy: Policy
+    env: Any
+    evaluate: Callable[[], dict[str, float]]
+    periodic_evaluation: Callable[[], dict[str, float]] | None = None
+    shaping: Callable[[Rollout], None] | None = None
+    monitors: tuple[Monitor, ...] = ()
+    postfix: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    finish: Callable[[Path | None], None] | None = None
+    model: Any = None
 
 
-def train(cfg: TrainConfig) -> TrainResult:
-    """Run ``cfg.iterations`` iterations of tabular-policy REINFORCE; return metrics and greedy evaluation.
+def default_postfix(m: dict[str, Any]) -> dict[str, Any]:
+    """The progress bar's figures of an iteration: mean reward and the share of single-sample anchors."""
+    return {"reward": f"{m['reward_mean']:.2f}", "degen": f"{m['degeneration']:.2f}"}
 
-    Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the
-    last and on SIGTERM) and ``summary.json`` to ``cfg.run_dir`` when set; ``cfg.resume`` continues the run
-    in that folder (:func:`trainer.loop.run_config`, :func:`trainer.loop.train_loop`).
+
+def setup_for(cfg: LoopConfig) -> Callable[[Any], Trainee]:
+    """The setup of the registered policy whose config class is ``type(cfg)`` (:mod:`trainer.policies`).
 
     Raises:
-        ValueError: on an invalid config; :class:`trainer.loop.RunDirError` (a ValueError) when the run folder
-            holds another run's records, or has no run to resume.
-        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
+        ValueError: no registered policy has that config class.
     """
-    from trainer.tabular import TabularPolicy
+    from trainer.policies import get_policy, policy_names
 
-    cfg = run_config(cfg)
-    cfg.validate()
+    for name in policy_names():
+        spec = get_policy(name)
+        if spec.part("config") is type(cfg):
+            return spec.part("setup")
+    raise ValueError(f"no registered policy has the config {type(cfg).__name__}; pass its setup to train()")
+
+
+def train(cfg: LoopConfig, setup: Callable[[Any], Trainee] | None = None, command: str = "train") -> TrainResult:
+    """Train the policy ``cfg`` describes (module docstring); ``setup`` defaults to its registered policy's.
+
+    Writes ``config.json``, ``metrics.jsonl``, ``resume.pt`` (every ``cfg.save_every`` iterations, at the last
+    and on SIGTERM), ``summary.json`` and the policy's artifacts to ``cfg.run_dir`` when set; ``cfg.resume``
+    continues the run in that folder (the policy built as the run built it, then given the saved state).
+
+    Returns:
+        A :class:`trainer.loop.TrainResult`: config, every iteration's metrics, the final evaluation, the
+        policy, wall seconds, the monitors' warnings and the trained model (None for a policy without one).
+
+    Raises:
+        trainer.loop.RunDirError: (a ValueError) the run folder holds another run's records, or has no run to
+            resume (``command`` names the command in the message).
+        trainer.loop.TrainingInterrupted: SIGTERM / SIGINT stopped the run (its state is saved).
+        ValueError: no registered policy for ``type(cfg)`` and no ``setup`` given.
+    """
+    cfg = run_config(cfg, command)
+    setup = setup or setup_for(cfg)
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    env = make_env(cfg.env_id, cfg.env_options(), cfg.server_url)
-    policy = TabularPolicy(device=cfg.device, lr=cfg.lr)
-    resets = evaluation_resets(cfg.env_id, cfg.env_options(), cfg.eval_episodes)
+    trainee = setup(cfg)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.iterations, desc=f"{cfg.estimator}", unit="it")
+        bar = tqdm(total=cfg.iterations, desc=cfg.estimator, unit="it")
 
     def show(m: dict[str, Any]) -> None:
         bar.update(1)
-        bar.set_postfix(reward=f"{m['reward_mean']:.2f}", degen=f"{m['degeneration']:.2f}")
+        bar.set_postfix((trainee.postfix or default_postfix)(m))
 
     try:
-        run = train_loop(cfg, env, policy, evaluate=lambda: greedy_eval(policy, env, resets),
+        run = train_loop(cfg, trainee.env, trainee.policy, shaping=trainee.shaping, monitors=trainee.monitors,
+                         evaluate=trainee.periodic_evaluation or trainee.evaluate,
                          on_iteration=show if bar else None, env_kwargs=cfg.env_options())
-        evaluation = greedy_eval(policy, env, resets)
+        evaluation = trainee.evaluate()
     finally:
         if bar:
             bar.close()
-        env.close()
+        trainee.env.close()
+    if trainee.finish is not None:
+        trainee.finish(run.run_dir)
     wall = time.perf_counter() - t0
     write_summary(run.run_dir, evaluation, wall, run.warnings)
-    return TrainResult(cfg, run.metrics, evaluation, policy, wall, run.warnings)
+    return TrainResult(cfg, run.metrics, evaluation, trainee.policy, wall, run.warnings, trainee.model)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from trainer.config import setting
 from trainer.policies import Policy
-from trainer.train import TrainConfig
+from trainer.tabular_config import TrainConfig
 
 
 @dataclass
 class ExampleConfig(TrainConfig):
-    """:class:`trainer.train.TrainConfig` with a larger step size and a note."""
+    """:class:`trainer.tabular_config.TrainConfig` with a larger step size and a note."""
 
     lr: float = setting(0.5, group="loop", help="SGD step size on the logit table")
     note: str = setting("", group="common", help="a note the report prints back")
@@ -25,5 +25,5 @@ def report(result) -> None:
                       "iterations": len(result.metrics), "evaluation": result.evaluation}))
 
 
-POLICY = Policy(config=ExampleConfig, train="trainer.train:train", report=report,
+POLICY = Policy(config=ExampleConfig, setup="trainer.tabular:setup", report=report,
                 help="the tabular policy with a step size of 0.5 (an example plugin)")

@@ -1,9 +1,12 @@
 """Sandboxes on the nodes of a Ray cluster: :class:`RayProvider`, an :class:`envs.sandbox.SandboxProvider`.
 
-Each node's :class:`~sandbox_server.ray_nodes.NodeHost` runs that node's own sandbox service; this provider
-routes every call to the host that owns the sandbox. Envs get it with ``backend="ray:ADDRESS"`` (through
-:func:`sandbox_server.embedded.shared_provider`), and ``python -m sandbox_server --ray ADDRESS`` serves env
-sessions whose sandboxes live on the cluster: one URL in front of many nodes.
+Each node's :class:`~ray_cluster.nodes.NodeHost` runs that node's own sandbox service; this provider routes
+every call to the host that owns the sandbox. It is the factory ``ray`` of the entry-point group
+``forkyard.sandbox_providers`` (``pyproject.toml``; :func:`envs.sandbox.provider_for` with ``name="ray"``
+makes one for a cluster address), which is how the server reaches it without naming this package: envs get it
+with ``backend="ray:ADDRESS"`` (through :func:`sandbox_server.embedded.shared_provider`), and
+``python -m sandbox_server --ray ADDRESS`` serves env sessions whose sandboxes live on the cluster: one URL in
+front of many nodes.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sandbox_server.ray_nodes import NodeHost, is_node_loss, require_ray, start_hosts, unwrap
-
+from ray_cluster.nodes import NodeHost, is_node_loss, require_ray, start_hosts, unwrap
 
 
 class RayProvider:
@@ -24,9 +26,12 @@ class RayProvider:
     with ``backend="ray:ADDRESS"`` (``ray:auto``: the cluster ``RAY_ADDRESS`` names), and a server with
     ``python -m sandbox_server --ray ADDRESS`` serves env sessions whose sandboxes are on the cluster.
 
+    Made by :func:`envs.sandbox.provider_for` (``provider_for(address, name="ray")``: this class is the entry
+    point ``ray`` of ``forkyard.sandbox_providers``) or directly.
+
     Args:
-        address: the cluster (``auto``, an address, or ``local`` to start one here); an existing
-            connection of this process is used as it is.
+        address: the cluster (``auto``, an address, or ``local`` to start one here; None or ``""``:
+            ``auto``); an existing connection of this process is used as it is.
         capacity: each host's ``capacity`` (envs; sandboxes are not counted against it).
 
     Every call raises :class:`envs.sandbox.SandboxFailure` when the sandbox's node is gone (an env then
@@ -35,9 +40,10 @@ class RayProvider:
     are not used by it.
     """
 
-    def __init__(self, address: str = "auto", capacity: int = 64):
+    def __init__(self, address: str | None = "auto", capacity: int = 64):
         from envs.sandbox import SandboxFailure
 
+        address = address or "auto"
         ray = require_ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False)  # "local": a new one here

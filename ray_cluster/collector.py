@@ -1,7 +1,9 @@
 """Rollouts on a Ray cluster (``forkyard train --ray auto|ADDRESS|local``; ``pip install forkyard[ray]``).
 
-The learner stays on the driver (its GPU when there is one); each node runs one :class:`RolloutWorker`, a
-:class:`sandbox_server.ray_nodes.NodeHost` that also runs rollouts, near its sandboxes:
+The training loop reaches this module only by name: :func:`ray_collector` is the collector ``ray`` of the
+entry-point group ``forkyard.collectors`` (``pyproject.toml``, :mod:`trainer.collectors`), which the loop takes
+when ``cfg.ray`` is set. The learner stays on the driver (its GPU when there is one); each node runs one
+:class:`RolloutWorker`, a :class:`ray_cluster.nodes.NodeHost` that also runs rollouts, near its sandboxes:
 
 1. **Dispatch** (:meth:`RayCollector.rollout`): iteration ``it``'s bases (tree) or episodes (group) are
    dealt round-robin to the workers in node-name order, each with its seed and its own sampling RNG
@@ -11,8 +13,9 @@ The learner stays on the driver (its GPU when there is one); each node runs one 
    with that RNG. They differ from a run without ``--ray``, whose one RNG runs through every base in turn.
 2. **Forks stay local**: a worker's env forks on its own node while the node holds fewer than
    ``node_capacity`` envs; past that the fork travels as snapshot bytes to the first other node with
-   room (:meth:`NodeHost.adopt`) and its branches step there over Ray (:class:`ClusterEnv`); with no
-   room anywhere it stays local over capacity. Metrics ``forks_local`` / ``forks_remote`` count them.
+   room (:meth:`NodeHost.adopt`) and its branches step there over Ray
+   (:class:`ray_cluster.transport.ClusterEnv`); with no room anywhere it stays local over capacity. Metrics
+   ``forks_local`` / ``forks_remote`` count them.
 3. **Behavior policy and staleness**: workers sample with a copy of the learner's weights
    (``policy.behavior_copy()``, sent once per version through the object store). With
    ``max_staleness = s`` the rollouts of iterations ``it+1 .. it+s`` are dispatched while the learner
@@ -44,7 +47,8 @@ import threading
 from typing import Any
 
 from envs.core import EnvInfraError
-from sandbox_server.ray_nodes import ClusterEnv, NodeHost, is_node_loss, require_ray, start_hosts
+from ray_cluster.nodes import NodeHost, is_node_loss, require_ray, start_hosts
+from ray_cluster.transport import ClusterEnv
 from trainer.rollout import Episode, Rollout, group_rollout, training_seeds, tree_rollout
 
 log = logging.getLogger(__name__)
@@ -119,7 +123,9 @@ class RolloutWorker(NodeHost):
         self.stats = {"forks_local": 0, "forks_remote": 0, "fork_bytes": 0}
         self._rollout_lock = threading.Lock()  # one rollout at a time (the host's other calls run beside it)
 
-    def _env(self, env_id: str, kwargs: dict[str, Any]):
+    def _rollout_env(self, env_id: str, kwargs: dict[str, Any]):
+        """This worker's own env of ``env_id`` made with ``kwargs`` (made once, counted on the node). Not
+        ``NodeHost._env``, which the host's session calls (``spaces``, ``current_info``) use."""
         import json
 
         import gymnasium as gym
@@ -147,7 +153,8 @@ class RolloutWorker(NodeHost):
             self._policy = ray.get(policy_ref[0])
             self._version = version
         self.stats = {"forks_local": 0, "forks_remote": 0, "fork_bytes": 0}
-        env = PlacedEnv(self._env(spec["env_id"], spec["env_kwargs"]), self, peers, spec["env_id"], spec["env_kwargs"])
+        env = PlacedEnv(self._rollout_env(spec["env_id"], spec["env_kwargs"]), self, peers, spec["env_id"],
+                        spec["env_kwargs"])
         parts = []
         for index, seed in tasks:
             rng = task_rng(spec["seed"], spec["iteration"], index)
@@ -186,9 +193,9 @@ def lost_episodes(kind: str, index: int, seed: int) -> Episode:
 
 
 class RayCollector:
-    """The driver's side of a Ray run (module docstring): ``rollout(it)`` returns iteration ``it``'s
-    :class:`~trainer.rollout.Rollout`, its ``cluster`` dict holding ``forks_local``, ``forks_remote``,
-    ``fork_bytes``, ``episodes_lost_node``, ``staleness`` and ``nodes``.
+    """The driver's side of a Ray run (module docstring), a :class:`trainer.collectors.Collector`:
+    ``rollout(it)`` returns iteration ``it``'s :class:`~trainer.rollout.Rollout`, its ``cluster`` dict holding
+    ``forks_local``, ``forks_remote``, ``fork_bytes``, ``episodes_lost_node``, ``staleness`` and ``nodes``.
 
     Args:
         cfg: a :class:`trainer.loop.LoopConfig` with ``ray`` set (``env_id``, the rollout shape, ``seed``,
@@ -300,9 +307,13 @@ class RayCollector:
             ray.shutdown()
 
 
+def ray_collector(cfg, policy, *, env, rng, env_kwargs: dict[str, Any], kind: str) -> RayCollector:
+    """The collector factory ``ray`` of ``forkyard.collectors`` (:class:`trainer.collectors.CollectorFactory`):
+    a :class:`RayCollector` of ``cfg``, ``policy``, ``env_kwargs`` and ``kind`` (the driver's ``env`` and
+    ``rng`` are unused: each node makes its envs, each task has its own RNG, :func:`task_rng`).
 
-def cluster_totals(metrics: list[dict[str, Any]]) -> dict[str, int]:
-    """What a ``--ray`` run reports at its end, from its iterations' metrics: ``nodes`` (at the last
-    iteration), ``forks_local``, ``forks_remote`` and ``episodes_lost_node`` (summed)."""
-    out = {k: int(sum(m.get(k, 0) for m in metrics)) for k in ("forks_local", "forks_remote", "episodes_lost_node")}
-    return {"nodes": int(metrics[-1].get("nodes", 0)) if metrics else 0, **out}
+    Raises:
+        ImportError: Ray is not installed (``pip install 'forkyard[ray]'``).
+        ValueError: the policy has no ``behavior_copy`` or ``adopt``.
+    """
+    return RayCollector(cfg, policy, env_kwargs, kind)
