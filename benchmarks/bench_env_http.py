@@ -30,7 +30,7 @@ import envs  # noqa: F401
 from envs import RemoteVectorEnv
 
 ENVS = {
-    "clueprobe": ("forkyard/ClueProbe-v0", {"turns": 5}),
+    "clueprobe": ("forkyard/ClueProbe-v0", {"max_turns": 5}),
     # 60 turns: a step is a tool call; a reset (a fresh sandbox each episode) every 60 steps.
     "fileqa": ("forkyard/FileQA-v0", {"max_turns": 60, "kinds": ["line_count"]}),
 }
@@ -275,7 +275,7 @@ def profile_app(n_single: int = 3000, n_batch: int = 300) -> None:
     async def run() -> None:
         async with app.router.lifespan_context(app):
             made = await _asgi_call(app, "/v1/envs/batch/create", orjson.dumps(
-                {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 64}, "seed": i}
+                {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": 64}, "seed": i}
                            for i in range(32)]}))
             sids = [r["result"]["session_id"] for r in orjson.loads(made[1])["results"]]
             reset = orjson.dumps({"items": [{"session_id": s, "seed": 0} for s in sids]})
@@ -334,7 +334,7 @@ def profile_server(url: str, pid: int, n_single: int = 2000, n_batch: int = 300)
         return conn.getresponse().read()
 
     made = orjson.loads(post("/v1/envs/batch/create", orjson.dumps(
-        {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 64}, "seed": i} for i in range(32)]})))
+        {"items": [{"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": 64}, "seed": i} for i in range(32)]})))
     sids = [r["result"]["session_id"] for r in made["results"]]
     reset = orjson.dumps({"items": [{"session_id": s, "seed": 0} for s in sids]})
     for name, path, body, steps, n in [

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=1.5, help="time per measurement")
     args = parser.parse_args(argv)
 
-    env = gym.make("forkyard/ClueProbe-v0", turns=5).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=5).unwrapped
     env.reset(seed=0)
 
     def one_step():
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
             env.reset()
         env.step("probe(0)" if env.turn < 4 else "answer(0)")
 
-    raw = gym.make("forkyard/ClueProbe-v0", turns=5)  # with Gymnasium's checker and order wrappers
+    raw = gym.make("forkyard/ClueProbe-v0", max_turns=5)  # with Gymnasium's checker and order wrappers
     raw.reset(seed=0)
     done = {"d": False}
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     deep = _rate(lambda: [copy.deepcopy(env) for _ in range(4)], args.seconds)
     snap = _rate(lambda: env.restore(env.snapshot()), args.seconds)
 
-    print("ClueProbe-v0 (turns=5, bits=3), in-process, one core")
+    print("ClueProbe-v0 (max_turns=5, bits=3), in-process, one core")
     print(f"  step (bare env, reset every 5 steps):      {steps:>12,.0f} steps/s")
     print(f"  step (gymnasium.make wrappers):            {wsteps:>12,.0f} steps/s")
     print(f"  fork(4):                                   {forks:>12,.0f} forks/s  ({1e6 / forks:.1f} us each)")

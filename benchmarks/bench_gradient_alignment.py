@@ -86,14 +86,14 @@ def sampled_gradients(model, cfg: TextTrainConfig, samples: int, seed: int) -> t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="SFT weights (default: train a skill-1 SFT model first)")
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--samples", type=int, default=40, help="sampled iterations per variant")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    base = TextTrainConfig(turns=args.turns, max_new_tokens=8, device="cpu", seed=args.seed)
+    base = TextTrainConfig(max_turns=args.max_turns, max_new_tokens=8, device="cpu", seed=args.seed)
     t0 = time.perf_counter()
     if args.checkpoint:
         model = load_checkpoint(args.checkpoint, "cpu")
@@ -126,7 +126,7 @@ def main() -> None:
             "wall": time.perf_counter() - t1,
         }
     base_row = rows.get("traj")
-    print(f"\n{args.samples} sampled iterations per variant, T={args.turns}, seed {args.seed}\n")
+    print(f"\n{args.samples} sampled iterations per variant, T={args.max_turns}, seed {args.seed}\n")
     print("| variant | env calls / iter | cos ± s.e. | cos(mean) | cos(adam) ± s.e. | share cos > 0 | cos / traj "
           "| wall s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = TextTrainConfig(turns=4)
+    cfg = TextTrainConfig(max_turns=4)
     tok = make_tokenizer(cfg)
     size = cfg.lm_config(tok.vocab_size)
     tiny = build_model(size, args.device, "float32", seed=0)
@@ -52,7 +52,7 @@ def main() -> int:
     models = {"forkyard TinyCausalLM (baseline)": tiny,
               "transformers LlamaForCausalLM": build_llama(size, tok, args.device)}
     params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 4})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 4})
     sampling = SamplingConfig(max_new_tokens=16)
     res: dict[str, dict[str, list[float]]] = {k: {"sample": [], "update": []} for k in models}
     for r in range(args.rollouts + 1):  # the first round warms up

@@ -116,7 +116,7 @@ async def fork_against_replay(ws_url: str, prefix: int, n: int = 4, repeats: int
             await ws.send(json.dumps(msg))
             return json.loads(await ws.recv())
 
-        reset = {"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 64}}}
+        reset = {"type": "reset", "data": {"seed": 1, "kwargs": {"max_turns": 64}}}
         await ask(reset)
         for _ in range(prefix):
             await ask({"type": "step", "data": {"action": "probe(0)"}})
@@ -157,7 +157,7 @@ def remote_env(url: str, seconds: float, transport: str) -> tuple[float, float]:
 
     import envs  # noqa: F401 - registers the ids
 
-    env = gym.make("forkyard/ClueProbe-v0", turns=64, server_url=url, transport=transport).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=64, server_url=url, transport=transport).unwrapped
     try:
         env.reset(seed=0)
         steps, cpu, end = 0, time.process_time(), time.perf_counter() + seconds
@@ -186,7 +186,8 @@ def main() -> None:
                       "--log-level", "warning"], f"http://127.0.0.1:{p_fork}/healthz")
     try:
         bases = {"OpenEnv": (f"http://127.0.0.1:{p_open}", {}),
-                 "forkyard": (f"http://127.0.0.1:{p_fork}/openenv/forkyard/ClueProbe-v0", {"kwargs": {"turns": 64}})}
+                 "forkyard": (f"http://127.0.0.1:{p_fork}/openenv/forkyard/ClueProbe-v0",
+                              {"kwargs": {"max_turns": 64}})}
         rows = []
         for label, n in [("1 session, websockets client", 1), ("32 sessions, websockets client", 32)]:
             figs = {k: asyncio.run(concurrent(b.replace("http", "ws") + "/ws", r, n, args.seconds))

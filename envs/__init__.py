@@ -1,6 +1,6 @@
 """forkyard environments: multi-turn text envs with fork, snapshot and restore, registered with Gymnasium.
 
-After ``import envs``, ``gymnasium.make("forkyard/ClueProbe-v0", turns=5)`` works; the form
+After ``import envs``, ``gymnasium.make("forkyard/ClueProbe-v0", max_turns=5)`` works; the form
 ``gymnasium.make("envs:forkyard/ClueProbe-v0")`` imports this package itself.
 
 Envs from installed packages (plugins) join through the entry-point group ``forkyard.envs``: an entry
@@ -158,7 +158,7 @@ def _add_env_plugin(name: str, obj: Any) -> None:
         raise TypeError(f"names a {type(obj).__name__}, neither a TextEnv class nor a callable that registers")
 
 
-register_env("forkyard/ClueProbe-v0", "envs.clueprobe:ClueProbeEnv", turns=5, bits=3)
+register_env("forkyard/ClueProbe-v0", "envs.clueprobe:ClueProbeEnv", max_turns=5, bits=3)
 register_env("forkyard/FileQA-v0", "envs.fileqa:FileQAEnv", max_turns=6)
 ENV_SPECS.load_from("forkyard.envs", _add_env_plugin)
 ENV_SPECS.load_plugins()  # now: gymnasium.make reads Gymnasium's registry, which cannot load on lookup

@@ -1,7 +1,7 @@
 """ClueProbe-v0: find a hidden target by probing its bits, then answer.
 
 The benchmark task of the granularity study (docs/results/granularity.md): a hidden target is one of
-``2**bits`` candidates, drawn from the env's seeded RNG at ``reset``. An episode has ``turns`` turns.
+``2**bits`` candidates, drawn from the env's seeded RNG at ``reset``. An episode has ``max_turns`` turns.
 On turns 1..T-1 the agent calls ``probe(k)`` (``0 <= k < bits``), which returns bit ``k`` of the target
 (``target >> k & 1``); on turn T it calls ``answer(c)``. Reward 1.0 for the right answer, else 0.0.
 Probing a bit twice is allowed but wastes a turn. ``reset(options={"target": c})`` fixes the target
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from typing import Any
 
 from envs.actions import ToolCall, format_action
@@ -39,24 +40,31 @@ class ClueProbeEnv(TextEnv):
     """ClueProbe-v0 (see module docstring).
 
     Args:
-        turns: turns per episode T, 1..64 (default 5).
+        max_turns: turns per episode T, 1..64 (default 5): every episode takes exactly this many (the turn
+            budget's one name, as in every :class:`~envs.core.TextEnv`).
         bits: number of target bits, 1..16 (default 3, i.e. 8 candidates).
         render_mode: ``None`` or ``"ansi"``.
+        turns: the former name of ``max_turns``; when given it wins (a client's ``{"turns": 4}`` over the
+            registered default) and a DeprecationWarning says to rename it.
 
     Raises:
-        ValueError: on out-of-range ``turns`` or ``bits``.
+        ValueError: on out-of-range ``max_turns`` or ``bits``.
     """
 
     max_observation_length = 1024
     max_action_length = 256
 
-    def __init__(self, turns: int = 5, bits: int = 3, render_mode: str | None = None):
+    def __init__(self, max_turns: int = 5, bits: int = 3, render_mode: str | None = None, *,
+                 turns: int | None = None):
+        if turns is not None:
+            warnings.warn("ClueProbe's turns is now max_turns (the turn budget's name in every env)",
+                          DeprecationWarning, stacklevel=2)
+            max_turns = turns
         if not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
             raise ValueError(f"bits must be an int in 1..{MAX_BITS}, got {bits!r}")
-        if not isinstance(turns, int) or not 1 <= turns <= 64:
-            raise ValueError(f"turns must be an int in 1..64, got {turns!r}")
-        super().__init__(max_turns=turns, kwargs={"turns": turns, "bits": bits}, render_mode=render_mode)
-        self.turns = turns
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or not 1 <= max_turns <= 64:
+            raise ValueError(f"max_turns must be an int in 1..64, got {max_turns!r}")
+        super().__init__(max_turns=max_turns, kwargs={"max_turns": max_turns, "bits": bits}, render_mode=render_mode)
         self.bits = bits
         self.n_candidates = 2**bits
         self._probe_actions = [format_action("probe", k) for k in range(bits)]
@@ -76,8 +84,8 @@ class ClueProbeEnv(TextEnv):
             self._target = target
         return (
             f"ClueProbe: a hidden target is one of {self.n_candidates} candidates, 0..{self.n_candidates - 1}. "
-            f"You have {self.turns} turn(s). On turns 1..{self.turns - 1} call probe(k) with k in "
-            f"0..{self.bits - 1} to read bit k of the target; on turn {self.turns} call answer(c).\n"
+            f"You have {self.max_turns} turn(s). On turns 1..{self.max_turns - 1} call probe(k) with k in "
+            f"0..{self.bits - 1} to read bit k of the target; on turn {self.max_turns} call answer(c).\n"
             + self._prompt()
         )
 
@@ -89,11 +97,11 @@ class ClueProbeEnv(TextEnv):
         return out
 
     def _is_answer_turn(self) -> bool:
-        return self._turn == self.turns - 1
+        return self._turn == self.max_turns - 1
 
     def _prompt(self) -> str:
         what = "answer(c)" if self._is_answer_turn() else "probe(k)"
-        return f"Turn {self._turn + 1} of {self.turns}: call {what}."
+        return f"Turn {self._turn + 1} of {self.max_turns}: call {what}."
 
     def _legal_actions(self) -> list[str]:
         return list(self._answer_actions if self._is_answer_turn() else self._probe_actions)
@@ -145,7 +153,7 @@ class ClueProbeEnv(TextEnv):
             return Outcome(f"answer({value}) is {verdict}.", reward=1.0 if correct else 0.0, terminated=True,
                            reason="answered")
         if name != "probe":
-            raise IllegalActionError(f"answer(c) is for the last turn ({self.turns}); on this turn call probe(k).")
+            raise IllegalActionError(f"answer(c) is for the last turn ({self.max_turns}); on this turn call probe(k).")
         if not 0 <= value < self.bits:
             raise IllegalActionError(f"probe(k) needs k in 0..{self.bits - 1}, got {value}.")
         return Outcome(f"probe({value}) -> bit {value} of the target is {(self._target >> value) & 1}.")

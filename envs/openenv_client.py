@@ -8,7 +8,7 @@ unchanged against ``http://HOST:PORT/openenv/{env_id}`` (see ``sandbox_server/ro
 
     base = "http://127.0.0.1:8000/openenv/forkyard/ClueProbe-v0"
     with ForkyardEnvClient(base_url=base).sync() as env:
-        env.reset(seed=0, kwargs={"turns": 4})
+        env.reset(seed=0, kwargs={"max_turns": 4})
         env.step({"action": "probe(0)"})
         children = env.fork(2)                  # 2 session ids at this state, owned by this connection
         token = env.snapshot()                  # opaque, authenticated: restore with env.reset(snapshot=token)

@@ -1,7 +1,7 @@
 """A Gymnasium vector env over a forkyard server's batched env routes: ``num_envs`` server sessions driven
 with one HTTP request per ``step`` (``POST /v1/envs/batch/step``), not one per session.
 
-``RemoteVectorEnv("forkyard/ClueProbe-v0", "http://localhost:8000", 32, turns=5)`` behaves as
+``RemoteVectorEnv("forkyard/ClueProbe-v0", "http://localhost:8000", 32, max_turns=5)`` behaves as
 ``gymnasium.make_vec(id, num_envs=32, vectorization_mode="sync")`` of the same envs: ``reset(seed=s)`` seeds
 sub-env i with ``s + i``; ``step(actions)`` returns ``(observations, rewards, terminations, truncations,
 infos)`` with observations a tuple of ``num_envs`` strings, rewards a float64 array, terminations and

@@ -8,7 +8,7 @@ until ``done``, appending the returned ``observations`` (chat messages) to the c
     import skyrl_gym
     import envs.skyrl  # registers "forkyard"
 
-    env = skyrl_gym.make("forkyard", env_config={"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 4}},
+    env = skyrl_gym.make("forkyard", env_config={"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": 4}},
                          extras={"seed": 3})     # per row; add "server_url" to env_config for a server
     prompt, _ = env.init([{"role": "user", "content": "Find the target."}])
     out = env.step('<tool_call>{"name": "probe", "arguments": {"k": 0}}</tool_call>')

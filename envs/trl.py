@@ -8,7 +8,7 @@ the model by the method's signature and Google-style docstring), then ``get_rewa
     from trl import GRPOConfig, GRPOTrainer
     from envs.trl import environment_factory
 
-    Env = environment_factory("forkyard/ClueProbe-v0", turns=4)            # in this process
+    Env = environment_factory("forkyard/ClueProbe-v0", max_turns=4)            # in this process
     Env = environment_factory("forkyard/FileQA-v0", server_url="http://127.0.0.1:8000")  # on a server
     trainer = GRPOTrainer(model=..., args=GRPOConfig(...), train_dataset=rows, environment_factory=Env)
 

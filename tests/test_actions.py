@@ -144,7 +144,7 @@ def test_is_legal_action_agrees_with_the_env_on_every_respelling(data, seed):
 
     import envs  # noqa: F401
 
-    env = gym.make("forkyard/ClueProbe-v0", turns=3).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=3).unwrapped
     _, info = env.reset(seed=seed)
     for _ in range(3):
         name = data.draw(st.sampled_from(["probe", "answer"]))

@@ -30,8 +30,8 @@ def play(env, policy, seed):
 
 
 def test_registration_both_forms():
-    env = gym.make("forkyard/ClueProbe-v0", turns=3)
-    assert env.unwrapped.turns == 3
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=3)
+    assert env.unwrapped.max_turns == 3
     code = "import gymnasium as g; e = g.make('envs:forkyard/ClueProbe-v0'); print(type(e.unwrapped).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "ClueProbeEnv"
@@ -50,7 +50,7 @@ def test_check_env_passes_without_warnings(env_id):
 
 @pytest.mark.parametrize("turns, optimum", [(2, 0.25), (3, 0.5), (4, 1.0), (5, 1.0)])
 def test_oracle_reaches_optimum_and_random_sits_near_chance(turns, optimum):
-    env = make(turns=turns)
+    env = make(max_turns=turns)
     n = 4000
     oracle = sum(play(env, lambda e, i: e.oracle_action(), s)[0] for s in range(n)) / n
     rng = random.Random(0)
@@ -76,7 +76,7 @@ def test_targets_cover_candidates_and_follow_seed():
 
 
 def test_info_contract():
-    env = make(turns=3)
+    env = make(max_turns=3)
     obs, info = env.reset(seed=1)
     assert info["turn"] == 0 and info["legal_actions"] == ["probe(0)", "probe(1)", "probe(2)"]
     assert len(info["anchor_key"]) == 32
@@ -101,7 +101,7 @@ def test_info_contract():
     ],
 )
 def test_invalid_action_explains_consumes_turn_and_scores_zero(action, says):
-    env = make(turns=3)
+    env = make(max_turns=3)
     env.reset(seed=0)
     obs, r, te, tr, info = env.step(action)
     assert says in obs and "Turn 2 of 3" in obs
@@ -109,7 +109,7 @@ def test_invalid_action_explains_consumes_turn_and_scores_zero(action, says):
 
 
 def test_invalid_last_action_truncates_with_reason_invalid():
-    env = make(turns=2)
+    env = make(max_turns=2)
     env.reset(seed=0)
     env.step("probe(0)")
     obs, r, te, tr, info = env.step("probe(1)")
@@ -125,7 +125,7 @@ def test_step_before_reset_raises_reset_needed():
 
 def test_anchor_key_is_visible_history_only():
     """Two episodes with different hidden targets that saw the same things share an anchor key."""
-    env = make(turns=3)
+    env = make(max_turns=3)
     first_keys, keys_by_obs, targets_by_key = set(), {}, {}
     for seed in range(200):
         _, info = env.reset(seed=seed)
@@ -139,7 +139,7 @@ def test_anchor_key_is_visible_history_only():
 
 
 def test_fork_independence_s11():
-    env = make(turns=5)
+    env = make(max_turns=5)
     env.reset(seed=0)
     env.step("probe(0)")
     child = env.fork(1)[0]
@@ -163,7 +163,7 @@ def test_fork_independence_s11():
         copy.copy(env)
     with pytest.raises(ValueError):
         env.fork(0)
-    check_fork_contract(make(turns=5), seed=0)  # the whole contract, by envs.checks
+    check_fork_contract(make(max_turns=5), seed=0)  # the whole contract, by envs.checks
 
 
 def test_fork_copies_rng_within_the_episode_not_after():
@@ -179,29 +179,29 @@ def test_fork_copies_rng_within_the_episode_not_after():
 
 
 def test_snapshot_is_plain_data_and_restores():
-    env = make(turns=4)
+    env = make(max_turns=4)
     env.reset(seed=5)
     env.step("probe(1)")
     snap = env.snapshot()
     data = json.loads(snap.to_bytes())
-    assert data["state"]["turn"] == 1 and data["kwargs"] == {"turns": 4, "bits": 3}
-    other = make(turns=4)
+    assert data["state"]["turn"] == 1 and data["kwargs"] == {"max_turns": 4, "bits": 3}
+    other = make(max_turns=4)
     other.restore(snap.to_bytes())
     rest = [env.step(a) for a in ("probe(0)", "probe(2)", "answer(5)")]
     rest2 = [other.step(a) for a in ("probe(0)", "probe(2)", "answer(5)")]
     assert rest == rest2
     with pytest.raises(ValueError, match="cannot restore"):
-        make(turns=5).restore(Snapshot.from_bytes(snap.to_bytes()))
+        make(max_turns=5).restore(Snapshot.from_bytes(snap.to_bytes()))
 
 
 def test_constructor_validation():
-    for kwargs in ({"turns": 0}, {"bits": 0}, {"bits": 17}, {"turns": "5"}):
+    for kwargs in ({"max_turns": 0}, {"bits": 0}, {"bits": 17}, {"max_turns": "5"}):
         with pytest.raises(ValueError):
             make(**kwargs)
 
 
 def test_render_ansi_transcript():
-    env = make(turns=2, render_mode="ansi")
+    env = make(max_turns=2, render_mode="ansi")
     env.reset(seed=0)
     env.step("probe(0)")
     text = env.render()
@@ -220,7 +220,7 @@ def test_weak_demonstrator_success_rate_follows_its_skill(skill):
     """demo_action(rng, skill): random probes always, the fitting answer with probability skill.
     At bits=3, T=4 its success rate is 0.583 * skill + (1 - skill) / 8 (random probes leave 1, 2 or 3
     distinct bits known with probability 1/9, 6/9, 2/9)."""
-    env = make(turns=4)
+    env = make(max_turns=4)
     rng = random.Random(1)
     n = 4000
     rate = sum(play(env, lambda e, i: e.demo_action(rng, skill=skill), s)[0] for s in range(n)) / n
@@ -241,11 +241,11 @@ def test_weak_demonstrator_success_rate_follows_its_skill(skill):
 def test_episode_metrics_at_the_end_only(actions, distinct):
     """ClueProbe reports ``info["episode_metrics"]["distinct_probes"]`` on the step that ends the episode
     (answered or truncated), and on no other step; forks and restored envs report the same."""
-    env = make(turns=4)
+    env = make(max_turns=4)
     env.reset(seed=3)
     infos = [env.step(a)[4] for a in actions[:2]]
     twin = env.fork(1)[0]
-    restored = make(turns=4)
+    restored = make(max_turns=4)
     restored.restore(env.snapshot().to_bytes())
     for e in (env, twin, restored):
         more = [e.step(a)[4] for a in actions[2:]]
@@ -259,7 +259,7 @@ def test_reset_options_are_checked_not_ignored():
 
     from envs.clueprobe import ClueProbeEnv
 
-    env = ClueProbeEnv(turns=3, bits=3)
+    env = ClueProbeEnv(max_turns=3, bits=3)
     with _pytest.raises(ValueError, match="unknown reset options"):
         env.reset(seed=0, options={"targte": 3})
     with _pytest.raises(ValueError, match="must be an int"):
@@ -270,7 +270,7 @@ def test_reset_options_are_checked_not_ignored():
 
 @pytest.mark.parametrize("bad", [{"target": 99}, {"target": None}, {"target": True}, {"colour": 1}])
 def test_a_refused_reset_leaves_the_episode_as_it_was(bad):
-    env = gym.make("forkyard/ClueProbe-v0", turns=4).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=4).unwrapped
     env.reset(seed=3)
     env.step("probe(0)")
     before = (env._turn, list(env._history), env._target, env.np_random.bit_generator.state, env.done)
@@ -279,3 +279,17 @@ def test_a_refused_reset_leaves_the_episode_as_it_was(bad):
     assert (env._turn, list(env._history), env._target, env.np_random.bit_generator.state, env.done) == before
     obs, *_ = env.step("probe(1)")  # the episode goes on from where it was
     assert obs.startswith("probe(1) -> bit 1")
+
+
+def test_the_former_turns_keyword_still_works_and_says_to_rename_it():
+    """``max_turns`` is the turn budget's one name; ClueProbe's former ``turns`` wins when given (a client's
+    ``{"turns": 4}`` over the registered default) and warns."""
+    from envs.clueprobe import ClueProbeEnv
+
+    with pytest.warns(DeprecationWarning, match="max_turns"):
+        env = ClueProbeEnv(max_turns=5, turns=3)
+    assert env.max_turns == 3 and env.snapshot().kwargs == {"max_turns": 3, "bits": 3}
+    with pytest.warns(DeprecationWarning):
+        made = gym.make("forkyard/ClueProbe-v0", turns=2).unwrapped
+    obs, info = made.reset(seed=0)
+    assert "You have 2 turn(s)" in obs

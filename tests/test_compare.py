@@ -43,7 +43,7 @@ def test_one_seed_has_no_interval():
 
 def test_small_sweep_through_the_cli(tmp_path):
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "trainer.cli", "compare", "--turns", "2", "3", "--variants", "traj", "tree",
+    cmd = [sys.executable, "-m", "trainer.cli", "compare", "--max-turns", "2", "3", "--variants", "traj", "tree",
            "--seeds", "2", "--iterations", "15", "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -59,7 +59,7 @@ class Entry(NamedTuple):
     needs: str | None = None  # a BEFORE command this one runs first (its output is this one's input)
 
 
-TRL_SFT = (".venv/bin/forkyard sft --arch llama --tools json --turns 2 --vocab 400 --d-model 64 --n-heads 2 "
+TRL_SFT = (".venv/bin/forkyard sft --arch llama --tools json --max-turns 2 --vocab 400 --d-model 64 --n-heads 2 "
            "--context 1024 --sft-steps 150 --sft-batch 16 --run-dir runs/trl-sft")
 TRL_BLOCK = '''\
 from datasets import Dataset
@@ -70,7 +70,7 @@ rows = Dataset.from_list([{"prompt": [{"role": "user", "content": ""}], "seed": 
 args = GRPOConfig(output_dir="runs/trl-grpo", max_steps=2, per_device_train_batch_size=4, num_generations=4,
                   max_completion_length=128, use_cpu=True, report_to=[])
 trainer = GRPOTrainer(model="runs/trl-sft/sft", args=args, train_dataset=rows,
-                      environment_factory=environment_factory("forkyard/ClueProbe-v0", turns=2))
+                      environment_factory=environment_factory("forkyard/ClueProbe-v0", max_turns=2))
 trainer.train()
 print("tool calls per completion:", trainer.state.log_history[-1]["tools/call_frequency"])
 '''
@@ -79,7 +79,7 @@ OPENENV_BLOCK = '''\
 from openenv.core.generic_client import GenericEnvClient
 
 with GenericEnvClient(base_url="http://127.0.0.1:8000/openenv/forkyard/ClueProbe-v0").sync() as env:
-    result = env.reset(seed=0, kwargs={"turns": 4})   # kwargs: the env's constructor kwargs
+    result = env.reset(seed=0, kwargs={"max_turns": 4})   # kwargs: the env's constructor kwargs
     result = env.step({"action": "probe(0)"})          # result.observation: {"text", "info", ...}
     print(result.observation["text"], result.reward, result.done)
 '''
@@ -99,7 +99,7 @@ ENV_API_BLOCK = '''\
 import gymnasium as gym
 import envs  # registers forkyard/* ids (or write gymnasium.make("envs:forkyard/ClueProbe-v0"))
 
-env = gym.make("forkyard/ClueProbe-v0", turns=5).unwrapped
+env = gym.make("forkyard/ClueProbe-v0", max_turns=5).unwrapped
 obs, info = env.reset(seed=0)                 # obs: str; info: turn, anchor_key, legal_actions
 obs, reward, terminated, truncated, info = env.step("probe(0)")
 branches = env.fork(4)                        # 4 independent copies: same hidden target, same history
@@ -148,7 +148,7 @@ TABLE: dict[str, Entry] = {
     ENV_API_BLOCK: Entry(PYTHON, "no server; the answer(3) branch is refused",
                          check=lambda out: "Invalid action" in out),
     # README, training
-    ".venv/bin/forkyard train --turns 5 --estimator tree --run-dir runs/t5-tree": Entry(
+    ".venv/bin/forkyard train --max-turns 5 --estimator tree --run-dir runs/t5-tree": Entry(
         RUN, "250 tabular iterations, 2 s here", check=lambda out: "greedy evaluation" in out),
     ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
                                                   check=lambda out: "100 runs in" in out),

@@ -22,7 +22,7 @@ from trainer.tokenizer import model_tokenizer
 from trainer.update import dropout_off
 
 #: A small RL config: 2 bases x 3 branches on ClueProbe T=3, short actions, two PPO epochs.
-CFG = dict(turns=3, n_base=2, branches=3, max_new_tokens=6, ppo_epochs=2, device="cpu", seed=0)
+CFG = dict(max_turns=3, n_base=2, branches=3, max_new_tokens=6, ppo_epochs=2, device="cpu", seed=0)
 
 
 def _first_epoch_dev(model, **overrides) -> float:
@@ -89,7 +89,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 def tok():
     from trainer.text_sft import make_tokenizer
 
-    return make_tokenizer(TextTrainConfig(turns=3, vocab=300), n_episodes=200)
+    return make_tokenizer(TextTrainConfig(max_turns=3, vocab=300), n_episodes=200)
 
 
 def _gpt2_folder(tok, folder, rate: float):

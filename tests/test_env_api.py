@@ -31,7 +31,7 @@ def new(http, seed, **kwargs):
 
 def test_list_envs(http):
     listed = {e["env_id"]: e["kwargs"] for e in http.get("/v1/envs").json()}
-    assert listed["forkyard/ClueProbe-v0"] == {"turns": 5, "bits": 3}
+    assert listed["forkyard/ClueProbe-v0"] == {"max_turns": 5, "bits": 3}
 
 
 def test_s10_sessions_are_independent(http):
@@ -54,12 +54,13 @@ def test_s10_sessions_are_independent(http):
     "method, path, body, status, says",
     [
         ("post", "/v1/envs", {"env_id": "forkyard/Nope-v0"}, 404, "unknown env id"),
-        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 0}}, 422, "turns"),
+        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": 0}}, 422, "max_turns"),
         ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"color": 1}}, 422, "color"),
         ("post", "/v1/envs", {"kwargs": {}}, 422, "env_id"),
         ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "seed": -1}, 422, "seed"),
-        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": True}}, 422, "turns"),
-        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"turns": 5, "max_episode_steps": 2}}, 422,
+        ("post", "/v1/envs", {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": True}}, 422, "max_turns"),
+        ("post", "/v1/envs",
+         {"env_id": "forkyard/ClueProbe-v0", "kwargs": {"max_turns": 5, "max_episode_steps": 2}}, 422,
          "max_episode_steps"),
         ("post", "/v1/envs", {"env_id": "forkyard/FileQA-v0"}, 422, "no sandbox service"),
         ("post", "/v1/envs/unknown/step", {"action": "probe(0)"}, 404, "no env session"),
@@ -75,7 +76,7 @@ def test_error_paths(http, method, path, body, status, says):
 
 
 def test_bad_requests_leave_the_session_unchanged(http):
-    s = new(http, 3, turns=2)
+    s = new(http, 3, max_turns=2)
     sid = s["session_id"]
     r = http.post(f"/v1/envs/{sid}/step", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
@@ -114,10 +115,10 @@ def test_s11_fork_through_http(http):
 
 
 def test_remote_env_through_gymnasium_make(server):
-    env = gym.make("forkyard/ClueProbe-v0", server_url=server.url, turns=3).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", server_url=server.url, max_turns=3).unwrapped
     assert isinstance(env, RemoteEnv)
     obs, info = env.reset(seed=5)
-    local = gym.make("forkyard/ClueProbe-v0", turns=3).unwrapped
+    local = gym.make("forkyard/ClueProbe-v0", max_turns=3).unwrapped
     lobs, linfo = local.reset(seed=5)
     assert (obs, info) == (lobs, linfo)
     for action in ("probe(1)", "probe(2)"):
@@ -156,8 +157,8 @@ def test_trainer_runs_unchanged_against_remote_envs(server):
     from trainer.tabular_config import TrainConfig
     from trainer.train import train
 
-    local = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu"))
-    remote = train(TrainConfig(estimator="tree", env_kwargs={"turns": 3}, iterations=4, seed=2, device="cpu",
+    local = train(TrainConfig(estimator="tree", env_kwargs={"max_turns": 3}, iterations=4, seed=2, device="cpu"))
+    remote = train(TrainConfig(estimator="tree", env_kwargs={"max_turns": 3}, iterations=4, seed=2, device="cpu",
                                server_url=server.url))
     assert [m["reward_mean"] for m in remote.metrics] == [m["reward_mean"] for m in local.metrics]
     assert [m["env_calls"] for m in remote.metrics] == [m["env_calls"] for m in local.metrics]

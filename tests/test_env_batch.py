@@ -71,17 +71,17 @@ def sessions_of(server) -> int:
 def test_per_item_errors_beside_successful_items(server, http):
     before = sessions_of(server)
     made = batch(http, "create", [
-        {"env_id": CLUE, "seed": 1, "kwargs": {"turns": 2}},
+        {"env_id": CLUE, "seed": 1, "kwargs": {"max_turns": 2}},
         {"env_id": "forkyard/Nope-v0"},
         {"env_id": CLUE, "seed": -1},
-        {"env_id": CLUE, "kwargs": {"turns": True}},
+        {"env_id": CLUE, "kwargs": {"max_turns": True}},
         {"env_id": FILEQA},  # this server has no sandbox service
-        {"env_id": CLUE, "seed": 2, "kwargs": {"turns": 3}},
+        {"env_id": CLUE, "seed": 2, "kwargs": {"max_turns": 3}},
     ])
     assert made[0]["status_code"] == made[5]["status_code"] == 201
     assert_item_error(made[1], 404, "not_found", "unknown env id")
     assert_item_error(made[2], 422, "invalid", "seed")
-    assert_item_error(made[3], 422, "invalid", "turns")
+    assert_item_error(made[3], 422, "invalid", "max_turns")
     assert_item_error(made[4], 422, "invalid", "no sandbox service")
     assert sessions_of(server) == before + 2  # the failed items left nothing behind
     a, b = made[0]["result"]["session_id"], made[5]["result"]["session_id"]
@@ -89,7 +89,7 @@ def test_per_item_errors_beside_successful_items(server, http):
     res = batch(http, "step", [
         {"session_id": a, "action": "probe(0)"},
         {"session_id": "unknown", "action": "probe(0)"},
-        {"session_id": a, "action": "answer(1)"},       # ends a's episode (turns=2) ...
+        {"session_id": a, "action": "answer(1)"},       # ends a's episode (max_turns=2) ...
         {"session_id": a, "action": "answer(1)"},       # ... so this one is a 409
         {"session_id": b, "action": 5},                 # not a string: 422
         {"session_id": b, "action": "x" * 300},         # ClueProbe accepts 256 characters: 413
@@ -132,10 +132,10 @@ def test_per_item_errors_beside_successful_items(server, http):
 
 
 def test_items_on_one_session_run_in_their_order(http):
-    sid = ok(batch(http, "create", [{"env_id": CLUE, "seed": 0, "kwargs": {"turns": 5}}]))[0]["session_id"]
+    sid = ok(batch(http, "create", [{"env_id": CLUE, "seed": 0, "kwargs": {"max_turns": 5}}]))[0]["session_id"]
     res = ok(batch(http, "step", [{"session_id": sid, "action": f"probe({k % 3})"} for k in range(4)]))
     assert [r["info"]["turn"] for r in res] == [1, 2, 3, 4]
-    local = ClueProbeEnv(turns=5)
+    local = ClueProbeEnv(max_turns=5)
     local.reset(seed=0)
     assert [r["observation"] for r in res] == [local.step(f"probe({k % 3})")[0] for k in range(4)]
     batch(http, "delete", [{"session_id": sid}])
@@ -205,8 +205,8 @@ def drive_batched(http, creates: list[dict], actions: list[list[str]], fork_n: i
 
 def test_clueprobe_batched_results_equal_the_single_routes(server, http):
     before = sessions_of(server)
-    creates = [{"env_id": CLUE, "seed": s, "kwargs": {"turns": 4, "bits": 3}} for s in range(6)]
-    creates.append({"env_id": CLUE, "seed": 3, "kwargs": {"turns": 4}, "options": {"target": 5}})
+    creates = [{"env_id": CLUE, "seed": s, "kwargs": {"max_turns": 4, "bits": 3}} for s in range(6)]
+    creates.append({"env_id": CLUE, "seed": 3, "kwargs": {"max_turns": 4}, "options": {"target": 5}})
     rng = np.random.default_rng(0)
     actions = [[str(rng.choice(["probe(0)", "probe(1)", "probe(2)", "answer(5)", "nonsense"])) for _ in creates]
                for _ in range(2)]
@@ -297,7 +297,7 @@ class SleepyEnv(ThreadEnv):
 @pytest.fixture
 def thread_envs(monkeypatch):
     for name in ("ThreadEnv", "SleepyEnv"):
-        monkeypatch.setitem(envs.ENV_SPECS, f"test/{name}-v0", (f"{__name__}:{name}", {"turns": 5}))
+        monkeypatch.setitem(envs.ENV_SPECS, f"test/{name}-v0", (f"{__name__}:{name}", {"max_turns": 5}))
     ThreadEnv.threads = []
 
 
@@ -342,8 +342,8 @@ def random_actions(rng, n: int) -> list[str]:
 
 def test_vector_env_matches_gymnasiums_sync_vector_env(server):
     n = 5
-    remote = RemoteVectorEnv(CLUE, server.url, n, turns=3)
-    local = gym.make_vec(CLUE, num_envs=n, vectorization_mode="sync", turns=3)
+    remote = RemoteVectorEnv(CLUE, server.url, n, max_turns=3)
+    local = gym.make_vec(CLUE, num_envs=n, vectorization_mode="sync", max_turns=3)
     assert_same(remote.reset(seed=11), local.reset(seed=11))
     assert remote.single_observation_space == local.single_observation_space
     assert remote.observation_space == local.observation_space
@@ -358,8 +358,8 @@ def test_vector_env_matches_gymnasiums_sync_vector_env(server):
 
 def test_vector_env_matches_a_loop_of_single_remote_envs(server):
     n = 4
-    vec = RemoteVectorEnv(CLUE, server.url, n, turns=2)
-    singles = [RemoteEnv(CLUE, server.url, turns=2) for _ in range(n)]
+    vec = RemoteVectorEnv(CLUE, server.url, n, max_turns=2)
+    singles = [RemoteEnv(CLUE, server.url, max_turns=2) for _ in range(n)]
     obs, infos = vec.reset(seed=100)
     for i, e in enumerate(singles):
         o, info = e.reset(seed=100 + i)
@@ -384,12 +384,12 @@ def test_vector_env_matches_a_loop_of_single_remote_envs(server):
 
 
 def test_vector_env_fork(server):
-    vec = RemoteVectorEnv(CLUE, server.url, 3, turns=4)
+    vec = RemoteVectorEnv(CLUE, server.url, 3, max_turns=4)
     vec.reset(seed=0)
     vec.step(["probe(0)", "probe(1)", "probe(2)"])
     kids = vec.fork([2, 0, 1])
     assert kids.num_envs == 3 and kids.parents == [0, 0, 2] and len(set(kids.session_ids)) == 3
-    local = gym.make_vec(CLUE, num_envs=3, vectorization_mode="sync", turns=4)
+    local = gym.make_vec(CLUE, num_envs=3, vectorization_mode="sync", max_turns=4)
     local.reset(seed=0)
     local.step(["probe(0)", "probe(1)", "probe(2)"])
     want = [local.envs[p].unwrapped.fork(1)[0].step("probe(1)") for p in kids.parents]
@@ -405,7 +405,7 @@ def test_vector_env_fork(server):
 
 
 def test_vector_env_raises_for_failed_items_after_applying_the_rest(server, http):
-    vec = RemoteVectorEnv(CLUE, server.url, 3, turns=5)
+    vec = RemoteVectorEnv(CLUE, server.url, 3, max_turns=5)
     vec.reset(seed=0)
     assert http.delete(f"/v1/envs/{vec.session_ids[1]}").status_code == 204  # the server lost sub-env 1
     with pytest.raises(BatchInfraError) as err:
@@ -422,7 +422,7 @@ def test_vector_env_raises_for_failed_items_after_applying_the_rest(server, http
 
 
 def test_vector_env_marks_infra_failures_and_replaces_lost_sessions(server, http):
-    vec = RemoteVectorEnv(CLUE, server.url, 3, turns=5, errors="mark")
+    vec = RemoteVectorEnv(CLUE, server.url, 3, max_turns=5, errors="mark")
     vec.reset(seed=0)
     lost = vec.session_ids[2]
     http.delete(f"/v1/envs/{lost}")
@@ -439,8 +439,8 @@ def test_vector_env_marks_infra_failures_and_replaces_lost_sessions(server, http
 
 def test_vector_env_splits_batches_over_the_item_limit(server, monkeypatch):
     monkeypatch.setattr(remote_vector, "BATCH_ITEMS", 2)
-    remote = RemoteVectorEnv(CLUE, server.url, 5, turns=2)
-    local = gym.make_vec(CLUE, num_envs=5, vectorization_mode="sync", turns=2)
+    remote = RemoteVectorEnv(CLUE, server.url, 5, max_turns=2)
+    local = gym.make_vec(CLUE, num_envs=5, vectorization_mode="sync", max_turns=2)
     assert_same(remote.reset(seed=4), local.reset(seed=4))
     for _ in range(4):
         assert_same(remote.step(["probe(1)"] * 5), local.step(["probe(1)"] * 5))

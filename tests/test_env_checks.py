@@ -15,14 +15,15 @@ from envs.fileqa import FileQAEnv
 from sandbox_server.embedded import shared_provider
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"turns": 2, "bits": 1}, {"turns": 4, "bits": 5}, {"turns": 9, "bits": 16}])
+@pytest.mark.parametrize("kwargs", [{}, {"max_turns": 2, "bits": 1}, {"max_turns": 4, "bits": 5},
+                                    {"max_turns": 9, "bits": 16}])
 def test_clueprobe_passes_the_contract(kwargs):
     env = ClueProbeEnv(**kwargs)
     check_fork_contract(env, seed=3)
 
 
 def test_clueprobe_passes_with_given_actions():
-    check_fork_contract(ClueProbeEnv(turns=3), seed=0, actions=["probe(1)", "probe(0)", "answer(2)", "bogus"])
+    check_fork_contract(ClueProbeEnv(max_turns=3), seed=0, actions=["probe(1)", "probe(0)", "answer(2)", "bogus"])
 
 
 def test_fileqa_local_passes_the_contract():
@@ -59,8 +60,8 @@ class SharedHistoryFork(ClueProbeEnv):
 class SeedIgnoringReset(ClueProbeEnv):
     """Broken: reset ignores its seed and draws from a stream seeded once at construction."""
 
-    def __init__(self, turns: int = 5, bits: int = 3, render_mode=None):
-        super().__init__(turns=turns, bits=bits, render_mode=render_mode)
+    def __init__(self, max_turns: int = 5, bits: int = 3, render_mode=None):
+        super().__init__(max_turns=max_turns, bits=bits, render_mode=render_mode)
         self.np_random = np.random.default_rng(12345)
 
     def reset(self, *, seed=None, options=None):
@@ -85,9 +86,9 @@ def test_catches_a_fork_that_shares_its_history():
 
 def test_catches_a_reset_that_ignores_the_seed():
     with pytest.raises(AssertionError, match="does not give a fresh env's episode"):
-        check_seeded_reset_determinism(SeedIgnoringReset(turns=9, bits=8), seed=0)
+        check_seeded_reset_determinism(SeedIgnoringReset(max_turns=9, bits=8), seed=0)
     with pytest.raises(AssertionError):
-        check_fork_contract(SeedIgnoringReset(turns=9, bits=8), seed=0)
+        check_fork_contract(SeedIgnoringReset(max_turns=9, bits=8), seed=0)
 
 
 def test_catches_an_anchor_that_includes_hidden_state():

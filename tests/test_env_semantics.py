@@ -25,9 +25,9 @@ from trainer.estimators import step_advantages
 from trainer.tabular_config import TrainConfig
 from trainer.train import train
 
-# ClueProbe(turns=3, bits=8): the case's numbers. A fresh env reset with seed 5 hides 171; a child forked
+# ClueProbe(max_turns=3, bits=8): the case's numbers. A fresh env reset with seed 5 hides 171; a child forked
 # after its parent's reset(seed=0) used to draw 163 (the parent's next unseeded draw) instead.
-KW = {"turns": 3, "bits": 8}
+KW = {"max_turns": 3, "bits": 8}
 ACTIONS = ["probe(0)", "probe(7)", "answer(0)"]  # the answer's observation names the target when wrong
 
 
@@ -202,7 +202,7 @@ def single_env_reference(seeds):
     """What each sub-env of a NEXT_STEP vector env must return, from plain single envs."""
     per_env = []
     for i, seed in enumerate(seeds):
-        env = ClueProbeEnv(turns=3)
+        env = ClueProbeEnv(max_turns=3)
         out = [(env.reset(seed=seed)[0], 0.0, False, False)]
         for actions in VEC_ACTIONS:
             if env.done:  # NEXT_STEP autoreset: the RNG stream continues (no seed)
@@ -220,7 +220,7 @@ def test_s24_vector_envs_with_default_arguments_carry_real_text(mode):
     want = single_env_reference(seeds)
     assert any("🚀" in o[0] and "é" in o[0] and "中文" in o[0] for o in want[1])
     assert any(o[0].startswith("ClueProbe") for o in want[0][4:5])  # the autoreset observation
-    vec = gym.make_vec("forkyard/ClueProbe-v0", num_envs=2, vectorization_mode=mode, turns=3)
+    vec = gym.make_vec("forkyard/ClueProbe-v0", num_envs=2, vectorization_mode=mode, max_turns=3)
     try:
         assert vec.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
         obs, _ = vec.reset(seed=seeds)
@@ -294,7 +294,7 @@ def check_counts(ro, env):
 
 @pytest.mark.parametrize("selection", ["uniform", "entropy"])
 def test_s28_a_failed_checkpoint_fork_loses_only_its_branches(selection):
-    env = ForkFailClueProbe(bad_seed=1, fail_n=(1,), turns=3)
+    env = ForkFailClueProbe(bad_seed=1, fail_n=(1,), max_turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 3, 4, seeds=[0, 1, 2], rng=random.Random(0),
                       fork_selection=selection)
     assert len(ro.episodes) == 12
@@ -316,7 +316,7 @@ def test_s28_a_failed_checkpoint_fork_loses_only_its_branches(selection):
 
 
 def test_s28_a_failed_spread_fork_keeps_branch_one():
-    env = ForkFailClueProbe(bad_seed=1, fail_n=(2,), turns=3)
+    env = ForkFailClueProbe(bad_seed=1, fail_n=(2,), max_turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 3, 4, seeds=[0, 1, 2], rng=random.Random(3))
     check_counts(ro, env)
     assert ro.forks_failed == 1 and ro.branches_lost == 2
@@ -332,7 +332,7 @@ def test_s28_training_runs_through_fork_failures_and_writes_the_count(tmp_path):
     env_id = "forkyard-test/ForkFailClueProbe-v0"
     if env_id not in gym.registry:
         gym.register(id=env_id, entry_point=ForkFailClueProbe)
-    cfg = TrainConfig(env_id=env_id, env_kwargs={"turns": 3, "bad_seed": 1, "fail_n": [1]}, estimator="tree",
+    cfg = TrainConfig(env_id=env_id, env_kwargs={"max_turns": 3, "bad_seed": 1, "fail_n": [1]}, estimator="tree",
                       n_base=3, branches=4, iterations=1, eval_episodes=4, run_dir=str(tmp_path), device="cpu")
     result = train(cfg)  # training seeds of iteration 0: 0, 1, 2
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -348,7 +348,7 @@ def test_s28_training_runs_through_fork_failures_and_writes_the_count(tmp_path):
 # ---------------------------------------------------------------------------------------------- S40
 # Field case S40: one ClueProbe env reset with seed 11 and forked 4 times; every later autoreset gave all
 # four copies the same target ([32]*4, then [204]*4). The forked episode stays shared; later ones must not.
-S40_ACTIONS = ["probe(0)", "probe(7)", "answer(0)"]  # with KW (turns=3): the answer names the target if wrong
+S40_ACTIONS = ["probe(0)", "probe(7)", "answer(0)"]  # with KW (max_turns=3): the answer names the target if wrong
 
 
 def answered_target(observation: str) -> int:
@@ -443,7 +443,7 @@ _TREE = st.lists(st.tuples(st.integers(0, 50), st.integers(1, 3), st.booleans())
 def test_s40_property_no_two_envs_of_a_fork_tree_share_later_episodes(tree, seed):
     """Any fork tree (fork any env so far, n copies, optionally after an unseeded reset of it): every env's
     next two unseeded episodes (16-bit targets) differ from every other env's."""
-    root = ClueProbeEnv(turns=3, bits=16)
+    root = ClueProbeEnv(max_turns=3, bits=16)
     root.reset(seed=seed)
     envs_ = [root]
     for pick, n, reset_first in tree:
@@ -467,7 +467,7 @@ def test_s40_copies_forked_across_nodes_draw_what_local_copies_would(monkeypatch
     from ray_cluster.nodes import NodeHost
 
     monkeypatch.setenv("FORKYARD_SERVER_NAME", "test")  # NodeHost sets it for its node's sandboxes
-    kw = {"turns": 3}
+    kw = {"max_turns": 3}
     source, twin = (gym.make("forkyard/ClueProbe-v0", **kw).unwrapped for _ in range(2))
     for env in (source, twin):
         env.reset(seed=11)

@@ -30,7 +30,7 @@ SIZE = LMConfig(d_model=32, n_layers=1, n_heads=2, context=256)
 
 @pytest.fixture(scope="module")
 def tok():
-    return make_tokenizer(TextTrainConfig(turns=3, vocab=300), n_episodes=200)
+    return make_tokenizer(TextTrainConfig(max_turns=3, vocab=300), n_episodes=200)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_tool_calls_render_as_the_policy_writes_them_and_parse_back(tok):
 
 
 def test_a_model_folder_round_trips(model, tok, tmp_path):
-    folder = save_checkpoint(model, str(tmp_path / "m.pt"), tok, turns=3)
+    folder = save_checkpoint(model, str(tmp_path / "m.pt"), tok, max_turns=3)
     assert folder == str(tmp_path / "m") and (tmp_path / "m" / "config.json").is_file()
     back = load_checkpoint(folder, device="cpu")
     assert isinstance(back, HFCausalLM) and back.tokenizer.encode("answer(5)") == tok.encode("answer(5)")
@@ -100,7 +100,7 @@ def test_a_model_folder_round_trips(model, tok, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(ids)[0], back(ids)[0])
     meta = json.loads((tmp_path / "m" / "forkyard.json").read_text())
-    assert meta["extra"] == {"turns": 3}
+    assert meta["extra"] == {"max_turns": 3}
 
 
 def test_a_users_folder_without_role_tokens_loads_through_the_same_path(tmp_path):
@@ -123,14 +123,14 @@ def test_a_users_folder_without_role_tokens_loads_through_the_same_path(tmp_path
     assert model.config.vocab_size == adapter.vocab_size == len(fast) + 6  # embeddings resized
     assert adapter.encode("<|end|>") != [adapter.eot_id]  # text cannot forge a role token
     pol = TextPolicy(model, adapter, SamplingConfig(max_new_tokens=6))
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 2})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 2})
     ro = tree_rollout(env, pol, 1, 2, [0], random.Random(0))
     assert all(len(s.data.action_ids) <= 6 for s in ro.steps) and ro.episodes[0].reason is not None
 
 
 def test_sampled_ids_are_trained_and_the_first_ratio_is_one(model, tok):
     pol = TextPolicy(model, tok, SamplingConfig(max_new_tokens=8))
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     ro = tree_rollout(env, pol, 2, 3, [0, 1], random.Random(0))
     steps = ro.steps
     advs = [(-1.0) ** i for i in range(len(steps))]
@@ -149,7 +149,7 @@ def test_sampled_ids_are_trained_and_the_first_ratio_is_one(model, tok):
 @pytest.mark.slow
 def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     forkyard = str(ROOT / ".venv" / "bin" / "forkyard")
-    small = ["--turns", "3", "--d-model", "32", "--n-layers", "1", "--n-heads", "2"]
+    small = ["--max-turns", "3", "--d-model", "32", "--n-layers", "1", "--n-heads", "2"]
     r = subprocess.run([forkyard, "sft", "--arch", "llama", "--sft-steps", "120", "--demo-skill", "1", *small,
                         "--run-dir", str(tmp_path / "sft")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -160,7 +160,7 @@ def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     def train(run: str, *extra: str) -> None:
         r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
                             "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
-                            "--turns", "3", "--eval-samples", "8", *extra, "--run-dir", str(tmp_path / run)],
+                            "--max-turns", "3", "--eval-samples", "8", *extra, "--run-dir", str(tmp_path / run)],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         ms = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
@@ -307,7 +307,7 @@ def test_a_users_chat_template_renders_the_prompt_with_the_env_tools(tmp_path):
     assert fast.convert_tokens_to_ids("<|im_start|>") in tok.suppressed_ids  # a policy cannot open a turn
     header = fast.convert_tokens_to_ids("<|start_header_id|>")  # special, though not a named special token
     assert header not in fast.all_special_ids and header in tok.suppressed_ids
-    cfg = TextTrainConfig(turns=3, tools="json")
+    cfg = TextTrainConfig(max_turns=3, tools="json")
     tools = list(cfg.env_tools())
     template = tok.chat_template(None, tools)
     assert isinstance(template, HFChatTemplate)
@@ -330,7 +330,7 @@ def test_a_users_chat_template_renders_the_prompt_with_the_env_tools(tmp_path):
         "".join(a + "<|im_end|>" for a, _ in turns)
     # the policy samples in that template, maps the tool calls it writes, and ends a turn at <|im_end|>
     pol = TextPolicy(model, tok, SamplingConfig(max_new_tokens=6, tools=tuple(tools)))
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     ro = tree_rollout(env, pol, 1, 2, [0], random.Random(0))
     assert ro.steps and all(s.data.context[:len(template.first(""))][:3] == template.first("")[:3] for s in ro.steps)
 
@@ -374,7 +374,7 @@ def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
     torch.manual_seed(0)
     lora = configure_training(build_llama(SIZE, tok, device="cpu", seed=5), lora_rank=2)
     # an untrained model writes a legal action with tiny probability: no pruning, so the paths are walked
-    _, grads = exact_policy_gradient(lora, TextTrainConfig(turns=2, max_new_tokens=8), min_path_prob=0.0)
+    _, grads = exact_policy_gradient(lora, TextTrainConfig(max_turns=2, max_new_tokens=8), min_path_prob=0.0)
     named = [(n, p.requires_grad) for n, p in lora.named_parameters()]
     assert all(not g.any() for (n, trainable), g in zip(named, grads, strict=True) if not trainable)
     # B starts at zero, so the gradient reaches B (not yet A)
@@ -397,7 +397,7 @@ def test_the_kl_reference_of_a_lora_model_is_its_base_without_a_copy(tok):
     pol = PPOTextPolicy(lora, tok, SamplingConfig(max_new_tokens=6), lr=5e-2, ppo=PPOConfig(kl_coef=0.5),
                         ppo_epochs=2, max_grad_norm=1.0)
     assert pol.ref is None  # no second copy of the weights
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     ro = tree_rollout(env, pol, 2, 3, [0, 1], random.Random(0))
     out = pol.update(ro, Assigned(ro.steps, [(-1.0) ** i for i in range(len(ro.steps))], len(ro.episodes), {}))
     assert out["trained_tokens"] > 0

@@ -95,8 +95,8 @@ class BoomEnv(TextEnv):
     max_observation_length = 256
     max_action_length = 64
 
-    def __init__(self, boom: str = "", turns: int = 3):
-        super().__init__(max_turns=turns, kwargs={"boom": boom, "turns": turns})
+    def __init__(self, boom: str = "", max_turns: int = 3):
+        super().__init__(max_turns=max_turns, kwargs={"boom": boom, "max_turns": max_turns})
         self.boom = boom
         if boom == "init":
             raise RuntimeError("kaboom in __init__")
@@ -295,11 +295,11 @@ def test_s15_unknown_routes_and_methods_answer_the_error_body(http):
 
 # ---------------------------------------------------------------------------------------- S14: kwargs
 @pytest.mark.parametrize("kwargs, names", [
-    ({"turns": 5, "max_episode_steps": 2}, "max_episode_steps"),
+    ({"max_turns": 5, "max_episode_steps": 2}, "max_episode_steps"),
     *[({kw: True}, kw) for kw in sorted(GYM_MAKE_KEYWORDS)],  # max_episode_steps, autoreset, ...
     ({"foo": 1}, "foo"),
-    ({"turns": True}, "turns"),
-    ({"turns": 3.0}, "turns"),
+    ({"max_turns": True}, "max_turns"),
+    ({"max_turns": 3.0}, "max_turns"),
     ({"bits": "3"}, "bits"),
     ({"server_url": "http://x"}, "server_url"),
     ({"render_mode": "human"}, "render_mode"),
@@ -312,13 +312,13 @@ def test_s14_kwargs_are_honoured_or_refused_never_dropped(http, full_server, kwa
 
 
 def test_s14_env_kwargs_that_are_taken_are_honoured(http):
-    r = http.post("/v1/envs", json={"env_id": CLUE, "kwargs": {"turns": 2, "render_mode": "ansi"}, "seed": 1})
+    r = http.post("/v1/envs", json={"env_id": CLUE, "kwargs": {"max_turns": 2, "render_mode": "ansi"}, "seed": 1})
     assert r.status_code == 201, r.text
     sid = r.json()["session_id"]
     step = http.post(f"/v1/envs/{sid}/step", json={"action": "probe(0)"}).json()
     assert step["info"]["turn"] == 1 and not step["truncated"]
     end = http.post(f"/v1/envs/{sid}/step", json={"action": "answer(1)"}).json()
-    assert end["terminated"] and end["info"]["turn"] == 2  # turns=2 was honoured
+    assert end["terminated"] and end["info"]["turn"] == 2  # max_turns=2 was honoured
     assert http.delete(f"/v1/envs/{sid}").status_code == 204
 
 

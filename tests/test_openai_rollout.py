@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 def served(tmp_path_factory):
     """(base URL, model folder) of `transformers serve FOLDER` on a free loopback port."""
     run = tmp_path_factory.mktemp("oa")
-    cfg = TextTrainConfig(arch="llama", sft_steps=80, turns=3, d_model=32, n_layers=1, n_heads=2, run_dir=str(run))
+    cfg = TextTrainConfig(arch="llama", sft_steps=80, max_turns=3, d_model=32, n_layers=1, n_heads=2, run_dir=str(run))
     sft(cfg)
     folder = str(run / "sft")
     port = free_port()
@@ -57,7 +57,7 @@ def served(tmp_path_factory):
 
 def test_chat_rollouts_with_tools_map_every_answer_to_an_env_action(served):
     base_url, folder = served
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     policy = OpenAIPolicy(base_url, folder, tools=env.tool_schemas(), temperature=0.0, max_tokens=12)
     ro = group_rollout(env, policy, 3, [0, 1, 2], random.Random(0))
     assert ro.env_calls == 9 and all(e.reason is not None for e in ro.episodes)
@@ -74,7 +74,7 @@ def test_chat_rollouts_with_tools_map_every_answer_to_an_env_action(served):
 
 def test_tree_rollouts_fork_the_chat_with_the_env(served):
     base_url, folder = served
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     policy = OpenAIPolicy(base_url, folder, tools=env.tool_schemas(), temperature=1.0, max_tokens=12)
     ro = tree_rollout(env, policy, 1, 3, [4], random.Random(1))
     assert len(ro.episodes) == 3 and ro.forks >= 1
@@ -90,7 +90,7 @@ def test_the_documented_command_writes_what_the_server_returned(served, tmp_path
     out = tmp_path / "episodes.jsonl"
     r = subprocess.run([str(ROOT / ".venv" / "bin" / "forkyard"), "rollout-openai", "--base-url", base_url,
                         "--model", folder, "--api", "completions", "--template", folder, "--temperature", "0",
-                        "--episodes", "4", "--env-kwargs", '{"turns": 3}', "--out", str(out)],
+                        "--episodes", "4", "--env-kwargs", '{"max_turns": 3}', "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
@@ -173,7 +173,7 @@ def test_field_case_s34_every_call_of_a_turn_is_answered_and_the_episode_goes_on
     requests: list = []
     srv = UvicornThread(_scripted_server(requests)).start()
     try:
-        env = make_env("forkyard/ClueProbe-v0", {"bits": 2, "turns": 4})
+        env = make_env("forkyard/ClueProbe-v0", {"bits": 2, "max_turns": 4})
         policy = OpenAIPolicy(f"{srv.url}/v1", "scripted", tools=env.tool_schemas(), temperature=0.0)
         ro = group_rollout(env, policy, 2, [0, 1], random.Random(0))
         # the server accepted every history: no 400, every episode ran its four turns and answered right

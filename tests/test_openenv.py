@@ -56,7 +56,7 @@ def wait_sessions(srv, n: int, timeout_s: float = 10.0) -> None:
 
 
 def solve(env) -> StepResult:
-    """Play ClueProbe (turns=4, bits=3) to the right answer through an OpenEnv sync client."""
+    """Play ClueProbe (max_turns=4, bits=3) to the right answer through an OpenEnv sync client."""
     target = 0
     for k in range(3):
         text = env.step({"action": f"probe({k})"}).observation["text"]
@@ -66,10 +66,10 @@ def solve(env) -> StepResult:
 
 # ------------------------------------------------------------------------------------ OpenEnv's clients
 def test_generic_client_plays_an_episode_like_the_in_process_env(server):
-    local = ClueProbeEnv(turns=4)
+    local = ClueProbeEnv(max_turns=4)
     obs0, _ = local.reset(seed=7)
     with GenericEnvClient(base_url=base(server)).sync() as env:
-        first = env.reset(seed=7, kwargs={"turns": 4})
+        first = env.reset(seed=7, kwargs={"max_turns": 4})
         assert first.observation["text"] == obs0 and first.reward is None and first.done is False
         for action in ["probe(0)", "probe(2)"]:
             remote = env.step({"action": action})
@@ -124,7 +124,7 @@ def test_a_typed_env_client_runs_episodes(server):
         rewards = []
         async with ClueProbeClient(base_url=base(server)) as env:
             for seed in range(3):
-                result = await env.reset(seed=seed, kwargs={"turns": 2})
+                result = await env.reset(seed=seed, kwargs={"max_turns": 2})
                 assert result.observation.legal_actions == ["probe(0)", "probe(1)", "probe(2)"]
                 await env.step(ProbeAction("probe(0)"))
                 result = await env.step(ProbeAction("answer(0)"))
@@ -135,7 +135,7 @@ def test_a_typed_env_client_runs_episodes(server):
     rewards = asyncio.run(play())
     local = []
     for seed in range(3):
-        e = ClueProbeEnv(turns=2)
+        e = ClueProbeEnv(max_turns=2)
         e.reset(seed=seed)
         e.step("probe(0)")
         local.append(e.step("answer(0)")[1])
@@ -150,7 +150,7 @@ def test_many_concurrent_sessions_each_their_own_and_released_with_the_connectio
         env = GenericEnvClient(base_url=base(server))
         await env.connect()
         try:
-            first = await env.reset(seed=seed, kwargs={"turns": 3})
+            first = await env.reset(seed=seed, kwargs={"max_turns": 3})
             step = await env.step({"action": "probe(1)"})
             return first.observation["session_id"], step.observation["text"]
         finally:
@@ -162,7 +162,7 @@ def test_many_concurrent_sessions_each_their_own_and_released_with_the_connectio
     results = asyncio.run(main())
     assert len({sid for sid, _ in results}) == n
     for seed, (_, text) in enumerate(results):
-        e = ClueProbeEnv(turns=3)
+        e = ClueProbeEnv(max_turns=3)
         e.reset(seed=seed)
         assert text == e.step("probe(1)")[0]
     wait_sessions(server, 0)
@@ -179,12 +179,12 @@ def test_a_dropped_connection_releases_its_session_without_a_close_message(serve
 
 # ------------------------------------------------------------------------------------ fork extension
 def test_fork_attach_and_delete(server):
-    local = ClueProbeEnv(turns=4)
+    local = ClueProbeEnv(max_turns=4)
     local.reset(seed=3)
     local.step("probe(0)")
     twins = local.fork(3)
     with ForkyardEnvClient(base_url=base(server)).sync() as parent:
-        parent.reset(seed=3, kwargs={"turns": 4})
+        parent.reset(seed=3, kwargs={"max_turns": 4})
         parent.step({"action": "probe(0)"})
         children = parent.fork(3)
         assert len(set(children)) == 3 and sessions(server) == 4
@@ -217,12 +217,12 @@ def test_forked_sessions_are_reachable_over_v1_envs(server):
 
 # ------------------------------------------------------------------------------------ snapshots
 def test_snapshot_tokens_are_opaque_authenticated_and_restore(server):
-    local = ClueProbeEnv(turns=4)
+    local = ClueProbeEnv(max_turns=4)
     local.reset(seed=11)
     local.step("probe(1)")
     target = local.snapshot().state["task"]
     with ForkyardEnvClient(base_url=base(server)).sync() as env:
-        env.reset(seed=11, kwargs={"turns": 4})
+        env.reset(seed=11, kwargs={"max_turns": 4})
         env.step({"action": "probe(1)"})
         token = env.snapshot()
         raw = base64.urlsafe_b64decode(token + "==")
@@ -295,14 +295,14 @@ def test_bad_messages_get_errors_and_the_connection_goes_on(server):
             ('{"type": "step", "data": {"action": "probe(0)"}}', "EXECUTION_ERROR"),  # no reset yet: 409
             ('{"type": "reset", "data": {"seed": -1}}', "VALIDATION_ERROR"),
             ('{"type": "reset", "data": {"seed": true}}', "VALIDATION_ERROR"),
-            ('{"type": "reset", "data": {"kwargs": {"turns": "5"}}}', "VALIDATION_ERROR"),
+            ('{"type": "reset", "data": {"kwargs": {"max_turns": "5"}}}', "VALIDATION_ERROR"),
             ('{"type": "reset", "data": {"kwargs": {"backend": "docker"}}}', "VALIDATION_ERROR"),
             ('{"type": "reset", "data": {"colour": 1}}', "VALIDATION_ERROR"),
         ]
         for text, code in cases:
             got = ask(ws, text)
             assert got["type"] == "error" and got["data"]["code"] == code, (text, got)
-        assert ask(ws, '{"type": "reset", "data": {"seed": 0, "kwargs": {"turns": 2}}}')["type"] == "observation"
+        assert ask(ws, '{"type": "reset", "data": {"seed": 0, "kwargs": {"max_turns": 2}}}')["type"] == "observation"
         for text, code, status in [
             ('{"type": "step", "data": {"action": 5}}', "VALIDATION_ERROR", 422),
             ('{"type": "step", "data": {"action": "probe(0)", "extra": 1}}', "VALIDATION_ERROR", 422),
@@ -348,8 +348,8 @@ def test_the_http_routes_answer_as_openenv_defines_them(server):
     schema = SchemaResponse.model_validate(httpx.get(f"{b}/schema").json())
     assert schema.action["properties"]["action"]["type"] == "string"
     assert httpx.get(f"{b}/state").json() == {"episode_id": None, "step_count": 0}
-    first = httpx.post(f"{b}/reset", json={"seed": 5, "kwargs": {"turns": 3}}).json()
-    local = ClueProbeEnv(turns=3)
+    first = httpx.post(f"{b}/reset", json={"seed": 5, "kwargs": {"max_turns": 3}}).json()
+    local = ClueProbeEnv(max_turns=3)
     assert first["observation"]["text"] == local.reset(seed=5)[0] and first["done"] is False
     assert httpx.post(f"{b}/reset").status_code == 200
     step = httpx.post(f"{b}/step", json={"action": {"action": "probe(0)"}})
@@ -388,17 +388,17 @@ def test_fileqa_over_the_openenv_transport_with_forks():
 
 def test_a_connection_outlives_its_session_and_keeps_its_kwargs(server):
     with raw_session(server) as ws:
-        first = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 3}}}')["data"]["observation"]
+        first = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"max_turns": 3}}}')["data"]["observation"]
         sid = first["session_id"]
         assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 204  # deleted elsewhere
         again = ask(ws, '{"type": "reset", "data": {"seed": 1}}')
         assert again["type"] == "observation" and again["data"]["observation"]["session_id"] != sid
         assert again["data"]["observation"]["text"] == first["text"]  # a new session with the same kwargs
-        made = httpx.post(f"{server.url}/v1/envs", json={"env_id": CLUE, "kwargs": {"turns": 7}}).json()
+        made = httpx.post(f"{server.url}/v1/envs", json={"env_id": CLUE, "kwargs": {"max_turns": 7}}).json()
         assert ask(ws, json.dumps({"type": "attach", "data": {"session_id": made["session_id"]}}))["type"] == \
             "observation"
-        back = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"turns": 3}}}')["data"]["observation"]
-        assert back["session_id"] != made["session_id"] and back["text"] == first["text"]  # turns=3, not 7
+        back = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"max_turns": 3}}}')["data"]["observation"]
+        assert back["session_id"] != made["session_id"] and back["text"] == first["text"]  # max_turns=3, not 7
         gone = ask(ws, json.dumps({"type": "delete", "data": {"session_ids": [back["session_id"]] * 2}}))
         assert gone["data"] == {"deleted": [back["session_id"]], "missing": []}
     wait_sessions(server, 0)
@@ -420,8 +420,8 @@ def test_remote_env_plays_alike_over_both_transports(server, transport):
 
     from envs.core import EpisodeFinishedError
 
-    env = gym.make(CLUE, turns=4, server_url=server.url, transport=transport).unwrapped
-    local = ClueProbeEnv(turns=4)
+    env = gym.make(CLUE, max_turns=4, server_url=server.url, transport=transport).unwrapped
+    local = ClueProbeEnv(max_turns=4)
     assert env.reset(seed=3) == local.reset(seed=3)
     assert env.observation_space.max_length == local.observation_space.max_length
     assert env.step("probe(0)") == local.step("probe(0)")
@@ -456,7 +456,7 @@ def test_delete_refuses_other_connections_forks_and_other_env_ids(server):
         bad_meta = ask(c, '{"type": "step", "data": {"action": "probe(0)", "metadata": 5}}')
         assert bad_meta["data"]["code"] == "VALIDATION_ERROR"
         before = ask(c, '{"type": "state", "data": {}}')["data"]["episode_id"]
-        assert ask(c, '{"type": "reset", "data": {"kwargs": {"turns": "x"}}}')["type"] == "error"
+        assert ask(c, '{"type": "reset", "data": {"kwargs": {"max_turns": "x"}}}')["type"] == "error"
         assert ask(c, '{"type": "state", "data": {}}')["data"]["episode_id"] == before  # a failed reset changes nothing
     wait_sessions(server, 0)
 

@@ -20,7 +20,7 @@ from sandbox_server.embedded import shared_provider
 from tests.docker_support import UvicornThread, require_bwrap
 
 IDS = sorted(envs.ENV_SPECS)
-KW = {"turns": 4, "bits": 5}
+KW = {"max_turns": 4, "bits": 5}
 
 
 def play(env: gym.Env, seed: int, n_steps: int = 3) -> list:

@@ -27,10 +27,11 @@ from tests.docker_support import ROOT
 FORKYARD = str(ROOT / ".venv" / "bin" / "forkyard")
 
 #: A tabular run of a few seconds (ClueProbe T=3, tree rollouts).
-TABULAR = ["train", "--turns", "3", "--estimator", "tree", "--eval-episodes", "8", "--device", "cpu",
+TABULAR = ["train", "--max-turns", "3", "--estimator", "tree", "--eval-episodes", "8", "--device", "cpu",
            "--save-every", "7"]
 #: A tiny text policy on the CPU (byte tokenizer, 1 block of width 16), for sft and train-lm.
-TINY = ["--vocab", "300", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "256", "--turns", "2",
+TINY = ["--vocab", "300", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--context", "256",
+        "--max-turns", "2",
         "--threads", "1", "--device", "cpu", "--save-every", "3"]
 #: SFT on the scripted demonstrator: after 60 steps the policy writes valid actions and sometimes answers right.
 SFT = ["--sft-batch", "8", "--sft-lr", "1e-2", "--demo-skill", "1"]
@@ -107,7 +108,7 @@ def test_any_stop_point_resumes_into_the_same_run(stop_after, save_every, estima
             if m["iteration"] == kill_at:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        train_loop(cfg, ClueProbeEnv(turns=2), policy, on_iteration=on_iteration)
+        train_loop(cfg, ClueProbeEnv(max_turns=2), policy, on_iteration=on_iteration)
         return policy
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +199,7 @@ def test_train_lm_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path
     from trainer.text_config import TextTrainConfig
     from trainer.text_sft import sft
 
-    tiny = dict(vocab=300, d_model=32, n_layers=1, n_heads=2, context=256, turns=2, threads=1, device="cpu")
+    tiny = dict(vocab=300, d_model=32, n_layers=1, n_heads=2, context=256, max_turns=2, threads=1, device="cpu")
     sft(TextTrainConfig(**tiny, sft_steps=60, sft_batch=8, sft_lr=1e-2, demo_skill=1, run_dir=str(tmp_path / "sft")))
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     rl = ["train-lm", *TINY, "--model", str(tmp_path / "sft" / "sft.pt"), "--estimator", "traj", "--group-size", "6",

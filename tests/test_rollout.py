@@ -50,7 +50,7 @@ class FlakyClueProbe(ClueProbeEnv):
 @pytest.mark.parametrize("selection", ["uniform", "entropy"])
 def test_tree_branches_share_their_base_target_and_count_env_calls(selection):
     log = []
-    env = RecordingClueProbe(log, turns=5)
+    env = RecordingClueProbe(log, max_turns=5)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 5, 4, seeds=[10, 11, 12, 13, 14], rng=random.Random(0),
                       fork_selection=selection)
     targets = {}
@@ -71,7 +71,7 @@ def test_tree_branches_share_their_base_target_and_count_env_calls(selection):
 
 
 def test_uniform_fork_turns_cover_all_turns_and_cost_about_70_calls():
-    env = ClueProbeEnv(turns=5)
+    env = ClueProbeEnv(max_turns=5)
     policy, rng = TabularPolicy(device="cpu"), random.Random(1)
     turns, calls = [], []
     for it in range(200):
@@ -84,7 +84,7 @@ def test_uniform_fork_turns_cover_all_turns_and_cost_about_70_calls():
 
 
 def test_group_rollout_counts_and_degeneration_matches_article_at_t2():
-    env = ClueProbeEnv(turns=2)
+    env = ClueProbeEnv(max_turns=2)
     policy, rng = TabularPolicy(device="cpu"), random.Random(0)
     degen = []
     for it in range(300):
@@ -97,7 +97,7 @@ def test_group_rollout_counts_and_degeneration_matches_article_at_t2():
 
 
 def test_infra_failures_are_left_out_of_group_statistics():
-    env = FlakyClueProbe(bad_seed=3, turns=3)
+    env = FlakyClueProbe(bad_seed=3, max_turns=3)
     ro = group_rollout(env, TabularPolicy(device="cpu"), 6, list(range(6)), random.Random(0))
     lost = [e for e in ro.episodes if e.infra_failure]
     assert len(lost) == 1 and lost[0].seed == 3 and lost[0].reason == "infra_error"
@@ -109,7 +109,7 @@ def test_infra_failures_are_left_out_of_group_statistics():
 
 
 def test_tree_step_advantages_follow_the_documented_rule():
-    env = ClueProbeEnv(turns=3)
+    env = ClueProbeEnv(max_turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 4, 4, [0, 1, 2, 3], random.Random(5))
     assigned = step_advantages(ro, TrainConfig(estimator="tree"))
     by_id = {id(s): a for s, a in zip(assigned.steps, assigned.advantages, strict=True)}
@@ -130,7 +130,7 @@ def test_anchor_fallback_on_a_tree_rollout_groups_each_forks_siblings():
     """GiGPO on forced siblings: the group is every base and branch; a fork's m siblings share an anchor."""
     from trainer.advantages import normalize
 
-    env = ClueProbeEnv(turns=3)
+    env = ClueProbeEnv(max_turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 4, 4, [0, 1, 2, 3], random.Random(5))
     assigned = step_advantages(ro, TrainConfig(estimator="anchor_fallback", rollout="tree", omega=0.5))
     assert assigned.n_episodes == 16 and len(assigned.steps) == sum(len(e.steps) for e in ro.episodes)
@@ -155,13 +155,13 @@ def test_rollout_shape_defaults_to_the_estimator_and_rejects_a_tree_estimator_on
         TrainConfig(estimator="tree", rollout="group").validate()
     with pytest.raises(ValueError, match="rollout must be"):
         TrainConfig(estimator="traj", rollout="forest").validate()
-    result = train(TrainConfig(estimator="traj", rollout="tree", env_kwargs={"turns": 3}, n_base=3, branches=3,
+    result = train(TrainConfig(estimator="traj", rollout="tree", env_kwargs={"max_turns": 3}, n_base=3, branches=3,
                                iterations=2, device="cpu"))
     assert [m["episodes"] for m in result.metrics] == [9, 9]  # 3 bases x 3 branches, not a group of 16
 
 
 def test_training_learns_with_tree_forks_at_t4():
-    cfg = TrainConfig(estimator="tree", env_kwargs={"turns": 4}, iterations=400, lr=1.0, seed=0, device="cpu")
+    cfg = TrainConfig(estimator="tree", env_kwargs={"max_turns": 4}, iterations=400, lr=1.0, seed=0, device="cpu")
     result = train(cfg)
     assert result.evaluation["episodes"] == 8
     # optimum 1.0; the untrained greedy policy scores 0.125 (it always answers 0)
@@ -173,7 +173,8 @@ def test_training_learns_with_tree_forks_at_t4():
 
 
 def test_train_writes_jsonl_metrics(tmp_path):
-    cfg = TrainConfig(estimator="anchor", env_kwargs={"turns": 3}, iterations=5, run_dir=str(tmp_path), device="cpu")
+    cfg = TrainConfig(estimator="anchor", env_kwargs={"max_turns": 3}, iterations=5, run_dir=str(tmp_path),
+                      device="cpu")
     train(cfg)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 5

@@ -55,7 +55,7 @@ def strip(answer) -> tuple:
 
 def play(srv, transport: str, seed: int) -> list[tuple]:
     """An episode with a fork (two branches) and a snapshot restored into a new session, as answers."""
-    c = client(srv, transport, turns=4)
+    c = client(srv, transport, max_turns=4)
     out = [strip(c.reset(seed=seed)), strip(c.step("probe(0)"))]
     kids = c.fork(2)
     out += [strip(k.step(f"probe({i + 1})")) for i, k in enumerate(kids)]
@@ -74,7 +74,7 @@ def play(srv, transport: str, seed: int) -> list[tuple]:
 def test_both_transports_give_the_same_episodes_as_the_in_process_env(server, seed):
     http, ws = play(server, "http", seed), play(server, "ws", seed)
     assert http == ws
-    local = ClueProbeEnv(turns=4)
+    local = ClueProbeEnv(max_turns=4)
     obs, info = local.reset(seed=seed)
     assert http[0][:2] == (obs, info) and http[0][2] == local.observation_space.max_length
     assert http[1] == local.step("probe(0)")
@@ -89,18 +89,18 @@ def test_both_transports_give_the_same_episodes_as_the_in_process_env(server, se
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_errors_decode_alike_over_both_transports(server, transport):
-    c = client(server, transport, turns=1)
+    c = client(server, transport, max_turns=1)
     assert isinstance(c.reset(seed=1), ResetResponse)
     with pytest.raises(ValueError, match="HTTP 413|at most"):
         c.step("x" * 10_000)  # too long: refused, nothing ran
-    assert c.step("probe(0)").truncated  # turns=1: the episode ends
+    assert c.step("probe(0)").truncated  # max_turns=1: the episode ends
     with pytest.raises(EpisodeFinishedError):
         c.step("probe(0)")
     with pytest.raises(ValueError, match="HTTP 404"):  # an env id the server does not serve: a configuration error
         SessionClient(make_transport(transport, server.url, "forkyard/NoSuch-v0", {}, 30.0),
                       "forkyard/NoSuch-v0").reset()
     with pytest.raises(ValueError, match="HTTP 422"):
-        client(server, transport, turns="many").reset()
+        client(server, transport, max_turns="many").reset()
     sid = c.session_id
     assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 204  # lost under the client
     with pytest.raises(EnvInfraError, match="HTTP 404"):
@@ -117,7 +117,7 @@ def test_threads_share_one_http_pool(server):
     results: dict[int, list] = {}
 
     def run(k: int) -> None:
-        c = SessionClient(transport, CLUE, {"turns": 6})
+        c = SessionClient(transport, CLUE, {"max_turns": 6})
         transport.refs += 1
         c.reset(seed=k)
         results[k] = [strip(c.step(f"probe({i % 3})")) for i in range(5)]
@@ -129,7 +129,7 @@ def test_threads_share_one_http_pool(server):
     for t in threads:
         t.join(60)
     for k in range(6):
-        local = ClueProbeEnv(turns=6)
+        local = ClueProbeEnv(max_turns=6)
         local.reset(seed=k)
         assert results[k] == [local.step(f"probe({i % 3})") for i in range(5)]
     assert transport.is_closed  # the last client closed it

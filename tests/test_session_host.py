@@ -21,7 +21,7 @@ from sandbox_server.session_host import SessionHost, resetter
 from tests.docker_support import UvicornThread
 
 CLUE = "forkyard/ClueProbe-v0"
-KW = {"turns": 4, "bits": 3}
+KW = {"max_turns": 4, "bits": 3}
 
 
 def new_host(max_sessions: int = 16) -> SessionHost:
@@ -64,14 +64,14 @@ def test_the_synchronous_core_plays_as_the_env_in_process():
 
 def test_the_core_raises_the_domain_errors_and_keeps_nothing_on_failure():
     host = new_host(max_sessions=3)
-    recipe = host.sessions.recipe(CLUE, {"turns": 1})
+    recipe = host.sessions.recipe(CLUE, {"max_turns": 1})
     sid = host.open_now(recipe, resetter(0, None)).session_id
     assert status(pytest.raises(HTTPException, host.step_now, "unknown", "probe(0)").value) == 404
     assert status(pytest.raises(HTTPException, host.step_now, sid, "x" * 257).value) == 413
     host.step_now(sid, "probe(0)")  # the only turn: the episode ends
     assert status(pytest.raises(HTTPException, host.step_now, sid, "probe(0)").value) == 409
     assert status(pytest.raises(HTTPException, host.reset_now, sid, -1, None).value) == 422
-    assert status(pytest.raises(HTTPException, host.sessions.recipe, CLUE, {"turns": True}).value) == 422
+    assert status(pytest.raises(HTTPException, host.sessions.recipe, CLUE, {"max_turns": True}).value) == 422
     assert status(pytest.raises(HTTPException, host.sessions.recipe, "forkyard/Nope-v0", {}).value) == 404
     with pytest.raises(CapacityReached):  # 1 held + 3 asked > 3: all or none
         host.fork_now(sid, 3)
@@ -103,7 +103,7 @@ def test_async_single_and_batched_operations_answer_alike():
     async def main() -> None:
         host = new_host()
         single = [await host.create(CLUE, KW, seed=s) for s in range(3)]
-        refused = [(CLUE, {"turns": "4"}, 0, None), ("forkyard/Nope-v0", {}, 0, None)]
+        refused = [(CLUE, {"max_turns": "4"}, 0, None), ("forkyard/Nope-v0", {}, 0, None)]
         batched = await session_batch.batch_create(host, [(CLUE, KW, s, None) for s in range(3)] + refused)
         assert [(o.observation, o.info) for o in batched[:3]] == [(o.observation, o.info) for o in single]
         assert [status(e) for e in batched[3:]] == [422, 404]
@@ -114,7 +114,7 @@ def test_async_single_and_batched_operations_answer_alike():
         many = await session_batch.batch_step(host, [*b, "gone", b[0]], [*actions, "probe(0)", "x" * 300])
         assert many[:3] == one
         assert [status(e) for e in many[3:]] == [404, 413]
-        short = (await session_batch.batch_create(host, [(CLUE, {"turns": 1}, 0, None)]))[0].session_id
+        short = (await session_batch.batch_create(host, [(CLUE, {"max_turns": 1}, 0, None)]))[0].session_id
         ended = await session_batch.batch_step(host, [short, short], ["answer(0)", "answer(0)"])
         assert ended[0][2] or ended[0][3]  # the only turn ends the episode; the same item again is a 409
         assert status(ended[1]) == 409 and await host.delete([short]) == [True]
@@ -139,18 +139,18 @@ def test_async_single_and_batched_operations_answer_alike():
 def test_the_node_host_holds_its_sessions_through_the_session_host(monkeypatch):
     monkeypatch.setenv("FORKYARD_SERVER_NAME", "test")  # NodeHost sets it for its node's sandboxes
     host = NodeHost("n1", capacity=4)
-    sid = host.create(CLUE, {"turns": 2})
+    sid = host.create(CLUE, {"max_turns": 2})
     assert sid == "n1/0" and isinstance(host.host, SessionHost) and host.sessions[sid] is host.store.get(sid).env
-    local = ClueProbeEnv(turns=2)
+    local = ClueProbeEnv(max_turns=2)
     assert host.reset(sid, 3, None) == local.reset(seed=3)
     # An action longer than the env accepts is the env's invalid action, as in-process (no 413 over Ray).
     assert host.step(sid, "y" * 300) == local.step("y" * 300)
     kids = host.fork(sid, 2)
     assert kids == ["n1/1", "n1/2"] and host.live == 3
     assert host.reserve(1) and not host.reserve(1) and host.live == 4  # a rollout worker's own env
-    assert host.adopt(CLUE, {"turns": 2}, host.snapshot(sid), 1) is None  # no room: nothing made
+    assert host.adopt(CLUE, {"max_turns": 2}, host.snapshot(sid), 1) is None  # no room: nothing made
     host.release(1)
-    adopted = host.adopt(CLUE, {"turns": 2}, host.snapshot(sid), 1)
+    adopted = host.adopt(CLUE, {"max_turns": 2}, host.snapshot(sid), 1)
     assert host.step(adopted[0], "answer(1)") == local.step("answer(1)")
     with pytest.raises(KeyError, match="no env session 'n1/99'"):
         host.step("n1/99", "probe(0)")
@@ -185,11 +185,11 @@ def test_single_and_batched_routes_answer_the_same_errors(server):
             assert r.status_code == 200, r.text
             return r.json()["results"][0]
 
-        creates = [{"env_id": "forkyard/Nope-v0"}, {"env_id": CLUE, "kwargs": {"turns": "4"}},
+        creates = [{"env_id": "forkyard/Nope-v0"}, {"env_id": CLUE, "kwargs": {"max_turns": "4"}},
                    {"env_id": CLUE, "kwargs": {"backend": "local"}}, {"env_id": CLUE, "options": {"target": 99}}]
         for c in creates:
             assert batched("create", c) == single_error(http.post("/v1/envs", json=c)), c
-        sid = http.post("/v1/envs", json={"env_id": CLUE, "seed": 1, "kwargs": {"turns": 1}}).json()["session_id"]
+        sid = http.post("/v1/envs", json={"env_id": CLUE, "seed": 1, "kwargs": {"max_turns": 1}}).json()["session_id"]
         too_long = "z" * 257
         for route, item in (("step", {"session_id": "gone", "action": "probe(0)"}),
                             ("step", {"session_id": sid, "action": too_long}),

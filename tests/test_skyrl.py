@@ -41,7 +41,7 @@ def generate(env, prompt: list[dict], replies) -> tuple[list[dict], list[float]]
 
 
 def solver(chat: list[dict]) -> str:
-    """Probe bits 0..2, then answer the target they spell (ClueProbe, turns=4)."""
+    """Probe bits 0..2, then answer the target they spell (ClueProbe, max_turns=4)."""
     bits = re.findall(r"bit (\d) of the target is (\d)", " ".join(m["content"] for m in chat))
     if len(bits) < 3:
         return call("probe", k=len(bits))
@@ -50,17 +50,17 @@ def solver(chat: list[dict]) -> str:
 
 def test_clueprobe_episodes_as_skyrls_generator_runs_them():
     for seed in range(3):
-        env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"turns": 4}}, extras={"seed": seed})
+        env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"max_turns": 4}}, extras={"seed": seed})
         chat, rewards = generate(env, [{"role": "user", "content": "Find the target."}], solver)
         assert rewards == [0.0, 0.0, 0.0, 1.0]
-        local = ClueProbeEnv(turns=4)
+        local = ClueProbeEnv(max_turns=4)
         assert chat[0]["content"] == "Find the target.\n" + local.reset(seed=seed)[0]
         assert chat[-1]["role"] == "assistant" and chat[-1]["content"].startswith("<tool_call>")
         assert env.get_metrics() == {"turns": 4, "answered": 1.0}
 
 
 def test_unparseable_output_gets_the_envs_invalid_action_observation():
-    env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"turns": 3}}, extras={"seed": 0})
+    env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"max_turns": 3}}, extras={"seed": 0})
     env.init([{"role": "user", "content": ""}])
     out = env.step("I think the answer is five")
     assert out["reward"] == 0.0 and not out["done"] and out["metadata"]["invalid_action"] is True
@@ -73,7 +73,7 @@ def test_unparseable_output_gets_the_envs_invalid_action_observation():
 
 
 def test_fork_gives_independent_adapters():
-    env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"turns": 4}}, extras={"seed": 5})
+    env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"max_turns": 4}}, extras={"seed": 5})
     env.init([{"role": "user", "content": ""}])
     env.step(call("probe", k=0))
     a, b = env.fork(2)
@@ -86,7 +86,7 @@ def test_fork_gives_independent_adapters():
 def test_on_a_server_sessions_end_with_close():
     srv = UvicornThread(create_env_app()).start()
     try:
-        env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"turns": 4}, "server_url": srv.url},
+        env = skyrl_gym.make("forkyard", env_config={"env_id": CLUE, "kwargs": {"max_turns": 4}, "server_url": srv.url},
                              extras={"extra_info": {"seed": 2}})
         _, rewards = generate(env, [{"role": "user", "content": "Find the target."}], solver)
         assert rewards[-1] == 1.0

@@ -14,7 +14,7 @@ from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_sft import sft
 
-CFG = TextTrainConfig(turns=3, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
+CFG = TextTrainConfig(max_turns=3, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                       sft_steps=200, sft_batch=16, sft_lr=1e-2, demo_skill=1.0, max_new_tokens=8, seed=1)
 
 
@@ -110,7 +110,7 @@ def test_eval_lm_command_reads_a_checkpoint_file(model, tmp_path, capsys):
 
     path = tmp_path / "model.pt"
     save_checkpoint(model, str(path), tokenizer=model.tokenizer)
-    assert main(["eval-lm", str(path), "--turns", "3", "--samples", "16", "--exact"]) == 0
+    assert main(["eval-lm", str(path), "--max-turns", "3", "--samples", "16", "--exact"]) == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["exact_success"] == pytest.approx(exact_success(model, CFG)["success"], rel=1e-5)
     assert row["exact_paths"] > 8 * 3 * 3 and 0.0 <= row["sampled_accuracy"] <= 1.0

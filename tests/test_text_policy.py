@@ -173,7 +173,7 @@ def test_max_tokens_turn_closed_by_template_with_mask_0():
 @pytest.fixture(scope="module")
 def tree():
     model = small_model(context=512, eot_logit=5.0)
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     ro = tree_rollout(env, policy(model), 3, 3, [0, 1, 2], random.Random(0))
     return model, ro
 
@@ -262,7 +262,7 @@ def test_entropy_mode_greedy_max_sees_the_whole_action_and_leaves_the_session_al
 def test_entropy_fork_with_greedy_max_runs_a_text_tree():
     # a model whose only uncertainty is the answer digit: first-token entropy cannot tell turns apart
     model = small_model(context=512, eot_logit=5.0)
-    env = make_env("forkyard/ClueProbe-v0", {"turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"max_turns": 3})
     ro = tree_rollout(env, policy(model, entropy_mode="greedy_max"), 2, 2, [0, 1], random.Random(0), "entropy")
     assert all(e.fork_turn is not None for e in ro.episodes if e.branch == 0)
 
@@ -288,7 +288,7 @@ def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_es
     from trainer.text_config import TextTrainConfig
     from trainer.text_train import sample_batch
 
-    cfg = TextTrainConfig(turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
+    cfg = TextTrainConfig(max_turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
     model = small_model(context=512, eot_logit=5.0)
     env = make_env(cfg.env_id, cfg.env_options())
     ro, assigned, batch = sample_batch(cfg, env, policy(model), random.Random(0), 0)
@@ -322,11 +322,11 @@ S43_SPELLINGS = {0: ["ｐｒｏｂｅ(0)", "probe( 0 )", "answer( 0 )"], 1: ["�
 
 def _memorized(spellings: dict[int, list[str]], steps: int = 120):
     """A real model fitted (Adam on the action tokens' log-probs) until its greedy output is, for each ClueProbe
-    target (bits=1, turns=3), exactly that target's action texts: what a policy that learned unusual spellings
+    target (bits=1, max_turns=3), exactly that target's action texts: what a policy that learned unusual spellings
     writes."""
     model = build_model(LMConfig(d_model=32, n_layers=1, n_heads=2, context=1024), device="cpu", seed=0)
     template = policy(model).template
-    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "max_turns": 3})
     rows, masks = [], []
     for target, actions in spellings.items():
         obs, _ = env.reset(seed=0, options={"target": target})
@@ -361,7 +361,7 @@ def test_field_case_s43_actions_the_env_runs_are_legal_however_spelled():
     model = _memorized(S43_SPELLINGS)
     ppo = PPOTextPolicy(model, TOK, SamplingConfig(temperature=0.0, max_new_tokens=32), lr=1e-3, ppo=PPOConfig(),
                         ppo_epochs=1, max_grad_norm=1.0)
-    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "max_turns": 3})
     ro = group_rollout(env, ppo, 6, list(range(6)), random.Random(0))
     env.close()
     written = {s.action for s in ro.steps}
@@ -377,7 +377,7 @@ def test_field_case_s43_actions_the_env_runs_are_legal_however_spelled():
                                       1: ["probe(k=0)", "probe(True)", "answer(0)"]}, steps=60), TOK,
                           SamplingConfig(temperature=0.0, max_new_tokens=32), lr=1e-3, ppo=PPOConfig(), ppo_epochs=1,
                           max_grad_norm=1.0)
-    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "turns": 3})
+    env = make_env("forkyard/ClueProbe-v0", {"bits": 1, "max_turns": 3})
     ro = group_rollout(env, wrong, 2, [0, 1], random.Random(0))
     env.close()
     assert [[s.data.legal for s in e.steps] for e in ro.episodes] == [[False, False, True]] * 2

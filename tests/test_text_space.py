@@ -39,7 +39,7 @@ def test_fit_text_always_lands_in_space(text, limit):
 
 
 def test_every_clueprobe_observation_is_contained():
-    env = gym.make("forkyard/ClueProbe-v0", turns=5).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=5).unwrapped
     obs, _ = env.reset(seed=3)
     assert env.observation_space.contains(obs)
     for action in ["probe(0)", "probe(99)", "café 🚀" * 40, "", "answer(1)", "answer(2)"]:

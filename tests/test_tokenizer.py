@@ -16,7 +16,7 @@ from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
 from trainer.text_sft import demo_episodes, demo_rows, make_tokenizer, new_model
 
-CFG = TextTrainConfig(turns=4, vocab=400)
+CFG = TextTrainConfig(max_turns=4, vocab=400)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,8 @@ def test_checkpoint_carries_the_tokenizer(tmp_path, tok):
 
 
 def test_bpe_policy_never_samples_a_suppressed_id_and_ratio_is_one(tok):
-    model = new_model(TextTrainConfig(turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu"))
+    model = new_model(TextTrainConfig(max_turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256,
+                                      device="cpu"))
     assert model.config.vocab_size == model.tokenizer.vocab_size
     with torch.no_grad():  # make the forbidden ids the most likely ones: suppression must still hold
         model.ln_f.bias += 5.0 * model.tok.weight[list(model.tokenizer.suppressed_ids)].sum(0)
@@ -98,11 +99,12 @@ def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
     from trainer.text_sft import sft
     from trainer.text_train import train_rl
 
-    cfg = TextTrainConfig(turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
+    cfg = TextTrainConfig(max_turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                           sft_steps=5, sft_batch=8, demo_skill=0.5, run_dir=str(tmp_path / "sft"))
     model, metrics = sft(cfg)
     assert len(metrics) == 5 and (tmp_path / "sft" / "sft.pt").exists()
-    rl = TextTrainConfig(turns=4, device="cpu", estimator="tree", n_base=2, branches=3, iterations=5, max_env_calls=9,
+    rl = TextTrainConfig(max_turns=4, device="cpu", estimator="tree", n_base=2, branches=3, iterations=5,
+                         max_env_calls=9,
                          max_new_tokens=6, eval_every=0, eval_samples=8, checkpoint=str(tmp_path / "sft" / "sft.pt"),
                          run_dir=str(tmp_path / "rl"))
     result = train_rl(rl)
@@ -117,7 +119,7 @@ def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
 def test_fileqa_tokenizer_from_its_legal_action_menu():
     """FileQA has no demo_action: demonstrations are random actions of its legal_actions menu, played on
     the real (local) sandbox; the tokenizer trained on them encodes FileQA text and round-trips it."""
-    cfg = TextTrainConfig(env_id="forkyard/FileQA-v0", turns=6, vocab=300)
+    cfg = TextTrainConfig(env_id="forkyard/FileQA-v0", max_turns=6, vocab=300)
     episodes = demo_episodes(cfg, 3, seed=0)
     assert len(episodes) == 3 and all(turns for _, turns in episodes)
     tok = make_tokenizer(cfg, n_episodes=5)

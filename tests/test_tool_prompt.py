@@ -21,7 +21,7 @@ from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy
 from trainer.text_sft import demo_episodes, make_tokenizer
 
 CLI = [sys.executable, "-c", "import sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))"]
-CFG = TextTrainConfig(turns=3, vocab=300, tools="json")
+CFG = TextTrainConfig(max_turns=3, vocab=300, tools="json")
 TOOLS = CFG.env_tools()
 
 
@@ -117,7 +117,7 @@ def test_sampled_actions_go_to_the_env_mapped_and_the_record_keeps_the_sampled_i
 
 def test_sft_on_tool_call_json_then_evaluation_plays_the_env_through_the_mapping(tmp_path):
     run = tmp_path / "sft"
-    cmd = [*CLI, "sft", "--turns", "4", "--threads", "1", "--demo-skill", "1",
+    cmd = [*CLI, "sft", "--max-turns", "4", "--threads", "1", "--demo-skill", "1",
            "--sft-steps", "200", "--sft-lr", "3e-3", "--tools", "json", "--run-dir", str(run)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -144,7 +144,7 @@ def test_tools_on_an_env_without_tool_schemas_are_refused_before_any_work():
     import envs
 
     envs.register_env("forkyard-test/CoinTurns-v0", "tests.test_tool_prompt:CoinTurns")
-    cfg = TextTrainConfig(env_id="forkyard-test/CoinTurns-v0", turns=2)
+    cfg = TextTrainConfig(env_id="forkyard-test/CoinTurns-v0", max_turns=2)
     cfg.validate()  # without --tools it is fine
     cfg.tools = "json"
     with pytest.raises(ValueError, match="declares no tool schemas"):

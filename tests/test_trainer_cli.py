@@ -126,11 +126,12 @@ def test_train_lm_and_train_policy_lm_take_the_same_options():
 
 def test_old_spellings_and_defaults():
     args = cli.build_parser("train").parse_args(
-        ["train", "--env", "ClueProbe-v0", "--server", "http://127.0.0.1:9", "--turns", "3", "--env-kwarg", "bits=2",
-         "--env-kwarg", "turns=7", "--drop-zero-variance", "--estimator", "traj"])
+        ["train", "--env", "ClueProbe-v0", "--server", "http://127.0.0.1:9", "--turns", "3",
+         "--env-kwarg", "bits=2",
+         "--env-kwarg", "max_turns=7", "--drop-zero-variance", "--estimator", "traj"])
     cfg = from_args(TrainConfig, args)
     assert cfg.env_id == "forkyard/ClueProbe-v0" and cfg.server_url == "http://127.0.0.1:9"
-    assert cfg.env_options() == {"bits": 2, "turns": 3}  # --turns wins over --env-kwarg turns=
+    assert cfg.env_options() == {"bits": 2, "max_turns": 3}  # --turns (old --max-turns) wins over --env-kwarg
     assert cfg.drop_zero_variance and cfg.estimator == "traj"
     # nothing given: the dataclass defaults, and only them
     assert from_args(TrainConfig, cli.build_parser("train").parse_args(["train"])) == TrainConfig()

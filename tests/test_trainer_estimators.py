@@ -38,7 +38,7 @@ def test_standard_names_and_aliases():
 
 @pytest.mark.parametrize("alias, name", [("traj", "grpo"), ("anchor_fallback", "gigpo")])
 def test_an_alias_gives_the_same_advantages_as_its_name(alias, name):
-    env = ClueProbeEnv(turns=3)
+    env = ClueProbeEnv(max_turns=3)
     ro = tree_rollout(env, TabularPolicy(device="cpu"), 3, 3, [0, 1, 2], random.Random(1))
     a = step_advantages(ro, TrainConfig(estimator=alias, rollout="tree", omega=0.5))
     b = step_advantages(ro, TrainConfig(estimator=name, rollout="tree", omega=0.5))
@@ -57,7 +57,7 @@ def test_one_registration_adds_an_estimator_that_trains(tmp_path):
     register_estimator("centred", centred)
     try:
         assert rollout_kind("centred", None) == "group"
-        result = train(TrainConfig(estimator="centred", env_kwargs={"turns": 3}, group_size=8, iterations=1,
+        result = train(TrainConfig(estimator="centred", env_kwargs={"max_turns": 3}, group_size=8, iterations=1,
                                    eval_episodes=4, device="cpu", run_dir=str(tmp_path)))
         (m,) = result.metrics
         assert calls == [24] and m["trained_steps"] == 24 and m["grad_norm"] > 0
@@ -83,7 +83,7 @@ def test_a_tree_only_estimator_is_refused_on_groups_and_filters_apply_to_declare
     try:
         with pytest.raises(ValueError, match="needs a tree rollout"):
             TrainConfig(estimator="by_base", rollout="group").validate()
-        env = ClueProbeEnv(turns=3)
+        env = ClueProbeEnv(max_turns=3)
         ro = tree_rollout(env, TabularPolicy(device="cpu"), 4, 3, [0, 1, 2, 3], random.Random(2))
         kept = step_advantages(ro, TrainConfig(estimator="by_base", drop_zero_variance=True))
         spread = {e.base: [x.reward for x in ro.episodes if x.base == e.base] for e in ro.episodes}
@@ -99,7 +99,7 @@ def test_a_tree_only_estimator_is_refused_on_groups_and_filters_apply_to_declare
 def test_an_estimator_of_the_wrong_length_is_refused():
     register_estimator("short", lambda ro, cfg: Scores([0.0], [], [None]))
     try:
-        env = ClueProbeEnv(turns=3)
+        env = ClueProbeEnv(max_turns=3)
         ro = group_rollout(env, TabularPolicy(device="cpu"), 2, [0, 1], random.Random(0))
         with pytest.raises(ValueError, match="gave 1 values"):
             step_advantages(ro, TrainConfig(estimator="short"))

@@ -63,7 +63,7 @@ class FireAt:
 
 def test_any_policy_of_the_protocol_trains_in_the_loop(tmp_path):
     cfg = LoopConfig(estimator="grpo", group_size=4, iterations=5, eval_every=2, run_dir=str(tmp_path))
-    env = ClueProbeEnv(turns=3)
+    env = ClueProbeEnv(max_turns=3)
     policy = UniformPolicy()
     shaped, evals = [], []
     run = train_loop(cfg, env, policy, shaping=lambda ro: shaped.append(len(ro.episodes)), monitors=[FireAt(3)],
@@ -81,7 +81,7 @@ def test_any_policy_of_the_protocol_trains_in_the_loop(tmp_path):
 
 def test_the_budget_stops_the_loop_and_env_calls_add_up():
     cfg = LoopConfig(estimator="rloo", group_size=4, iterations=50, max_env_calls=30)
-    run = train_loop(cfg, ClueProbeEnv(turns=3), UniformPolicy())
+    run = train_loop(cfg, ClueProbeEnv(max_turns=3), UniformPolicy())
     assert len(run.metrics) == 3  # 12 env calls per iteration: 0, 12, 24 < 30, then 36 >= 30
     assert [m["env_calls_total"] for m in run.metrics] == [12, 24, 36]
 
@@ -89,7 +89,7 @@ def test_the_budget_stops_the_loop_and_env_calls_add_up():
 def test_episode_metrics_are_the_envs_and_match_the_old_trainer_definition():
     """ClueProbe reports distinct probe texts at each episode's end; the loop's mean equals counting the
     actions by hand (the figure the trainer used to compute itself)."""
-    env = ClueProbeEnv(turns=4)
+    env = ClueProbeEnv(max_turns=4)
     ro = group_rollout(env, TabularPolicy(device="cpu"), 8, list(range(8)), random.Random(3))
     by_hand = [len({s.action for s in e.steps if s.action.startswith("probe")}) for e in ro.episodes]
     assert [e.env_metrics for e in ro.episodes] == [{"distinct_probes": n} for n in by_hand]
@@ -111,7 +111,7 @@ def test_an_env_metric_may_not_overwrite_a_loop_metric():
             return out
 
     with pytest.raises(ValueError, match="clashes"):
-        train_loop(LoopConfig(estimator="grpo", group_size=2, iterations=1), Clash(turns=2), UniformPolicy())
+        train_loop(LoopConfig(estimator="grpo", group_size=2, iterations=1), Clash(max_turns=2), UniformPolicy())
 
 
 def test_tabular_policy_sample_returns_what_it_says():
@@ -131,9 +131,9 @@ def test_one_resolve_device():
 
 
 def test_train_config_is_a_loop_config_with_the_tabular_fields():
-    cfg = TrainConfig(turns=3, env_kwargs={"bits": 2})
-    assert isinstance(cfg, LoopConfig) and cfg.env_options() == {"bits": 2, "turns": 3}
+    cfg = TrainConfig(max_turns=3, env_kwargs={"bits": 2})
+    assert isinstance(cfg, LoopConfig) and cfg.env_options() == {"bits": 2, "max_turns": 3}
     env = make_env(cfg.env_id, cfg.env_options())
-    assert env.turns == 3 and env.bits == 2
+    assert env.max_turns == 3 and env.bits == 2
     with pytest.raises(ValueError, match="filter_top_p"):
         TrainConfig(filter_top_p=1.5).validate()

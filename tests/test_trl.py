@@ -130,14 +130,14 @@ def check_run(trainer: GRPOTrainer, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def clue_policy():
-    chats, tools = demo_chats(CLUE, {"turns": 2}, 48)
+    chats, tools = demo_chats(CLUE, {"max_turns": 2}, 48)
     return tiny_policy(chats, tools)
 
 
 def test_environment_factory_tools_follow_the_schemas():
     from transformers.utils import get_json_schema
 
-    Env = environment_factory(CLUE, turns=2)
+    Env = environment_factory(CLUE, max_turns=2)
     env = Env()
     schema = get_json_schema(env.probe)["function"]
     assert schema["name"] == "probe" and schema["parameters"]["properties"]["k"]["type"] == "integer"
@@ -170,7 +170,7 @@ class NoTools(ClueProbeEnv):
 
 def test_grpo_trains_on_clueprobe_in_process(tmp_path, clue_policy):
     model, tok = clue_policy
-    trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, turns=2), list(range(4)))
+    trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, max_turns=2), list(range(4)))
     check_run(trainer, "ClueProbev0")
 
 
@@ -178,7 +178,7 @@ def test_grpo_trains_on_clueprobe_over_http_and_leaves_no_session(tmp_path, clue
     model, tok = clue_policy
     srv = UvicornThread(create_env_app()).start()
     try:
-        trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, turns=2, server_url=srv.url), list(range(4)))
+        trainer = grpo(tmp_path, model, tok, environment_factory(CLUE, max_turns=2, server_url=srv.url), list(range(4)))
         check_run(trainer, "ClueProbev0")
         sessions = srv.server.config.app.state.env_sessions
         assert len(sessions) == len(trainer._environment_pool[None])
@@ -199,7 +199,7 @@ def test_a_forkyard_checkpoint_trains_in_trls_tool_loop(tmp_path):
     from trainer.text_config import TextTrainConfig
     from trainer.text_sft import sft
 
-    cfg = TextTrainConfig(turns=2, arch="llama", tools="json", vocab=400, d_model=64, n_heads=2, context=1024,
+    cfg = TextTrainConfig(max_turns=2, arch="llama", tools="json", vocab=400, d_model=64, n_heads=2, context=1024,
                           sft_steps=150, sft_batch=16, device="cpu")
     model, metrics = sft(cfg)
     assert metrics[-1]["loss"] < 0.5
@@ -207,7 +207,7 @@ def test_a_forkyard_checkpoint_trains_in_trls_tool_loop(tmp_path):
     tok = AutoTokenizer.from_pretrained(folder)
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
     assert tok.response_template is not None  # TRL's add_response_schema knows no forkyard template: not needed
-    trainer = grpo(tmp_path, folder, None, environment_factory(CLUE, turns=2), list(range(4)), 128, prompt="")
+    trainer = grpo(tmp_path, folder, None, environment_factory(CLUE, max_turns=2), list(range(4)), 128, prompt="")
     check_run(trainer, "ClueProbev0")
 
 
@@ -279,7 +279,7 @@ class Recording(TreeForkRollout):
 @pytest.mark.parametrize("fork_turn", ["uniform", "entropy"])
 def test_tree_fork_rollout_func_in_grpo(tmp_path, clue_policy, fork_turn):
     model, tok = clue_policy
-    rollout = Recording(CLUE, turns=3, fork_turn=fork_turn, max_new_tokens=48)
+    rollout = Recording(CLUE, max_turns=3, fork_turn=fork_turn, max_new_tokens=48)
     trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
     check_tree(rollout, rollout.rows)
     assert rollout.env_calls >= 4 * 2  # every branch acted at least once (4 rows per step, 2 steps)
@@ -289,7 +289,7 @@ def test_tree_fork_rollout_func_in_grpo(tmp_path, clue_policy, fork_turn):
 
 def test_the_control_arm_plays_independent_episodes_of_one_task(tmp_path, clue_policy):
     model, tok = clue_policy
-    rollout = Recording(CLUE, turns=3, fork_turn="none", max_new_tokens=48)
+    rollout = Recording(CLUE, max_turns=3, fork_turn="none", max_new_tokens=48)
     trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
     for rows, episodes in rollout.calls:
         assert [ep.branch for ep in episodes] == [0] * 4 and len({ep.seed for ep in episodes}) == 1  # one task
@@ -303,7 +303,7 @@ def test_tree_fork_rollout_func_forks_on_a_server_and_leaves_no_session(tmp_path
     model, tok = clue_policy
     srv = UvicornThread(create_env_app()).start()
     try:
-        rollout = Recording(CLUE, turns=3, max_new_tokens=48, server_url=srv.url)
+        rollout = Recording(CLUE, max_turns=3, max_new_tokens=48, server_url=srv.url)
         grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward], rollout_func=rollout)
         check_tree(rollout, rollout.rows)
         assert len(srv.server.config.app.state.env_sessions) == 0
@@ -340,7 +340,7 @@ def test_a_group_lost_at_its_reset_keeps_its_rows_and_gets_no_reward(tmp_path, c
     model, tok = clue_policy
     gym.register("forkyard-test/Flaky-v0", entry_point=FlakyClueProbe)
     try:
-        rollout = Recording("forkyard-test/Flaky-v0", turns=2, max_new_tokens=48)
+        rollout = Recording("forkyard-test/Flaky-v0", max_turns=2, max_new_tokens=48)
         trainer = grpo(tmp_path, model, tok, None, list(range(4)), reward_funcs=[rollout.reward],
                        rollout_func=rollout)
     finally:

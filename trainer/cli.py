@@ -20,7 +20,7 @@ import sys
 def _demo(args: argparse.Namespace) -> int:
     from trainer.demo import run_demo
 
-    run_demo(turns=args.turns, seed=args.seed)
+    run_demo(max_turns=args.max_turns, seed=args.seed)
     return 0
 
 
@@ -196,7 +196,7 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
         return command is None or command == name
 
     p = sub.add_parser("demo", help="show the fork API at work on ClueProbe (no Docker, about a second)")
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-turns", "--turns", dest="max_turns", type=int, default=4, help="turns per episode")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_demo)
 

@@ -48,7 +48,8 @@ class SweepConfig:
     """A sweep of ``forkyard compare`` (the command line is generated from these fields). The per-run
     settings default to :class:`trainer.tabular_config.TrainConfig`'s."""
 
-    turns: tuple[int, ...] = setting((2, 3, 4, 5), help="episode lengths T to sweep")
+    turns: tuple[int, ...] = setting((2, 3, 4, 5), flag="--max-turns", aliases=("--turns",),
+                                     help="turn budgets (the env's max_turns: episode lengths T) to sweep")
     variants: tuple[str, ...] = setting(DEFAULT_VARIANTS, choices=tuple(VARIANTS), help="estimator variants")
     seeds: int = setting(5, help="training seeds per (T, variant): 0..N-1")
     iterations: int = setting(TrainConfig.iterations, help="iterations per run")
@@ -85,7 +86,7 @@ def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
     if sweep.budget_iterations is not None:
         budget = sweep.budget_iterations * sweep.group_size * turns
     cfg = TrainConfig(
-        env_kwargs={"turns": turns, "bits": sweep.bits},
+        env_kwargs={"max_turns": turns, "bits": sweep.bits},
         iterations=sweep.iterations if budget is None else 100 * sweep.budget_iterations,
         lr=sweep.lr,
         seed=seed,

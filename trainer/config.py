@@ -82,7 +82,7 @@ def _meta(cls: type, name: str) -> dict[str, Any]:
 
 
 def _key_value(text: str) -> tuple[str, Any]:
-    """``"turns=5"`` -> ``("turns", 5)``: the value parsed as JSON when it parses, else kept as text."""
+    """``"max_turns=5"`` -> ``("max_turns", 5)``: the value parsed as JSON when it parses, else kept as text."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"needs KEY=VALUE, got {text!r}")

@@ -9,13 +9,13 @@ import gymnasium as gym
 import envs  # noqa: F401  (registers the forkyard ids)
 
 
-def run_demo(turns: int = 4, seed: int = 0, branches: int = 4, episodes: int = 2000) -> None:
+def run_demo(max_turns: int = 4, seed: int = 0, branches: int = 4, episodes: int = 2000) -> None:
     """Play one ClueProbe episode to a fork point, fork it into ``branches`` siblings, finish each
     sibling with a different action, and compare random play with the oracle over ``episodes`` episodes.
     Prints to stdout; takes well under a second."""
-    env = gym.make("forkyard/ClueProbe-v0", turns=turns).unwrapped
+    env = gym.make("forkyard/ClueProbe-v0", max_turns=max_turns).unwrapped
     obs, info = env.reset(seed=seed)
-    print("== One episode of forkyard/ClueProbe-v0 (turns=%d) ==" % turns)
+    print("== One episode of forkyard/ClueProbe-v0 (max_turns=%d) ==" % max_turns)
     print(obs)
     action = "probe(0)"
     obs, reward, terminated, truncated, info = env.step(action)
@@ -35,12 +35,13 @@ def run_demo(turns: int = 4, seed: int = 0, branches: int = 4, episodes: int = 2
     print(f"parent is untouched: still at turn {env.turn} with history {[a for a, _ in env.history]}")
 
     snap = env.snapshot()
-    restored = gym.make("forkyard/ClueProbe-v0", turns=turns).unwrapped
+    restored = gym.make("forkyard/ClueProbe-v0", max_turns=max_turns).unwrapped
     restored.restore(snap.to_bytes())
     print(f"\nsnapshot: {len(snap.to_bytes())} bytes of JSON; restored env at turn {restored.turn}, "
           f"same anchor: {restored.current_info()['anchor_key'] == info['anchor_key']}")
 
-    print(f"\n== {episodes} seeded episodes per policy (optimum at T={turns}: {min(1.0, 2 ** (turns - 1) / 8):.2f}) ==")
+    optimum = min(1.0, 2 ** (max_turns - 1) / 8)
+    print(f"\n== {episodes} seeded episodes per policy (optimum at T={max_turns}: {optimum:.2f}) ==")
     for name in ("random", "oracle"):
         wins = 0.0
         for ep in range(episodes):

@@ -90,8 +90,8 @@ class LoopConfig:
 
     env_id: str = setting("forkyard/ClueProbe-v0", flag="--env", aliases=("--env-id",), parse=env_id_arg,
                           group="common", help="a registered env id (the forkyard/ prefix is optional)")
-    turns: int | None = setting(None, group="common",
-                                help="the env's turn budget, its max_turns (None: the env's default)")
+    max_turns: int | None = setting(None, aliases=("--turns",), group="common",
+                                    help="the env's turn budget, its max_turns (None: the env's default)")
     env_kwargs: dict[str, Any] = setting(default_factory=dict, flag="--env-kwarg", group="common",
                                          help="an env constructor argument, KEY=VALUE (repeatable; values parsed "
                                               "as JSON)")
@@ -151,11 +151,11 @@ class LoopConfig:
         self.validate()
 
     def env_options(self) -> dict[str, Any]:
-        """The env's constructor kwargs: ``env_kwargs`` with the turn budget ``turns`` added when set, under the
-        name the env's constructor takes (``turns`` for ClueProbe, else ``max_turns``)."""
-        if self.turns is None:
+        """The env's constructor kwargs: ``env_kwargs`` with the turn budget ``max_turns`` when set (it wins over
+        ``--env-kwarg max_turns=``)."""
+        if self.max_turns is None:
             return dict(self.env_kwargs)
-        return {**self.env_kwargs, "turns" if "turns" in env_parameters(self.env_id) else "max_turns": self.turns}
+        return {**self.env_kwargs, "max_turns": self.max_turns}
 
     def validate(self) -> None:
         """Called by ``__post_init__``: every config is validated once, when made (call it again only after
@@ -177,8 +177,8 @@ class LoopConfig:
             raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
         if self.save_every < 0 or self.threads < 0:
             raise ValueError(f"save_every and threads must be >= 0, got {self.save_every}, {self.threads}")
-        if self.turns is not None and self.turns < 1:
-            raise ValueError(f"turns must be >= 1, got {self.turns}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
 
 
 class Policy(Actor, Protocol):

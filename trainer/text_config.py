@@ -52,7 +52,7 @@ class TextTrainConfig(LoopConfig):
     iterations: int = 60
     eval_every: int = 10
     # env
-    turns: int | None = 4
+    max_turns: int | None = 4
     bits: int = setting(3, group="common", help="ClueProbe: target bits")
     # model
     d_model: int = setting(96, group="common", help="model width (a new model; a checkpoint keeps its own)")
@@ -197,5 +197,5 @@ class EvalConfig(TextTrainConfig):
 
 
 #: The fields ``forkyard eval-lm`` takes.
-EVAL_FIELDS = ("checkpoints", "env_id", "turns", "max_new_tokens", "temperature", "samples", "exact", "device",
+EVAL_FIELDS = ("checkpoints", "env_id", "max_turns", "max_new_tokens", "temperature", "samples", "exact", "device",
                "threads", "sampler", "max_batch", "max_obs_tokens", "tools")

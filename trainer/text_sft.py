@@ -236,6 +236,6 @@ def sft(cfg: TextTrainConfig, model=None) -> tuple[Any, list[dict]]:
             sink.close()
     model.eval()
     if out is not None:
-        save_checkpoint(model, str(out / "sft.pt"), tok, turns=cfg.turns, env_id=cfg.env_id)
+        save_checkpoint(model, str(out / "sft.pt"), tok, max_turns=cfg.max_turns, env_id=cfg.env_id)
     return model, metrics
 

@@ -292,7 +292,7 @@ def setup(cfg: TextTrainConfig, model=None):
 
     def finish(run_dir) -> None:
         if run_dir:
-            save_checkpoint(model, str(run_dir / "model.pt"), policy.tok, turns=cfg.turns, env_id=cfg.env_id)
+            save_checkpoint(model, str(run_dir / "model.pt"), policy.tok, max_turns=cfg.max_turns, env_id=cfg.env_id)
 
     return Trainee(policy, make_env(cfg.env_id, cfg.env_options(), cfg.server_url),
                    evaluate=partial(evaluation, max(cfg.eval_samples, 128)),

@@ -20,7 +20,7 @@ kept as generated, never re-tokenised; ``logprobs`` are the sampling distributio
 env tokens). ``env_reward`` (each branch's summed env reward, None when the infrastructure lost it) goes
 to :meth:`TreeForkRollout.reward`, the reward function to pass in ``reward_funcs``::
 
-    rollout = TreeForkRollout("forkyard/ClueProbe-v0", turns=4)          # server_url=... for a server
+    rollout = TreeForkRollout("forkyard/ClueProbe-v0", max_turns=4)          # server_url=... for a server
     trainer = GRPOTrainer(model=model, processing_class=tok, args=config, train_dataset=rows,
                           reward_funcs=[rollout.reward], rollout_func=rollout)
 

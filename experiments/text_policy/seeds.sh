@@ -14,7 +14,7 @@ set -euo pipefail
 export DEADLINE=${DEADLINE:-} EVAL=${EVAL:-}
 out=$1; ckpt=$2; shift 2
 mkdir -p "$out"
-common="--turns 4 --max-new-tokens 8 --eval-samples 128 --threads 1 --eval-every 25 --iterations 150 --checkpoint $ckpt"
+common="--max-turns 4 --max-new-tokens 8 --eval-samples 128 --threads 1 --eval-every 25 --iterations 150 --checkpoint $ckpt"
 arms=${ARMS:-traj tree}
 for seed in "$@"; do
   for arm in $arms; do

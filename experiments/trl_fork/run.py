@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ENV_ID = "forkyard/ClueProbe-v0"
-ENV_KWARGS = {"turns": 4}
+ENV_KWARGS = {"max_turns": 4}
 ARMS = ("factory", "tree", "control")
 #: Per-turn token limit of the rollout_func arms and of the evaluation; the factory arm's whole completion
 #: gets TURNS times it (TRL counts the completion across turns).
@@ -115,8 +115,8 @@ def train(args: argparse.Namespace) -> Path:
                               for i in range(args.budget)])  # more rows than any run takes
     config = GRPOConfig(output_dir=str(out / f"{args.arm}-seed{args.seed}-trl"), max_steps=10 ** 6,
                         per_device_train_batch_size=8, num_generations=4, learning_rate=args.lr,
-                        max_completion_length=MAX_NEW_TOKENS * ENV_KWARGS["turns"] * 2, temperature=1.0, beta=0.0,
-                        max_tool_calling_iterations=ENV_KWARGS["turns"], logging_steps=10, report_to=[],
+                        max_completion_length=MAX_NEW_TOKENS * ENV_KWARGS["max_turns"] * 2, temperature=1.0, beta=0.0,
+                        max_tool_calling_iterations=ENV_KWARGS["max_turns"], logging_steps=10, report_to=[],
                         save_strategy="no", use_cpu=True, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True)
     t0, next_eval, last, log = time.monotonic(), 0, [-1], path.open("a")
 
