@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install docker-engine bench clean images serve compose-up bench-sandbox bwrap lint lint-baseline
+.PHONY: run test test-layer install docker-engine bench clean images serve compose-up bench-sandbox bwrap lint lint-baseline
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,16 @@ test: $(STAMP) lint
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh
 	$(BIN)/python -m pytest -q
+
+# One layer's tests: make test-layer LAYER=envs (the folders of tests/: envs, sandbox_server, trainer, ray_cluster,
+# integrations, repo), with the set-up make test does but no lint stage.
+LAYER ?= repo
+test-layer: $(STAMP)
+	test -d tests/$(LAYER) || { echo "LAYER must be a folder of tests/: $$(ls -d tests/*/ | grep -v plugins)"; exit 2; }
+	./scripts/ensure-bwrap.sh
+	./scripts/ensure-docker.sh
+	PYTHON=$(BIN)/python ./scripts/build-images.sh
+	$(BIN)/python -m pytest -q tests/$(LAYER)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_envs.py

@@ -36,9 +36,9 @@ from tests.docker_support import (  # noqa: E402 - after the path set-up above
 
 # Every sandbox this session starts in-process (FileQA by backend name, embedded providers) carries this
 # session's label, so the leak check sees it. Documented commands run without FORKYARD_* variables
-# (tests/test_docs_commands.py), as a user's shell would.
+# (tests/repo/test_docs_commands.py), as a user's shell would.
 os.environ["FORKYARD_SERVER_NAME"] = SERVER_NAME
-# The servers tests start are their own: no API key unless a test gives one (tests/test_auth.py).
+# The servers tests start are their own: no API key unless a test gives one (tests/sandbox_server/test_auth.py).
 for _var in ("FORKYARD_API_KEY", "FORKYARD_API_KEY_FILE"):
     os.environ.pop(_var, None)
 

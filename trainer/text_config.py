@@ -115,6 +115,8 @@ class TextTrainConfig(LoopConfig):
     max_kv_tokens: int | None = setting(None, group="loop",
                                         help="batched sampling: most KV-cache slots (rows x tokens) of one wave; "
                                              "rows past it wait (None: max_batch only; trainer/engine.py)")
+    max_live: int | None = setting(None, group="loop", help="batched sampling: most episodes live at once (each holds "
+                                                            "an env copy, FileQA: a sandbox); None: all of a rollout")
     env_threads: int = setting(16, group="loop", help="batched sampling: worker threads for a wave's env calls when "
                                                       "the env blocks (FileQA's sandboxes); 1: one after another")
     window_step: int = setting(1, group="common", help="the prompt window's start moves in multiples of this many "

@@ -18,7 +18,7 @@ import pytest
 from sandbox_server import agent_bundle
 from sandbox_server.agent_bundle import AGENT_PACKAGE, ZIP_PACKAGE, agent_sha, agent_zipapp, build_agent_zipapp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_zipapp_is_deterministic_and_holds_every_module(tmp_path):

@@ -1,9 +1,9 @@
 """Scale-out on Ray: placement by node, forks across nodes, determinism, node loss.
 
-The cluster tests run ``tests/ray_scenarios.py`` in a network namespace this test makes (``unshare -n``
+The cluster tests run ``tests/ray_cluster/ray_scenarios.py`` in a network namespace this test makes (``unshare -n``
 with only ``lo`` up), so Ray binds to 127.0.0.1 and sends nothing off the machine; the Docker socket (a
 file) still works in there. The ``forkyard train --ray auto`` commands of docs/scaling.md run in
-tests/test_docs_commands.py. The fast tests at the top need no cluster.
+tests/repo/test_docs_commands.py. The fast tests at the top need no cluster.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def run_scenario(name: str, tmp_path) -> dict:
         pytest.skip("needs unshare for a network namespace")
     out = tmp_path / f"{name}.json"
     ns = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
-    cmd = ns + ["sh", "-c", 'ip link set lo up && exec "$0" tests/ray_scenarios.py "$1" "$2"',
+    cmd = ns + ["sh", "-c", 'ip link set lo up && exec "$0" tests/ray_cluster/ray_scenarios.py "$1" "$2"',
                 sys.executable, name, str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.docker_support import ROOT
-from tests.test_plugins import CoinEnv
+from tests.repo.test_plugins import CoinEnv
 from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.text_config import TextTrainConfig
@@ -143,7 +143,7 @@ class CoinTurns(CoinEnv):
 def test_tools_on_an_env_without_tool_schemas_are_refused_before_any_work():
     import envs
 
-    envs.register_env("forkyard-test/CoinTurns-v0", "tests.test_tool_prompt:CoinTurns")
+    envs.register_env("forkyard-test/CoinTurns-v0", "tests.trainer.test_tool_prompt:CoinTurns")
     cfg = TextTrainConfig(env_id="forkyard-test/CoinTurns-v0", max_turns=2)
     cfg.validate()  # without --tools it is fine
     cfg.tools = "json"

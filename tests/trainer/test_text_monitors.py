@@ -71,7 +71,7 @@ def test_format_collapse_detector_on_the_recorded_runs():
 
     from trainer.monitors import FormatCollapseDetector
 
-    runs = sorted(Path(__file__).resolve().parents[1].glob("experiments/text_policy/data/*.metrics.jsonl.gz"))
+    runs = sorted(Path(__file__).resolve().parents[2].glob("experiments/text_policy/data/*.metrics.jsonl.gz"))
     assert len(runs) == 54
     fired, echoed = {}, {}
     for path in runs:

@@ -1,6 +1,6 @@
-"""Ray scenarios run by tests/test_ray.py, each in a network namespace the test made (Ray binds to 127.0.0.1).
+"""Ray scenarios run by tests/ray_cluster/test_ray.py, each in a network namespace the test made (Ray binds to 127.0.0.1).
 
-``python tests/ray_scenarios.py NAME OUT.json`` starts a simulated cluster (``ray.cluster_utils.Cluster``,
+``python tests/ray_cluster/ray_scenarios.py NAME OUT.json`` starts a simulated cluster (``ray.cluster_utils.Cluster``,
 one-CPU nodes labelled ``forkyard-node=n0..``), runs scenario NAME against it and writes what it measured
 to OUT.json for the test to assert on. The scenarios use the shipped code only (no mocks).
 """

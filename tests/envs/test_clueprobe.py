@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 
 from envs import ENV_SPECS, EpisodeFinishedError, Snapshot, check_fork_contract
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def make(**kwargs):

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sandbox_server.backends import BACKENDS, make_backend
 from sandbox_server.settings import LOG_LEVELS, MAX_SECONDS, ServerSettings, ServiceConfig, explain
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_readme_names_the_api_key_variables_and_compose_reads_no_other():
@@ -74,7 +74,7 @@ def test_min_idle_above_max_total_is_refused_before_anything_starts(monkeypatch)
 
 # ---------------------------------------------------------------------------------------------------
 # field case S33: one validation per setting, whichever way its value arrives (keyword, FORKYARD_* variable,
-# or the server command's flag, which hands its text to the same model: tests/test_server_command.py)
+# or the server command's flag, which hands its text to the same model: tests/sandbox_server/test_server_command.py)
 
 SECONDS_FIELDS = [f for f, info in ServiceConfig.model_fields.items() if info.annotation is float]
 

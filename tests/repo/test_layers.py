@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("envs", "sandbox_server", "trainer", "ray_cluster")
 #: The layers below the Ray package: none of them imports it or names it in code, and none imports ``ray``.
 LAYERS = ("envs", "sandbox_server", "trainer")

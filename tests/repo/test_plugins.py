@@ -3,7 +3,7 @@ and a new policy, each defined here in a few lines, registered once, and then us
 user has (gymnasium.make, a served env session, the training loop, ``forkyard train``, FileQA and the sandbox
 service); and every built-in backend meets the backend contract
 (:func:`sandbox_server.backends.checks.check_backend_contract`). The same parts from an installed package,
-through entry points: tests/test_entry_point_plugins.py."""
+through entry points: tests/repo/test_entry_point_plugins.py."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class CoinEnv(TextEnv):
 
 @pytest.fixture(scope="module")
 def coin_env_id():
-    envs.register_env(ENV_ID, "tests.test_plugins:CoinEnv")  # the one registration
+    envs.register_env(ENV_ID, "tests.repo.test_plugins:CoinEnv")  # the one registration
     return ENV_ID
 
 

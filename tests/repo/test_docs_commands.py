@@ -142,6 +142,8 @@ TABLE: dict[str, Entry] = {
     "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
                       check=lambda out: "60 runs in" in out),
     "make test": Entry(BY_CI, ".ci/run runs `make test` (a test cannot run the suite that holds it)"),
+    "make test-layer LAYER=envs": Entry(RUN, "the envs layer's tests with make test's set-up: about 2 min here",
+                                        ("slow",), check=lambda out: " passed" in out and " failed" not in out),
     "make lint": Entry(RUN, "ruff, and mypy against mypy-baseline.txt: about 70 s here with a cold mypy cache",
                        ("slow",)),
     # README, env API
@@ -160,7 +162,7 @@ TABLE: dict[str, Entry] = {
         FOLLOW_UP, "lists ClueProbe",
         check=lambda out: "forkyard/ClueProbe-v0" in [e["env_id"] for e in json.loads(out)]),
     "curl -s -XPOST localhost:8000/v1/envs -H 'content-type: application/json' -d "
-    "'{\"env_id\": \"forkyard/ClueProbe-v0\", \"kwargs\": {\"turns\": 3}, \"seed\": 1}'": Entry(
+    "'{\"env_id\": \"forkyard/ClueProbe-v0\", \"kwargs\": {\"max_turns\": 3}, \"seed\": 1}'": Entry(
         FOLLOW_UP, "prints the session_id that replaces SESSION below",
         check=lambda out: {"session_id", "observation", "info"} <= json.loads(out).keys()),
     "curl -s -XPOST localhost:8000/v1/envs/SESSION/step -H 'content-type: application/json' -d "
@@ -192,7 +194,7 @@ TABLE: dict[str, Entry] = {
     FORK_BLOCK: Entry(FOLLOW_UP, "fork(4) over the OpenEnv transport, one child attached by a second connection"),
     # docs/reliability.md
     "FORKYARD_RELIABILITY_OUT=/tmp/forkyard-reliability.json .venv/bin/python -m pytest -q -s "
-    "tests/test_reliability.py tests/test_schema_fuzz.py": Entry(
+    "tests/sandbox_server/test_reliability.py tests/sandbox_server/test_schema_fuzz.py": Entry(
         RUN, "the reliability suite and the schema fuzzer, again as documented: about 100 s here",
         ("slow", "docker"), check=lambda out: "[reliability] load:" in out and "requests over 16 operations" in out),
 }

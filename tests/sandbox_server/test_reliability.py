@@ -3,7 +3,7 @@ Docker engine. Each test ends with no leaked container, no stuck session and a c
 affected request or episode only. Figures (requests sent, answers by status, leaks) are printed and,
 when ``FORKYARD_RELIABILITY_OUT`` names a file, written there as JSON (``docs/reliability.md``).
 
-Run alone: ``.venv/bin/python -m pytest -q -s tests/test_reliability.py``.
+Run alone: ``.venv/bin/python -m pytest -q -s tests/sandbox_server/test_reliability.py``.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def test_s38_one_saturated_sandbox_leaves_another_within_twice_its_idle_latency(
     import statistics
 
     from sandbox_server.work import work_queues
-    from tests.test_sandbox_fairness import QUICK, SLOW, Flood, cat_latencies, ran, wait_for, within
+    from tests.sandbox_server.test_sandbox_fairness import QUICK, SLOW, Flood, cat_latencies, ran, wait_for, within
 
     kind, svc, http = served
     url = str(http.base_url).rstrip("/")

@@ -10,7 +10,7 @@ import pytest
 
 from trainer.compare import markdown_table, optimum, summarize
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_optimum():

@@ -23,7 +23,7 @@ from sandbox_server.models import SessionState
 from sandbox_server.snapshots import SnapshotStore
 from tests.docker_support import SERVER_NAME, UvicornThread, require_bwrap
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TTL_S = 900.0
 
 

@@ -2,12 +2,12 @@
 
 A cycle broken by an import inside a function still couples the two modules both ways: neither can be
 read, tested or moved without the other. Every ``import`` statement counts (the walker of
-``tests/test_layers.py``), and ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module.
+``tests/repo/test_layers.py``), and ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module.
 """
 
 from __future__ import annotations
 
-from tests.test_layers import PACKAGES, ROOT, imports_of, module_files
+from tests.repo.test_layers import PACKAGES, ROOT, imports_of, module_files
 
 
 def module_name(path) -> str:
