@@ -6,9 +6,12 @@ wait for the next wave), brings their KV caches up to date in batched prefills (
 end of its last action and the observation since; rows bucketed by its length, right-padded, with a slot mask
 and per-row positions, :meth:`trainer.lm.TinyCausalLM.forward` / :meth:`trainer.hf.HFCausalLM.forward`),
 then samples the next action of every row with one batched decode step per token, rows leaving the batch as
-they stop (end-of-turn token, stop string, ``max_new_tokens``); then the env steps of the wave run, one after
-another, in-process. Decoding is what batching makes cheaper; the prefill is the same work as the serial
-loop's (docs/performance.md: what bounds the speed-up; ``benchmarks/bench_rollout.py``).
+they stop (end-of-turn token, stop string, ``max_new_tokens``); then the env steps of the wave run: in worker
+threads when the env blocks (:func:`blocking`: FileQA's sandbox calls; ``env_threads``), inline for
+pure-Python envs (ClueProbe), their results applied in row order either way. ``max_kv_tokens`` caps the
+KV-cache slots of a wave and ``max_live`` the episodes live at once (:class:`RolloutEngine`). Decoding is what
+batching makes cheaper; the prefill is the same work as the serial loop's (docs/performance.md: what bounds
+the speed-up; ``benchmarks/bench_rollout.py``).
 
 Same episodes as the serial loops: each row samples from its own episode stream
 (:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text_policy.TextSession.act` (tempered,
@@ -25,11 +28,17 @@ action as the serial loop does (entropy selection reads the prefilled logits); a
 session is snapshotted with its KV cache after the prefill (:meth:`~trainer.text_policy.TextSession.fork`:
 the cache tensors are shared, never mutated), and the branches of every base then run together from those
 snapshots: the common prefix is never recomputed.
+
+Why one file: the batched prefill, the decode loop and the wave loop hold one invariant together (each row's
+cache slots, positions, window and sampling stream are its serial session's, and its env results are applied
+in the serial order); split, a change to one could break the token-for-token equality unseen by the others.
 """
 
 from __future__ import annotations
 
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +50,15 @@ from trainer.text_policy import TextSession, _sample_index, policy_log_softmax
 
 #: Default cap on the rows sampled at once (sequences in one batched forward).
 MAX_BATCH = 64
+#: Most tokens one batched prefill forward takes (rows x padded length; a row longer than it runs alone). On a
+#: CPU, a 64 x 500-token forward of the tiny model ran 1.5x slower than the same rows in forwards of about
+#: 2,000 tokens (activations past the caches; docs/performance.md).
+PREFILL_TOKENS = 2048
+#: Most env copies one ``env.fork`` call makes (a sandbox fork makes at most 64: ``sandbox_server``'s
+#: ``MAX_CLONES``); a rollout's copies come in calls of at most this many.
+FORK_CHUNK = 64
+#: Default worker threads for the env calls of a wave when the env blocks (:class:`RolloutEngine`).
+ENV_THREADS = 16
 
 
 @dataclass
@@ -88,12 +106,14 @@ def _batch_cache(sessions: list[TextSession], device, room: int = 0):
     return cache, mask
 
 
-def _buckets(rows: list, size) -> list[list]:
+def _buckets(rows: list, size, budget: int | None = None) -> list[list]:
     """``rows`` sorted by ``size`` and cut into runs whose largest size is at most 1.25x the smallest + 8 (the
-    padding of one batched forward stays bounded)."""
+    padding of one batched forward stays bounded) and, with ``budget``, whose rows x largest size is at most
+    ``budget`` tokens (at least one row a run)."""
     out: list[list] = []
     for r in sorted(rows, key=size):
-        if out and size(r) <= 1.25 * size(out[-1][0]) + 8:
+        if out and size(r) <= 1.25 * size(out[-1][0]) + 8 and (
+                budget is None or (len(out[-1]) + 1) * size(r) <= budget):
             out[-1].append(r)
         else:
             out.append([r])
@@ -109,7 +129,7 @@ def prefill(sessions: list[TextSession]) -> None:
     todo = [(s, s._pending()) for s in sessions if s._next_logits is None]
     fresh = [x for x in todo if x[0]._past is None]
     for part in (fresh, [x for x in todo if x[0]._past is not None]):
-        for bucket in _buckets(part, lambda x: len(x[1])):
+        for bucket in _buckets(part, lambda x: len(x[1]), PREFILL_TOKENS):
             _prefill_rows([x[0] for x in bucket], [x[1] for x in bucket])
 
 
@@ -227,18 +247,36 @@ def generate(rows: list[_Row]) -> list[Step]:
     return [s.finish(contexts[a], wss[a], gens[a], logps[a], ents[a], stops[a]) for a, s in enumerate(sessions)]
 
 
-def _env_step(row: _Row, step: Step, counter: _Counter) -> None:
-    """The env step of ``step`` for ``row`` (as :func:`trainer.rollout._step` takes it); marks the row done
-    when its episode ended."""
+def _call_step(env, action: str):
+    """``env.step(action)``'s 5-tuple, or None when the infrastructure failed (:class:`EnvInfraError`)."""
+    try:
+        return env.step(action)
+    except EnvInfraError:
+        return None
+
+
+def _call_reset(env, ep: Episode, options):
+    """``env.reset(seed=ep.seed, options=options)``'s pair, or None when ``env`` is None (its copy failed) or the
+    infrastructure failed (:class:`EnvInfraError`)."""
+    if env is None:
+        return None
+    try:
+        return env.reset(seed=ep.seed, options=options)
+    except EnvInfraError:
+        return None
+
+
+def _apply_step(row: _Row, step: Step, result, counter: _Counter) -> None:
+    """Record the env step of ``step`` for ``row`` (as :func:`trainer.rollout._step` takes it) from ``result``
+    (:func:`_call_step`'s); marks the row done when its episode ended."""
     ep = row.ep
     ep.steps.append(step)
     counter.env_calls += 1
     row.turn += 1
-    try:
-        obs, reward, terminated, truncated, info = row.env.step(step.action)
-    except EnvInfraError:
+    if result is None:
         ep.infra_failure, ep.reason, row.done = True, "infra_error", True
         return
+    obs, reward, terminated, truncated, info = result
     ep.reward += reward
     ep.invalid_actions += bool(info.get("invalid_action"))
     if terminated or truncated:
@@ -250,58 +288,162 @@ def _env_step(row: _Row, step: Step, counter: _Counter) -> None:
     row.session.observe(obs, info)
 
 
+def blocking(env) -> bool:
+    """Whether ``env``'s calls wait on I/O: its class's ``blocking`` flag (:attr:`envs.core.TextEnv.blocking`,
+    the one a server reads to run an env's steps in worker threads: FileQA's sandbox calls), read through
+    Gymnasium wrappers (``unwrapped``). Pure-Python envs (ClueProbe) are not."""
+    return bool(getattr(getattr(env, "unwrapped", env), "blocking", False))
+
+
 class RolloutEngine:
     """Batched group and tree rollouts of a :class:`trainer.text_policy.TextPolicy` (module docstring).
 
     Args:
         max_batch: most rows sampled in one batched forward (>= 1); rows past it wait for the next wave.
+        max_kv_tokens: most KV-cache slots a wave's batched cache holds (>= 1), or None: no cap besides
+            ``max_batch``. A slot is one token's keys and values in every layer; a wave of B rows whose longest
+            row will hold L tokens at the end of its action (its window plus ``max_new_tokens``, at most the
+            model context) takes B x L slots (the batch is right-padded to L). Bytes = slots x 2 (keys,
+            values) x layers x KV width x bytes per element (the tiny model of ``forkyard train``: 2 x 2 x 96
+            x 4 = 1,536 bytes a slot, so a 64-row wave at context 512 holds 48 MiB). Rows past the cap wait for
+            the next wave (a wave always takes at least one row). Each live session also keeps its own cache
+            between turns (at most one window's slots), as the serial loop's sessions do: ``max_live`` bounds
+            how many.
+        env_threads: worker threads for the env calls of a wave (steps, and the resets of new episodes) when
+            the env blocks (:func:`blocking`: FileQA's sandbox calls); 1: one after another.
+            Pure-Python envs always run inline. Results are gathered, then applied in row order, so episodes
+            and counters are the serial order's.
+        max_live: most episodes live at once, or None: all of a rollout. Each live episode holds an env copy
+            (FileQA: a sandbox, of a pool of ``FORKYARD_MAX_TOTAL``) and its session's KV cache between turns;
+            episodes past it start when the cohort before them has ended (tree rollouts: ``max_live //
+            branches`` bases at a time, then their branches). The episodes do not depend on it.
 
     Raises:
-        ValueError: ``max_batch < 1``.
+        ValueError: ``max_batch < 1``, ``max_kv_tokens < 1``, ``env_threads < 1`` or ``max_live < 1``.
     """
 
-    def __init__(self, max_batch: int = MAX_BATCH):
+    def __init__(self, max_batch: int = MAX_BATCH, max_kv_tokens: int | None = None,
+                 env_threads: int = ENV_THREADS, max_live: int | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_kv_tokens is not None and max_kv_tokens < 1:
+            raise ValueError(f"max_kv_tokens must be >= 1 (or None), got {max_kv_tokens}")
+        if env_threads < 1:
+            raise ValueError(f"env_threads must be >= 1, got {env_threads}")
+        if max_live is not None and max_live < 1:
+            raise ValueError(f"max_live must be >= 1 (or None), got {max_live}")
         self.max_batch = max_batch
+        self.max_kv_tokens = max_kv_tokens
+        self.env_threads = env_threads
+        self.max_live = max_live
+        #: wall seconds spent since construction, by phase: ``prefill`` (:func:`prefill`), ``decode``
+        #: (:func:`generate`), ``env`` (env copies, resets, steps, closes; a tree's branch copies) and ``other``
+        #: (a tree's fork-turn choices); ``benchmarks/bench_rollout.py`` prints them.
+        self.seconds = dict.fromkeys(("prefill", "decode", "env", "other"), 0.0)
+
+    def _add(self, **seconds: float) -> None:
+        for k, v in seconds.items():
+            self.seconds[k] += v
+
+    @classmethod
+    def from_config(cls, cfg) -> "RolloutEngine":
+        """The engine of a :class:`trainer.text_config.TextTrainConfig` (``max_batch``, and ``max_kv_tokens`` /
+        ``env_threads`` where the config has them)."""
+        return cls(cfg.max_batch, getattr(cfg, "max_kv_tokens", None), getattr(cfg, "env_threads", ENV_THREADS),
+                   getattr(cfg, "max_live", None))
+
+    def waves(self, rows: list[_Row]) -> list[list[_Row]]:
+        """``rows`` cut, in order, into waves of at most ``max_batch`` rows and ``max_kv_tokens`` slots (class
+        docstring)."""
+        out: list[list[_Row]] = []
+        wave: list[_Row] = []
+        longest = 0
+        for r in rows:
+            policy = r.session.policy
+            need = min(len(r.session.ids) + policy.sampling.max_new_tokens, policy.model.config.context)
+            if wave and (len(wave) == self.max_batch or (self.max_kv_tokens is not None and
+                                                         (len(wave) + 1) * max(longest, need) > self.max_kv_tokens)):
+                out.append(wave)
+                wave, longest = [], 0
+            wave.append(r)
+            longest = max(longest, need)
+        if wave:
+            out.append(wave)
+        return out
+
+    def _cohorts(self, n: int, per: int = 1) -> list[slice]:
+        """Slices of ``range(n)`` of at most ``max_live // per`` items (at least one; one slice without
+        ``max_live``): the episodes (``per`` = 1) or tree bases (``per`` = branches) live at once."""
+        size = n if self.max_live is None else max(1, self.max_live // per)
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _pool(self, rows: list[_Row]) -> ThreadPoolExecutor | None:
+        """Worker threads for the env calls of ``rows`` (None: inline; :func:`blocking`)."""
+        if self.env_threads > 1 and len(rows) > 1 and blocking(rows[0].env):
+            return ThreadPoolExecutor(min(self.env_threads, len(rows)), thread_name_prefix="forkyard-env")
+        return None
 
     def _run(self, rows: list[_Row], counter: _Counter, before_act=None) -> None:
         """Advance ``rows`` wave by wave until every episode has ended."""
         live = [r for r in rows if not r.done]
-        while live:
-            for i in range(0, len(live), self.max_batch):
-                wave = live[i:i + self.max_batch]
-                prefill([r.session for r in wave])
-                if before_act is not None:
-                    for r in wave:
-                        before_act(r)
-                for r, step in zip(wave, generate(wave), strict=True):
-                    _env_step(r, step, counter)
-            for r in live:
-                if r.done:
-                    r.env.close()
-            live = [r for r in live if not r.done]
+        pool = self._pool(live)
+        try:
+            while live:
+                for wave in self.waves(live):
+                    t0 = time.perf_counter()
+                    prefill([r.session for r in wave])
+                    t1 = time.perf_counter()
+                    if before_act is not None:
+                        for r in wave:
+                            before_act(r)
+                    t2 = time.perf_counter()
+                    steps = generate(wave)
+                    t3 = time.perf_counter()
+                    envs_, actions = [r.env for r in wave], [s.action for s in steps]
+                    results = pool.map(_call_step, envs_, actions) if pool is not None and len(wave) > 1 \
+                        else map(_call_step, envs_, actions)
+                    for r, step, result in zip(wave, steps, list(results), strict=True):
+                        _apply_step(r, step, result, counter)
+                    self._add(prefill=t1 - t0, other=t2 - t1, decode=t3 - t2, env=time.perf_counter() - t3)
+                t0 = time.perf_counter()
+                for r in live:
+                    if r.done:
+                        r.env.close()
+                self._add(env=time.perf_counter() - t0)
+                live = [r for r in live if not r.done]
+        finally:
+            if pool is not None:
+                pool.shutdown()
 
     def _start(self, env, policy, episodes: list[Episode], rngs: list[random.Random],
                options: list | None = None) -> list[_Row]:
         """One env copy per episode (``env.fork``), reset with its seed (and ``options``), and its session; an
         episode whose copy or reset failed through the infrastructure is marked lost and gets no row."""
-        try:
-            copies = env.fork(len(episodes))
-        except EnvInfraError:
-            copies = [None] * len(episodes)
-        rows = []
-        for ep, rng, e, opt in zip(episodes, rngs, copies, options or [None] * len(episodes), strict=True):
+        t0 = time.perf_counter()
+        copies: list = []
+        for i in range(0, len(episodes), FORK_CHUNK):
+            n = min(FORK_CHUNK, len(episodes) - i)
             try:
-                if e is None:
-                    raise EnvInfraError("env copy failed")
-                obs, info = e.reset(seed=ep.seed, options=opt)
+                copies += env.fork(n)
             except EnvInfraError:
+                copies += [None] * n
+        opts = options or [None] * len(episodes)
+        threads = min(self.env_threads, len(episodes)) if blocking(env) else 1
+        if threads > 1:  # the resets of a blocking env (sandbox resets) run in worker threads
+            with ThreadPoolExecutor(threads, thread_name_prefix="forkyard-env") as pool:
+                resets = list(pool.map(_call_reset, copies, episodes, opts))
+        else:
+            resets = list(map(_call_reset, copies, episodes, opts))
+        rows = []
+        for ep, rng, e, reset in zip(episodes, rngs, copies, resets, strict=True):
+            if reset is None:
                 ep.infra_failure, ep.reason = True, "infra_error"
                 if e is not None:
                     e.close()
                 continue
+            obs, info = reset
             rows.append(_Row(e, policy.session(obs, info), ep, rng))
+        self._add(env=time.perf_counter() - t0)
         return rows
 
     def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
@@ -310,8 +452,9 @@ class RolloutEngine:
             raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
         counter = _Counter()
         episodes = [Episode(seed=s) for s in seeds]
-        rows = self._start(env, policy, episodes, [stream(s) for s in episode_seeds(rng, group_size)])
-        self._run(rows, counter)
+        streams = [stream(s) for s in episode_seeds(rng, group_size)]
+        for c in self._cohorts(group_size):
+            self._run(self._start(env, policy, episodes[c], streams[c]), counter)
         return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
 
     def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
@@ -319,9 +462,10 @@ class RolloutEngine:
         i-th stream of ``rng`` (:func:`trainer.rollout.episode_seeds`), batched; the evaluations of
         :mod:`trainer.text_eval`. Returns the episodes in order."""
         episodes = [Episode(seed=seed) for seed, _ in resets]
-        rows = self._start(env, policy, episodes, [stream(s) for s in episode_seeds(rng, len(resets))],
-                           [opt for _, opt in resets])
-        self._run(rows, _Counter())
+        streams = [stream(s) for s in episode_seeds(rng, len(resets))]
+        options = [opt for _, opt in resets]
+        for c in self._cohorts(len(resets)):
+            self._run(self._start(env, policy, episodes[c], streams[c], options[c]), _Counter())
         return episodes
 
     def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random,
@@ -335,7 +479,6 @@ class RolloutEngine:
         counter = _Counter()
         stream_seeds = episode_seeds(rng, n_base)
         bases = [Episode(seed=s, base=b, branch=0) for b, s in enumerate(seeds)]
-        rows = self._start(env, policy, bases, [stream(s) for s in stream_seeds])
 
         def before_act(row: _Row) -> None:  # the serial loop's fork-turn choice, before the action's draws
             if branches == 1:
@@ -354,12 +497,22 @@ class RolloutEngine:
                 if fork_selection == "entropy":
                     row.best_entropy = entropy
 
-        self._run(rows, counter, before_act)
-        by_base = {r.ep.base: r for r in rows}
         episodes: list[Episode] = []
+        lost = 0
+        for c in self._cohorts(n_base, branches):  # bases, then their branches; then the next cohort's
+            rows = self._start(env, policy, bases[c], [stream(s) for s in stream_seeds[c]])
+            self._run(rows, counter, before_act)
+            lost += self._branches(rows, bases[c], c.start, branches, stream_seeds, counter, episodes)
+        return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)
+
+    def _branches(self, rows: list[_Row], bases: list[Episode], first: int, branches: int, stream_seeds: list[int],
+                  counter: _Counter, episodes: list[Episode]) -> int:
+        """Run the branches of ``bases`` (base ids ``first``...; their rows ``rows``) from their checkpoints,
+        appending each base and its branches to ``episodes``; returns the branches lost to the infrastructure."""
+        by_base = {r.ep.base: r for r in rows}
         branch_rows: list[_Row] = []
         lost = 0
-        for b, base in enumerate(bases):
+        for b, base in enumerate(bases, first):
             episodes.append(base)
             row = by_base.get(b)
             if row is None or row.checkpoint is None:
@@ -367,7 +520,9 @@ class RolloutEngine:
             t, fork_env, fork_session, prefix_reward = row.checkpoint
             if fork_env is not None:
                 base.fork_turn = t
+            t0 = time.perf_counter()
             envs_ = branch_envs(fork_env, branches, counter)
+            self._add(env=time.perf_counter() - t0)
             live = len(envs_)
             for j in range(1, branches):
                 ep = Episode(seed=base.seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
@@ -379,4 +534,4 @@ class RolloutEngine:
                 session = fork_session if j == live else fork_session.fork()
                 branch_rows.append(_Row(envs_[j - 1], session, ep, stream(stream_seeds[b], j), turn=t))
         self._run(branch_rows, counter)
-        return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)
+        return lost

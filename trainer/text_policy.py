@@ -32,8 +32,9 @@ distribution, which is also what the trainer recomputes (as verl does), so the i
 the first on-policy epoch. With top_p = 1 (default) the two are the same distribution.
 
 Context: when ``len(history) + max_new_tokens`` exceeds the model context C, the turn's prompt window
-starts at ``window_start = len(history) + max_new_tokens - C`` (left truncation); the start is recorded
-with the step so the trainer recomputes log-probs over exactly the same window.
+starts at ``window_start = len(history) + max_new_tokens - C`` (left truncation), rounded up to a multiple of
+``SamplingConfig.window_step`` (1 by default: no rounding); the start is recorded with the step so the trainer
+recomputes log-probs over exactly the same window.
 
 Why one file: the template, the sampler and the log-prob recomputation share one invariant (the ids a
 session sampled are the ids the trainer scores, under the same suppression and window); split, a change to
@@ -173,6 +174,16 @@ class SamplingConfig:
     #: the env's tool definitions (``env.tool_schemas()``) rendered into the prompt, and model output in
     #: tool-call forms mapped to actions (:func:`envs.tool_calls.parse_model_output`); None: neither.
     tools: tuple[dict[str, Any], ...] | None = None
+    #: the prompt window's start moves in multiples of this many tokens (:meth:`TextSession._pending`): 1 (the
+    #: default) slides it every turn the history outgrows the context, which drops the KV cache and prefills
+    #: the whole window again each turn; a larger step keeps the window (and its cache) over more turns, at
+    #: the price of a shorter window after each move (up to ``window_step - 1`` tokens fewer). At most
+    #: ``context - max_new_tokens``.
+    window_step: int = 1
+
+    def __post_init__(self) -> None:
+        if self.window_step < 1:
+            raise ValueError(f"window_step must be >= 1, got {self.window_step}")
 
 
 @dataclass
@@ -379,8 +390,10 @@ class TextSession:
     def _pending(self) -> list[int]:
         """The ids the KV cache lacks: set the window start for this turn (the cache dropped when the window
         moved) and return ``ids[window start + cached:]``."""
-        ctx = self.policy.model.config.context
-        ws = max(0, len(self.ids) + self.policy.sampling.max_new_tokens - ctx)
+        ctx, sc = self.policy.model.config.context, self.policy.sampling
+        ws = max(0, len(self.ids) + sc.max_new_tokens - ctx)
+        if ws and sc.window_step > 1:  # the next multiple of the step (at least one token in the window)
+            ws = min(-(-ws // sc.window_step) * sc.window_step, len(self.ids) - 1)
         if ws != self._ws or self._past is None or ws + self._cached >= len(self.ids):
             self._past, self._cached, self._ws = None, 0, ws
         return self.ids[ws + self._cached:]

@@ -1,4 +1,5 @@
-"""Ray scenarios run by tests/ray_cluster/test_ray.py, each in a network namespace the test made (Ray binds to 127.0.0.1).
+"""Ray scenarios run by tests/ray_cluster/test_ray.py, each in a network namespace the test made (Ray binds to
+127.0.0.1).
 
 ``python tests/ray_cluster/ray_scenarios.py NAME OUT.json`` starts a simulated cluster (``ray.cluster_utils.Cluster``,
 one-CPU nodes labelled ``forkyard-node=n0..``), runs scenario NAME against it and writes what it measured

@@ -115,7 +115,7 @@ def _refusal(args: list[str], **settings: str) -> str:
 
 #: (field, a refused value): every setting the command also takes as a flag
 FLAG_REFUSALS = [("log_level", "warn"), ("log_level", "verbose"), ("port", "70000"), ("backend", "nope"),
-                 ("min_idle", "-1"), ("max_total", "many")]  # more values of each: tests/sandbox_server/test_settings.py
+                 ("min_idle", "-1"), ("max_total", "many")]  # more of each: tests/sandbox_server/test_settings.py
 
 
 @pytest.mark.parametrize("field,value", FLAG_REFUSALS, ids=[f"{f}={v!r}" for f, v in FLAG_REFUSALS])
@@ -155,8 +155,8 @@ def test_forkyard_serve_is_the_server_command():
                        if line.startswith("  -")]
     assert {"--backend", "--no-sandboxes", "--unsafe-no-isolation", "--min-idle", "--max-total", "--host", "--port",
             "--log-level", "--ray"} <= set(options)
-    # --ray reaching a running server: tests/ray_cluster/test_ray.py (its "front" scenario serves FileQA sessions through
-    # `python -m sandbox_server --ray auto` in front of a simulated cluster).
+    # --ray reaching a running server: tests/ray_cluster/test_ray.py (its "front" scenario serves FileQA sessions
+    # through `python -m sandbox_server --ray auto` in front of a simulated cluster).
 
 
 def test_openapi_schema_names_each_model_once():

@@ -4,16 +4,18 @@ Llama; behavior log-probs equal the trainer's recompute.
 
 Tolerance: sampled ids, actions, rewards, masks, anchor keys and env-call counts are compared exactly;
 behavior log-probs with atol 1e-5 (padding and batching change the order of float32 sums, about 1e-6 here).
-Models are small and random, their end-of-turn logit raised (as in tests/test_text_policy.py) so actions end
+Models are small and random, their end-of-turn logit raised (as in tests/trainer/test_text_policy.py) so actions end
 both by ``<|end|>`` and at the token limit; a small context makes windows move (left truncation).
 """
 
 import random
+import threading
 
 import pytest
 import torch
 
-from trainer.engine import RolloutEngine
+from envs.clueprobe import ClueProbeEnv
+from trainer.engine import RolloutEngine, _Row, blocking
 from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.rollout import episode_seeds, group_rollout, stream, tree_rollout
@@ -159,11 +161,11 @@ def test_train_lm_samples_through_the_engine_by_default_and_serial_on_request():
 
     rollouts = {}
     for sampler in ("batched", "serial"):
-        cfg = TextTrainConfig(turns=2, n_base=3, branches=3, estimator="tree", tokenizer="byte", d_model=32,
+        cfg = TextTrainConfig(max_turns=2, n_base=3, branches=3, estimator="tree", tokenizer="byte", d_model=32,
                               n_layers=1, n_heads=2, context=256, max_new_tokens=6, device="cpu", sampler=sampler)
         policy = PPOTextPolicy.from_config(new_model(cfg), cfg)
         assert (policy.engine is not None) == (sampler == "batched")
-        env = make_env(cfg.env_id, cfg.env_kwargs())
+        env = make_env(cfg.env_id, cfg.env_options())
         rollouts[sampler] = sample_batch(cfg, env, policy, random.Random(0), 0)[0]
         env.close()
     assert TextTrainConfig().sampler == "batched"
@@ -194,3 +196,123 @@ def test_infrastructure_failures_lose_the_same_episodes():
     assert [e.infra_failure for e in batched.episodes] == [False, False, True, False]
     same(tree_rollout(env, policy, 3, 2, [1, 2, 3], random.Random(4)),
          RolloutEngine().tree_rollout(env, policy, 3, 2, [1, 2, 3], random.Random(4)))
+
+
+def test_a_small_kv_cap_gives_the_same_episodes_in_more_waves(env):
+    """``max_kv_tokens``: waves of at most that many KV slots (rows x the longest row's window + action), at
+    least one row each; the episodes are those of no cap and of the serial loop."""
+    policy = TextPolicy(tiny(), sampling=SamplingConfig(max_new_tokens=8))
+    capped = RolloutEngine(max_batch=64, max_kv_tokens=300)
+    serial = tree_rollout(env, policy, 4, 3, [3, 4, 5, 6], random.Random(3))
+    same(serial, capped.tree_rollout(env, policy, 4, 3, [3, 4, 5, 6], random.Random(3)))
+    same(serial, RolloutEngine(max_batch=64).tree_rollout(env, policy, 4, 3, [3, 4, 5, 6], random.Random(3)))
+    same(group_rollout(env, policy, 6, list(range(6)), random.Random(1)),
+         RolloutEngine(max_kv_tokens=1).group_rollout(env, policy, 6, list(range(6)), random.Random(1)))
+    obs, info = env.reset(seed=0)
+    rows = [_Row(env, policy.session(obs, info), None, random.Random(0)) for _ in range(7)]
+    need = min(len(rows[0].session.ids) + 8, 160)  # window + max_new_tokens, at most the context
+    assert [len(w) for w in capped.waves(rows)] == [300 // need] * (7 // (300 // need)) + (
+        [7 % (300 // need)] if 7 % (300 // need) else [])
+    assert [len(w) for w in RolloutEngine(max_batch=4).waves(rows)] == [4, 3]
+    assert [len(w) for w in RolloutEngine(max_kv_tokens=1).waves(rows)] == [1] * 7
+    with pytest.raises(ValueError, match="max_kv_tokens"):
+        RolloutEngine(max_kv_tokens=0)
+    from trainer.text_config import TextTrainConfig
+
+    e = RolloutEngine.from_config(TextTrainConfig(max_batch=5, max_kv_tokens=500, env_threads=3, max_live=7))
+    assert (e.max_batch, e.max_kv_tokens, e.env_threads, e.max_live) == (5, 500, 3, 7)
+    assert TextTrainConfig(window_step=32).sampling().window_step == 32
+    with pytest.raises(ValueError, match="env_threads"):
+        RolloutEngine(env_threads=0)
+
+
+class ThreadProbe(ClueProbeEnv):
+    """ClueProbe that records the thread of each step; ``blocking`` as the class says (a sandbox env's flag)."""
+
+    threads: list[int] = []
+
+    def step(self, action):
+        ThreadProbe.threads.append(threading.get_ident())
+        return super().step(action)
+
+
+class BlockingProbe(ThreadProbe):
+    blocking = True
+
+
+def test_env_steps_of_a_blocking_env_run_in_worker_threads_with_the_serial_results():
+    """A blocking env's steps run in the engine's worker threads, a pure-Python env's inline; episodes,
+    rewards and counters are the serial loop's either way (results applied in row order)."""
+    policy = TextPolicy(tiny(), sampling=SamplingConfig(max_new_tokens=6))
+    assert not blocking(ClueProbeEnv(turns=3)) and blocking(BlockingProbe(turns=3))
+    for cls, threads in ((ThreadProbe, {threading.get_ident()}), (BlockingProbe, None)):
+        env = cls(turns=3)
+        serial = tree_rollout(env, policy, 4, 3, [0, 1, 2, 3], random.Random(6))
+        ThreadProbe.threads = []
+        same(serial, RolloutEngine(env_threads=4).tree_rollout(env, policy, 4, 3, [0, 1, 2, 3], random.Random(6)))
+        assert ThreadProbe.threads
+        if threads is not None:
+            assert set(ThreadProbe.threads) == threads
+        else:
+            assert threading.get_ident() not in ThreadProbe.threads and len(set(ThreadProbe.threads)) > 1
+        ThreadProbe.threads = []
+        same(serial, RolloutEngine(env_threads=1).tree_rollout(env, policy, 4, 3, [0, 1, 2, 3], random.Random(6)))
+        assert set(ThreadProbe.threads) == {threading.get_ident()}
+
+
+def test_fileqa_local_backend_batched_with_worker_threads_is_the_serial_rollout():
+    """FileQA over the local sandbox backend (a blocking env: resets and steps wait on sandboxes): the engine's
+    threaded env calls give the serial loop's episodes."""
+    env = make_env("forkyard/FileQA-v0", {"backend": "local", "max_turns": 2})
+    try:
+        policy = TextPolicy(tiny(context=256), sampling=SamplingConfig(max_new_tokens=8, max_obs_tokens=48))
+        same(group_rollout(env, policy, 4, [0, 1, 2, 3], random.Random(2)),
+             RolloutEngine(env_threads=4).group_rollout(env, policy, 4, [0, 1, 2, 3], random.Random(2)))
+        same(tree_rollout(env, policy, 2, 2, [4, 5], random.Random(2)),
+             RolloutEngine(env_threads=4).tree_rollout(env, policy, 2, 2, [4, 5], random.Random(2)))
+    finally:
+        env.close()
+
+
+def test_a_window_step_moves_the_window_in_multiples_and_batched_is_still_serial(env):
+    """``SamplingConfig.window_step``: window starts are multiples of the step (the window moved, fewer times
+    than with the default), the same in both paths, and the behavior log-probs are the trainer's recompute."""
+    model = tiny()
+    starts = {}
+    for step in (1, 64):
+        policy = TextPolicy(model, sampling=SamplingConfig(max_new_tokens=8, window_step=step))
+        serial = tree_rollout(env, policy, 3, 3, [0, 1, 2], random.Random(8))
+        batched = RolloutEngine(max_batch=4).tree_rollout(env, policy, 3, 3, [0, 1, 2], random.Random(8))
+        same(serial, batched)
+        starts[step] = [s.data.window_start for s in batched.steps]
+        for s in batched.steps:
+            r = s.data
+            assert r.window_start % step == 0 and len(r.context) - r.window_start + 8 <= 160
+            with torch.no_grad():
+                logp, _, _ = token_logprobs(model, torch.tensor([r.context[r.window_start:] + r.action_ids]))
+            assert logp[0, -len(r.action_ids):].tolist() == pytest.approx(r.logps, abs=1e-5)
+    assert any(starts[64]) and len(set(starts[64])) < len(set(starts[1]))
+    with pytest.raises(ValueError, match="window_step"):
+        SamplingConfig(window_step=0)
+
+
+def test_max_live_runs_episodes_in_cohorts_with_the_same_episodes(env):
+    """``max_live``: at most that many episodes hold an env copy at once (tree: ``max_live // branches`` bases
+    and their branches at a time); group, tree and play give the serial loop's episodes and counters."""
+    policy = TextPolicy(tiny(), sampling=SamplingConfig(max_new_tokens=6))
+    for live in (1, 3, 5):
+        engine = RolloutEngine(max_live=live)
+        same(group_rollout(env, policy, 7, list(range(7)), random.Random(4)),
+             engine.group_rollout(env, policy, 7, list(range(7)), random.Random(4)))
+        same(tree_rollout(env, policy, 5, 3, [0, 1, 2, 3, 4], random.Random(4)),
+             engine.tree_rollout(env, policy, 5, 3, [0, 1, 2, 3, 4], random.Random(4)))
+        resets = [(i, None) for i in range(5)]
+        a = RolloutEngine().play(env, policy, resets, random.Random(2))
+        b = engine.play(env, policy, resets, random.Random(2))
+        assert [[s.data.action_ids for s in e.steps] for e in a] == [[s.data.action_ids for s in e.steps] for e in b]
+    assert [(c.start, c.stop) for c in RolloutEngine(max_live=7)._cohorts(16, 3)] == [(0, 2), (2, 4), (4, 6), (6, 8),
+                                                                                     (8, 10), (10, 12), (12, 14),
+                                                                                     (14, 16)]
+    assert [(c.start, c.stop) for c in RolloutEngine()._cohorts(16, 3)] == [(0, 16)]
+    with pytest.raises(ValueError, match="max_live"):
+        RolloutEngine(max_live=0)
