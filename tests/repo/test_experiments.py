@@ -83,3 +83,29 @@ def test_text_policy_tests_from_the_committed_evaluations(args, lines, tmp_path)
     out = res.stdout.splitlines()
     for line in lines:
         assert line in out
+
+
+def test_reference_runs_compare_numbers_within_tolerance_and_skip_clocks():
+    """experiments/reference_runs/run.py: the first difference is reported, clocks never count."""
+    same = _module(EXPERIMENTS / "reference_runs" / "run.py").same
+    rows = [{"iteration": 0, "reward_mean": 0.25, "wall_s": 1.0}, {"iteration": 1, "reward_mean": 0.5, "wall_s": 2.0}]
+    moved = [{"iteration": 0, "reward_mean": 0.25 + 1e-9, "wall_s": 9.0}, {"iteration": 1, "reward_mean": 0.5,
+                                                                            "wall_s": 3.0}]
+    assert same(rows, moved, 1e-6) is None
+    assert same(rows, [rows[0], {**rows[1], "reward_mean": 0.75}], 1e-6) == "[1].reward_mean: 0.5 before, 0.75 after"
+    assert same(rows, rows[:1], 1e-6) == ": 2 items before, 1 after"
+    assert same({"a": "x"}, {"a": "x", "b": 1}, 1e-6) == ".b: only in after"
+
+
+def test_two_sweeps_compared_cell_by_cell(tmp_path, capsys):
+    """experiments/reference_runs/compare_sweeps.py: per (T, variant) means, Welch's interval, cells holding 0."""
+    for name, accs in (("a", [0.25, 0.5, 0.25, 0.5]), ("b", [0.5, 0.75, 0.5, 0.75])):
+        (tmp_path / name).mkdir()
+        rows = "".join(f"3,tree,{s},{a}\n" for s, a in enumerate(accs))
+        rows += "".join(f"2,traj,{s},0.25\n" for s in range(4))
+        (tmp_path / name / "results.csv").write_text("turns,variant,seed,accuracy\n" + rows)
+    assert _module(EXPERIMENTS / "reference_runs" / "compare_sweeps.py").main(str(tmp_path / "a"),
+                                                                              str(tmp_path / "b")) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | traj | 0.250 (n=4) | 0.250 (n=4) | +0.000 (+0.000, +0.000) | 1.00 |" in out
+    assert "| 3 | tree | 0.375 (n=4) | 0.625 (n=4) | +0.250 (" in out and "1 of 2 intervals hold 0" in out
