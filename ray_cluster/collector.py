@@ -12,8 +12,8 @@ when ``cfg.ray`` is set. The learner stays on the driver (its GPU when there is 
    on 3 nodes (tested), and equal the single-process :func:`trainer.rollout.tree_rollout` of that base
    with that RNG. They differ from a run without ``--ray``, whose one RNG runs through every base in turn.
 2. **Forks stay local**: a worker's env forks on its own node while the node holds fewer than
-   ``node_capacity`` envs; past that the fork travels as snapshot bytes to the first other node with
-   room (:meth:`NodeHost.adopt`) and its branches step there over Ray
+   ``node_capacity`` envs; past that the fork (the copies of a ``fork(n)`` that do not fit) travels as snapshot
+   bytes to the first other node with room for them (:meth:`NodeHost.adopt`) and its branches step there over Ray
    (:class:`ray_cluster.transport.ClusterEnv`); with no room anywhere it stays local over capacity. Metrics
    ``forks_local`` / ``forks_remote`` count them.
 3. **Behavior policy and staleness**: workers sample with a copy of the learner's weights
@@ -22,6 +22,15 @@ when ``cfg.ray`` is set. The learner stays on the driver (its GPU when there is 
    still trains on ``it``, so a rollout may be sampled with weights up to ``s`` updates old (metric
    ``staleness``). Behavior log-probs are recorded at sampling time, so the text policy's PPO ratio
    stays exact; the tabular policy's REINFORCE has no such correction and refuses ``s > 0``.
+   **Batched sampling**: a copy with an ``engine`` (the text policy's :class:`trainer.engine.RolloutEngine`,
+   its settings the learner's, ``--sampler batched``) runs all the bases (or episodes) dealt to a worker in one
+   iteration in one engine call (:func:`batched_parts`), each from the stream it gets alone from its
+   :func:`task_rng` (the engine's ``stream_seeds``): the same episodes as the serial per-base calls (sampled
+   ids equal, behavior log-probs within float32 rounding, tested on 1 and 2 nodes). The engine gives each
+   episode its own env copy (``fork``) and keeps the tree checkpoints of all its bases at once, so a worker
+   holds more envs at a time than serially (bounded by ``max_live``); every one of those copies is placed as
+   item 2 says (the part of a ``fork(n)`` that fits stays, the rest goes to a peer), so ``node_capacity``
+   counts them all. Copies without an engine (the tabular policy) run the tasks one at a time.
 4. **Node loss**: a worker whose node died (``RayActorError``) loses the episodes it was running: each
    lost base comes back as one episode with ``infra_failure=True`` and ``reason="infra_error"`` (left out
    of group statistics, as a lost sandbox is), metric ``episodes_lost_node`` counts the episodes that
@@ -49,7 +58,7 @@ from typing import Any
 from envs.core import EnvInfraError
 from ray_cluster.nodes import NodeHost, is_node_loss, require_ray, start_hosts
 from ray_cluster.transport import ClusterEnv
-from trainer.rollout import Episode, Rollout, group_rollout, training_seeds, tree_rollout
+from trainer.rollout import Episode, Rollout, episode_seeds, group_rollout, training_seeds, tree_rollout
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +85,44 @@ class PlacedEnv:
     def current_info(self) -> dict[str, Any]:
         return self.env.current_info()
 
+    @property
+    def blocking(self) -> bool:
+        """The env's :attr:`envs.core.TextEnv.blocking` (the batched engine runs blocking env calls in threads)."""
+        return bool(getattr(self.env, "blocking", False))
+
     def fork(self, n: int = 1) -> list:
+        """``n`` copies: as many as the node has room for here, the rest on the first peer with room for all of
+        them (snapshot bytes, :meth:`NodeHost.adopt`), else here over capacity. Local copies come first; the
+        copies take the fork keys a local ``fork(n)`` would give (:meth:`envs.core.TextEnv.count_forks`)."""
         ray = require_ray()
         w = self.worker
-        if w.reserve(n):
+        here = w.reserve_upto(n)
+        out = self._local_fork(here) if here else []
+        if here:
             w.stats["forks_local"] += 1
-            return self._local_fork(n)
-        snapshot = self.env.snapshot().to_bytes()
+        rest = n - here
+        if not rest:
+            return out
+        snapshot = self.env.snapshot().to_bytes()  # after the local copies: it holds their fork count
         for name, peer in self.peers.items():
             try:
-                sids = ray.get(peer.adopt.remote(self.env_id, self.kwargs, snapshot, n))
+                sids = ray.get(peer.adopt.remote(self.env_id, self.kwargs, snapshot, rest))
             except Exception as exc:  # noqa: BLE001 - a dead or failing peer: try the next one
                 log.warning("fork to node %s failed: %s", name, exc)
                 continue
             if sids:
-                self.env.count_forks(n)  # the remote copies took this env's next fork keys
+                self.env.count_forks(rest)  # the remote copies took this env's next fork keys
                 w.stats["forks_remote"] += 1
                 w.stats["fork_bytes"] += len(snapshot)
-                return [ClusterEnv(peer, sid, node=name) for sid in sids]
-        w.reserve(n, force=True)  # no room anywhere: over capacity here rather than no branches
-        w.stats["forks_local"] += 1
-        return self._local_fork(n)
+                return out + [ClusterEnv(peer, sid, node=name) for sid in sids]
+        w.reserve(rest, force=True)  # no room anywhere: over capacity here rather than no branches
+        w.stats["forks_local"] += 0 if here else 1
+        try:
+            return out + self._local_fork(rest)
+        except BaseException:
+            for child in out:
+                child.close()
+            raise
 
     def _local_fork(self, n: int) -> list:
         """``env.fork(n)`` on this node, already counted; the count is given back when the fork fails."""
@@ -122,6 +148,12 @@ class RolloutWorker(NodeHost):
         self._envs: dict[str, Any] = {}
         self.stats = {"forks_local": 0, "forks_remote": 0, "fork_bytes": 0}
         self._rollout_lock = threading.Lock()  # one rollout at a time (the host's other calls run beside it)
+
+    def reserve_upto(self, n: int) -> int:
+        """Count up to ``n`` envs on this node, as many as it has room for (0 when none, or when a peer's
+        adoption took the room meanwhile); returns how many were counted."""
+        k = max(0, min(n, self.capacity - self.live))
+        return k if k and self.reserve(k) else 0
 
     def _rollout_env(self, env_id: str, kwargs: dict[str, Any]):
         """This worker's own env of ``env_id`` made with ``kwargs`` (made once, counted on the node). Not
@@ -155,14 +187,18 @@ class RolloutWorker(NodeHost):
         self.stats = {"forks_local": 0, "forks_remote": 0, "fork_bytes": 0}
         env = PlacedEnv(self._rollout_env(spec["env_id"], spec["env_kwargs"]), self, peers, spec["env_id"],
                         spec["env_kwargs"])
-        parts = []
-        for index, seed in tasks:
-            rng = task_rng(spec["seed"], spec["iteration"], index)
-            if spec["kind"] == "tree":
-                ro = tree_rollout(env, self._policy, 1, spec["branches"], [seed], rng, spec["fork_selection"])
-            else:
-                ro = group_rollout(env, self._policy, 1, [seed], rng)
-            parts.append((index, ro))
+        engine = getattr(self._policy, "engine", None)  # a TextPolicy's batched engine, or None: serial
+        if engine is not None and tasks:
+            parts = batched_parts(engine, env, self._policy, spec, tasks)
+        else:
+            parts = []
+            for index, seed in tasks:
+                rng = task_rng(spec["seed"], spec["iteration"], index)
+                if spec["kind"] == "tree":
+                    ro = tree_rollout(env, self._policy, 1, spec["branches"], [seed], rng, spec["fork_selection"])
+                else:
+                    ro = group_rollout(env, self._policy, 1, [seed], rng)
+                parts.append((index, ro))
         extras = self._policy.rollout_extras() if hasattr(self._policy, "rollout_extras") else None
         return {"parts": parts, "extras": extras, "stats": dict(self.stats), "node": self.name}
 
@@ -173,6 +209,32 @@ class RolloutWorker(NodeHost):
                 env.close()
             self._envs.clear()
             return super().shutdown()
+
+
+def batched_parts(engine, env, policy, spec: dict[str, Any], tasks: list[tuple[int, int]]) -> list[tuple[int, Rollout]]:
+    """Every task of ``tasks`` (``(index, seed)`` pairs of one iteration, ``spec`` as :meth:`RolloutWorker.rollout`
+    takes it) in one call of ``engine`` (a :class:`trainer.engine.RolloutEngine`) on ``env``, each sampled from
+    the stream it gets alone with its :func:`task_rng` (``episode_seeds(task_rng(...), 1)[0]``, the
+    ``stream_seeds`` argument); so its episodes are those of the serial per-task call. Returns
+    ``[(index, Rollout)]`` in task order: a tree base with its branches (or one group episode) each; the
+    rollout's counters (env calls, forks, failed forks, lost branches) all on the first part."""
+    seeds = [seed for _, seed in tasks]
+    streams = [episode_seeds(task_rng(spec["seed"], spec["iteration"], index), 1)[0] for index, _ in tasks]
+    kind = spec["kind"]
+    if kind == "tree":
+        ro = engine.tree_rollout(env, policy, len(tasks), spec["branches"], seeds, None, spec["fork_selection"],
+                                 stream_seeds=streams)
+        by_task: list[list[Episode]] = [[] for _ in tasks]
+        for e in ro.episodes:
+            by_task[e.base].append(e)
+    else:
+        ro = engine.group_rollout(env, policy, len(tasks), seeds, None, stream_seeds=streams)
+        by_task = [[e] for e in ro.episodes]
+    parts = [(index, Rollout(kind, eps)) for (index, _), eps in zip(tasks, by_task, strict=True)]
+    first = parts[0][1]
+    first.env_calls, first.forks, first.forks_failed, first.branches_lost = (
+        ro.env_calls, ro.forks, ro.forks_failed, ro.branches_lost)
+    return parts
 
 
 def connect(address: str) -> bool:

@@ -45,7 +45,7 @@ import torch
 
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
 from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
-                             branch_envs, episode_seeds, stream)
+                             branch_envs, episode_seeds, given_streams, stream)
 from trainer.text_policy import TextSession, _sample_index, policy_log_softmax
 
 #: Default cap on the rows sampled at once (sequences in one batched forward).
@@ -446,13 +446,15 @@ class RolloutEngine:
         self._add(env=time.perf_counter() - t0)
         return rows
 
-    def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
-        """:func:`trainer.rollout.group_rollout`, batched (same arguments, returns and errors)."""
+    def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
+                      stream_seeds: list[int] | None = None) -> Rollout:
+        """:func:`trainer.rollout.group_rollout`, batched (same arguments, returns and errors; ``stream_seeds``
+        as there: given, ``rng`` is not read)."""
         if len(seeds) != group_size:
             raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
         counter = _Counter()
         episodes = [Episode(seed=s) for s in seeds]
-        streams = [stream(s) for s in episode_seeds(rng, group_size)]
+        streams = [stream(s) for s in given_streams(rng, group_size, stream_seeds)]
         for c in self._cohorts(group_size):
             self._run(self._start(env, policy, episodes[c], streams[c]), counter)
         return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
@@ -468,16 +470,17 @@ class RolloutEngine:
             self._run(self._start(env, policy, episodes[c], streams[c], options[c]), _Counter())
         return episodes
 
-    def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random,
-                     fork_selection: str = "uniform") -> Rollout:
-        """:func:`trainer.rollout.tree_rollout`, batched (same arguments, returns, episode order and errors)."""
+    def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random | None,
+                     fork_selection: str = "uniform", stream_seeds: list[int] | None = None) -> Rollout:
+        """:func:`trainer.rollout.tree_rollout`, batched (same arguments, returns, episode order and errors;
+        ``stream_seeds`` as there: given, ``rng`` is not read)."""
         if fork_selection not in FORK_SELECTIONS:
             raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
         if n_base < 1 or branches < 1 or len(seeds) != n_base:
             raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, "
                              f"{len(seeds)}")
         counter = _Counter()
-        stream_seeds = episode_seeds(rng, n_base)
+        stream_seeds = given_streams(rng, n_base, stream_seeds)
         bases = [Episode(seed=s, base=b, branch=0) for b, s in enumerate(seeds)]
 
         def before_act(row: _Row) -> None:  # the serial loop's fork-turn choice, before the action's draws

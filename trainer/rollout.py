@@ -199,6 +199,24 @@ def episode_seeds(rng: random.Random, n: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(n)]
 
 
+def given_streams(rng: random.Random | None, n: int, stream_seeds: list[int] | None) -> list[int]:
+    """The ``n`` stream seeds of a rollout: ``stream_seeds`` when given (``rng`` is then not read), else
+    :func:`episode_seeds` of ``rng``. Passing ``episode_seeds(rng_b, 1)[0]`` for each of several bases (or group
+    episodes) runs them in one rollout with the streams each would get alone with its own ``rng_b`` (a Ray
+    rollout worker's bases, :mod:`ray_cluster.collector`).
+
+    Raises:
+        ValueError: ``stream_seeds`` does not hold ``n`` seeds, or both it and ``rng`` are None.
+    """
+    if stream_seeds is None:
+        if rng is None:
+            raise ValueError("need rng or stream_seeds")
+        return episode_seeds(rng, n)
+    if len(stream_seeds) != n:
+        raise ValueError(f"{len(stream_seeds)} stream seeds for {n} episodes")
+    return [int(s) for s in stream_seeds]
+
+
 def stream(seed: int, branch: int = 0) -> random.Random:
     """The sampling RNG of an episode (``branch`` 0: a group's episode or a tree's base) or of a tree's branch
     ``branch >= 1`` of the base with stream seed ``seed`` (:func:`episode_seeds`): ``random.Random(seed +
@@ -251,7 +269,8 @@ def _start(env, policy: Actor, ep: Episode) -> PolicySession | None:
     return policy.session(obs, info)
 
 
-def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: random.Random) -> Rollout:
+def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: random.Random | None,
+                  stream_seeds: list[int] | None = None) -> Rollout:
     """G independent episodes of one env configuration, episode i reset with ``seeds[i]``.
 
     Args:
@@ -260,15 +279,16 @@ def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: ra
         group_size: G >= 1.
         seeds: [G] reset seeds (each episode its own hidden state).
         rng: the rollout's RNG: one stream seed per episode is drawn from it (module docstring).
+        stream_seeds: [G] 64-bit stream seeds used instead of drawing them from ``rng`` (:func:`given_streams`).
 
     Raises:
-        ValueError: if ``len(seeds) != group_size``.
+        ValueError: if ``len(seeds) != group_size`` or ``stream_seeds`` is given without G seeds.
     """
     if len(seeds) != group_size:
         raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
     counter = _Counter()
     episodes = []
-    for seed, stream_seed in zip(seeds, episode_seeds(rng, group_size), strict=True):
+    for seed, stream_seed in zip(seeds, given_streams(rng, group_size, stream_seeds), strict=True):
         ep = Episode(seed=seed)
         episodes.append(ep)
         session = _start(env, policy, ep)
@@ -284,8 +304,9 @@ def tree_rollout(
     n_base: int,
     branches: int,
     seeds: list[int],
-    rng: random.Random,
+    rng: random.Random | None,
     fork_selection: str = "uniform",
+    stream_seeds: list[int] | None = None,
 ) -> Rollout:
     """Tree-fork rollout: ``n_base`` base episodes, each forked once into ``branches`` branches in total.
 
@@ -302,7 +323,7 @@ def tree_rollout(
     Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's
     ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards. Base b samples (and
     draws its uniform fork turn) from ``stream(s_b)``, its branch j from ``stream(s_b, j)``, ``s_b`` the b-th of
-    :func:`episode_seeds` of ``rng``.
+    :func:`episode_seeds` of ``rng``, or ``stream_seeds[b]`` when given (:func:`given_streams`).
 
     A fork that raises :class:`~envs.core.EnvInfraError` loses only the branches it would have started;
     the base and every other fork run on. Such branches are returned as episodes with no steps,
@@ -313,7 +334,7 @@ def tree_rollout(
     branches 2..m-1 failed, branch 1 still runs.
 
     Raises:
-        ValueError: on bad sizes or an unknown ``fork_selection``.
+        ValueError: on bad sizes (``stream_seeds`` included) or an unknown ``fork_selection``.
     """
     if fork_selection not in FORK_SELECTIONS:
         raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
@@ -322,7 +343,7 @@ def tree_rollout(
     counter = _Counter()
     episodes: list[Episode] = []
     lost = 0
-    stream_seeds = episode_seeds(rng, n_base)
+    stream_seeds = given_streams(rng, n_base, stream_seeds)
     for b, seed in enumerate(seeds):
         base_rng = stream(stream_seeds[b])
         base = Episode(seed=seed, base=b, branch=0)

@@ -198,8 +198,13 @@ class PPOTextPolicy(TextPolicy):
 
     def behavior_copy(self) -> TextPolicy:
         """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`ray_cluster.collector`):
-        model, tokenizer and sampling settings, no optimizer."""
-        return TextPolicy(copy.deepcopy(self.model).cpu().eval(), self.tok, self.sampling)
+        model, tokenizer and sampling settings, no optimizer; a batched engine of this policy's engine settings
+        when it has one (``engine``: the worker samples through it)."""
+        behavior = TextPolicy(copy.deepcopy(self.model).cpu().eval(), self.tok, self.sampling)
+        if self.engine is not None:
+            e = self.engine
+            behavior.engine = type(e)(e.max_batch, e.max_kv_tokens, e.env_threads, e.max_live)
+        return behavior
 
     def adopt(self, rollout: Rollout, extras: Any) -> None:
         """Nothing to do: a text step (token ids, behavior log-probs) means the same on every node."""

@@ -248,12 +248,87 @@ def scenario_front(out: dict[str, Any]) -> None:
         out["server_log"] = (server.stdout.read() if server.stdout else "")[-2000:]
 
 
+def text_signature(rollout) -> list:
+    """Per episode: its seed, place in the tree, reason and return, and per step its action token ids and
+    behavior log-probs (the test compares the log-probs within 1e-5, the rest exactly)."""
+    return [[e.seed, e.base, e.branch, e.fork_turn, e.reason, e.infra_failure, round(e.reward, 9),
+             [s.data.action_ids for s in e.steps], [s.data.logps for s in e.steps]] for e in rollout.episodes]
+
+
+def scenario_text_engine(out: dict[str, Any]) -> None:
+    """The text policy on Ray sampling through the batched engine: its rollouts against the serial single-process
+    tree (group) rollout of each base (episode) with its task RNG, on 2 nodes and on 1."""
+    import torch
+
+    from trainer.lm import ByteTokenizer, LMConfig, build_model
+    from trainer.rollout import group_rollout
+    from trainer.text_config import TextTrainConfig
+    from trainer.text_train import PPOTextPolicy
+
+    torch.set_num_threads(1)
+    c, workers = cluster(2)
+    model = build_model(LMConfig(d_model=32, n_layers=2, n_heads=2, context=160), device="cpu", seed=0).eval()
+    with torch.no_grad():  # the end-of-turn logit raised: actions end by <|end|> and at the token limit
+        eot = model.tok.weight[ByteTokenizer().eot_id]
+        model.ln_f.bias += 3.0 * eot / eot.pow(2).sum()
+    common = dict(env_id="forkyard/ClueProbe-v0", max_turns=3, seed=5, max_new_tokens=8, tokenizer="byte",
+                  ray=c.address, sampler="batched", max_batch=4, iterations=2)
+
+    def serial(cfg, policy, kind: str) -> dict[str, Any]:
+        """Each base (episode) alone in this process, serially, with its task RNG."""
+        env = make_env(cfg.env_id, cfg.env_options())
+        n = cfg.n_base if kind == "tree" else cfg.group_size
+        res: dict[str, Any] = {"sig": [], "env_calls": [], "forks": []}
+        for it in range(2):
+            ros = []
+            for b, seed in enumerate(training_seeds(cfg.seed, it, n)):
+                rng = task_rng(cfg.seed, it, b)
+                ro = (tree_rollout(env, policy, 1, cfg.branches, [seed], rng, cfg.fork_selection) if kind == "tree"
+                      else group_rollout(env, policy, 1, [seed], rng))
+                for ep in ro.episodes:
+                    ep.base = b if kind == "tree" else None
+                ros.append(ro)
+            res["sig"].append([x for ro in ros for x in text_signature(ro)])
+            res["env_calls"].append(sum(ro.env_calls for ro in ros))
+            res["forks"].append(sum(ro.forks for ro in ros))
+        env.close()
+        return res
+
+    def on_ray(cfg, policy, kind: str) -> dict[str, Any]:
+        col = RayCollector(cfg, policy, cfg.env_options(), kind)
+        assert policy.behavior_copy().engine is not None
+        ros = [col.rollout(it) for it in range(2)]
+        col.close()
+        return {"sig": [text_signature(r) for r in ros], "nodes": [r.cluster["nodes"] for r in ros],
+                "forks_local": sum(r.cluster["forks_local"] for r in ros),
+                "forks_remote": sum(r.cluster["forks_remote"] for r in ros),
+                "env_calls": [r.env_calls for r in ros], "forks": [r.forks for r in ros]}
+
+    runs: dict[str, Any] = {}
+    # 6 bases x 3 branches: 3 bases a worker on 2 nodes (6 on 1), each worker's in one engine call
+    tree_cfg = TextTrainConfig(**common, n_base=6, branches=3, node_capacity=64)
+    policy = PPOTextPolicy.from_config(model, tree_cfg)
+    runs["tree"] = {"two": on_ray(tree_cfg, policy, "tree"), "single": serial(tree_cfg, policy, "tree")}
+    group_cfg = TextTrainConfig(**common, group_size=5, node_capacity=64)
+    runs["group"] = {"two": on_ray(group_cfg, policy, "group"), "single": serial(group_cfg, policy, "group")}
+    # node_capacity 3 and one base of 4 branches on n0 (n1 idle): the worker's env, the base's copy and its
+    # checkpoint fill n0; when the base has ended, the checkpoint's fork(2) for branches 2-3 keeps one copy on n0
+    # and sends one to n1, whose branch steps there (a ClusterEnv row in the engine)
+    small_cfg = TextTrainConfig(**common, n_base=1, branches=4, node_capacity=3)
+    runs["placed"] = {"two": on_ray(small_cfg, policy, "tree"), "single": serial(small_cfg, policy, "tree")}
+    for node in workers.values():
+        c.remove_node(node)
+    runs["tree"]["one"] = on_ray(tree_cfg, policy, "tree")
+    out["text_engine"] = runs
+
+
 def main() -> int:
     name, path = sys.argv[1], sys.argv[2]
     out: dict[str, Any] = {}
     random.seed(0)
     try:
-        {"forks": scenario_forks, "node_loss": scenario_node_loss, "front": scenario_front}[name](out)
+        {"forks": scenario_forks, "node_loss": scenario_node_loss, "front": scenario_front,
+         "text_engine": scenario_text_engine}[name](out)
     except EnvInfraError as exc:
         out["error"] = f"EnvInfraError: {exc}"
     finally:

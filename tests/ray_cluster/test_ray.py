@@ -146,3 +146,36 @@ def test_fileqa_sandboxes_on_the_cluster_in_process_and_behind_one_server_url(tm
     assert d["over_http"] == d["expected"]
     assert d["sandbox_routes"] == 404  # env sessions only: the sandboxes are the cluster's
     assert d["server_rc"] == 0, d["server_log"]
+
+
+def same_text_episodes(got: list, want: list) -> None:
+    """Two iterations' :func:`tests.ray_cluster.ray_scenarios.text_signature` lists hold the same episodes:
+    everything exact but the behavior log-probs, within 1e-5 (batched vs serial float32 sums)."""
+    assert len(got) == len(want)
+    for g_it, w_it in zip(got, want, strict=True):
+        assert len(g_it) == len(w_it) > 0
+        for g, w in zip(g_it, w_it, strict=True):
+            assert g[:-1] == w[:-1]  # seed, base, branch, fork turn, reason, infra flag, return, token ids
+            for gl, wl in zip(g[-1], w[-1], strict=True):
+                assert gl == pytest.approx(wl, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_text_policy_workers_sample_through_the_engine_as_the_serial_per_base_rollouts(tmp_path):
+    d = run_scenario("text_engine", tmp_path)["text_engine"]
+    tree, group, placed = d["tree"], d["group"], d["placed"]
+    # Every worker ran its bases (episodes) in one engine call; each is the single-process serial rollout of that
+    # base with its task RNG (token ids exact, behavior log-probs within 1e-5), on 2 nodes and on 1.
+    assert tree["two"]["nodes"] == [2, 2] and tree["one"]["nodes"] == [1, 1]
+    for run in (tree["two"], tree["one"]):
+        same_text_episodes(run["sig"], tree["single"]["sig"])
+        assert run["env_calls"] == tree["single"]["env_calls"] and run["forks"] == tree["single"]["forks"]
+        assert run["forks_remote"] == 0  # room enough on every node
+    assert all(len(it) == 18 for it in tree["two"]["sig"])  # 6 bases x 3 branches
+    same_text_episodes(group["two"]["sig"], group["single"]["sig"])
+    assert group["two"]["env_calls"] == group["single"]["env_calls"]
+    assert all(len(it) == 5 for it in group["two"]["sig"])
+    # node_capacity 3: a fork split between the node (its part that fit) and the other node; same episodes
+    same_text_episodes(placed["two"]["sig"], placed["single"]["sig"])
+    assert placed["two"]["forks_remote"] == 2 and placed["two"]["forks_local"] >= 4
+    assert placed["two"]["env_calls"] == placed["single"]["env_calls"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -336,7 +337,13 @@ def _stream_chunked(port: int, path: str, total: int) -> tuple[int, int, bytes]:
     accepted, seconds until the answer, answer bytes)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     answer = bytearray()
-    got = threading.Event()
+    got = threading.Event()  # the answer's head arrived: stop sending
+    whole = threading.Event()  # its body too (Content-Length bytes), or the connection ended
+
+    def complete() -> bool:
+        head, sep, body = bytes(answer).partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        return bool(sep) and (length is None or len(body) >= int(length.group(1)))
 
     def read():
         try:
@@ -344,9 +351,12 @@ def _stream_chunked(port: int, path: str, total: int) -> tuple[int, int, bytes]:
                 answer.extend(chunk)
                 if b"\r\n\r\n" in answer:
                     got.set()
+                if complete():
+                    break
         except OSError:
             pass
         got.set()
+        whole.set()
 
     reader = threading.Thread(target=read, daemon=True)
     sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -362,6 +372,7 @@ def _stream_chunked(port: int, path: str, total: int) -> tuple[int, int, bytes]:
         pass
     got.wait(30)
     took = time.monotonic() - t0
+    whole.wait(10)  # the body may trail the head on a loaded machine
     sock.close()
     return sent, took, bytes(answer)
 

@@ -18,7 +18,7 @@ from envs.clueprobe import ClueProbeEnv
 from trainer.engine import RolloutEngine, _Row, blocking
 from trainer.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
-from trainer.rollout import episode_seeds, group_rollout, stream, tree_rollout
+from trainer.rollout import Rollout, episode_seeds, group_rollout, stream, tree_rollout
 from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
 
 TOK = ByteTokenizer()
@@ -316,3 +316,47 @@ def test_max_live_runs_episodes_in_cohorts_with_the_same_episodes(env):
     assert [(c.start, c.stop) for c in RolloutEngine()._cohorts(16, 3)] == [(0, 16)]
     with pytest.raises(ValueError, match="max_live"):
         RolloutEngine(max_live=0)
+
+
+def per_task(rollouts: list) -> Rollout:
+    """Serial per-task rollouts (one base or episode each, its own RNG) as one: episodes in order, each tree
+    episode's ``base`` its task's index, counters summed."""
+    episodes = []
+    for b, ro in enumerate(rollouts):
+        for e in ro.episodes:
+            e.base = b if ro.kind == "tree" else None
+            episodes.append(e)
+    return Rollout(rollouts[0].kind, episodes, sum(r.env_calls for r in rollouts), sum(r.forks for r in rollouts),
+                   sum(r.forks_failed for r in rollouts), sum(r.branches_lost for r in rollouts))
+
+
+def test_explicit_stream_seeds_run_several_bases_as_their_own_serial_calls(env):
+    """``stream_seeds`` (a Ray rollout worker's bases, ray_cluster/collector.py): several bases or group episodes in
+    one engine call, each seeded with ``episode_seeds(rng_b, 1)[0]`` of its own RNG, are the serial calls of one
+    base (episode) each with that RNG, token for token; the serial loops take the same argument."""
+    policy = TextPolicy(tiny(), sampling=SamplingConfig(max_new_tokens=8))
+    engine = RolloutEngine(max_batch=4)
+
+    def rng(b):
+        return random.Random(f"7:1:{b}")  # ray_cluster.collector.task_rng(7, 1, b)
+
+    seeds = [21, 22, 23, 24]
+    streams = [episode_seeds(rng(b), 1)[0] for b in range(4)]
+    serial_tree = per_task([tree_rollout(env, policy, 1, 3, [s], rng(b)) for b, s in enumerate(seeds)])
+    batched_tree = engine.tree_rollout(env, policy, 4, 3, seeds, None, stream_seeds=streams)
+    same(serial_tree, batched_tree)
+    same(serial_tree, tree_rollout(env, policy, 4, 3, seeds, None, stream_seeds=streams))
+    assert batched_tree.forks > 0 and len(batched_tree.episodes) == 12
+    serial_group = per_task([group_rollout(env, policy, 1, [s], rng(b)) for b, s in enumerate(seeds)])
+    same(serial_group, engine.group_rollout(env, policy, 4, seeds, None, stream_seeds=streams))
+    same(serial_group, group_rollout(env, policy, 4, seeds, None, stream_seeds=streams))
+    # Given stream seeds, the rng is not read; without them the rollouts are what they were.
+    r = random.Random(3)
+    engine.group_rollout(env, policy, 4, seeds, r, stream_seeds=streams)
+    assert r.random() == random.Random(3).random()
+    same(group_rollout(env, policy, 4, seeds, random.Random(3)), engine.group_rollout(env, policy, 4, seeds,
+                                                                                       random.Random(3)))
+    with pytest.raises(ValueError, match="3 stream seeds for 4"):
+        engine.tree_rollout(env, policy, 4, 3, seeds, None, stream_seeds=streams[:3])
+    with pytest.raises(ValueError, match="need rng or stream_seeds"):
+        group_rollout(env, policy, 4, seeds, None)
