@@ -1,7 +1,7 @@
 """How well does one iteration of each advantage estimator point up the true gradient? (text policy, ClueProbe)
 
 At a fixed policy (an SFT checkpoint), the exact gradient of the expected success,
-``trainer.text_eval.exact_policy_gradient``, is the reference direction. Each variant then samples
+``trainer.text.text_eval.exact_policy_gradient``, is the reference direction. Each variant then samples
 ``--samples`` independent iterations exactly as ``forkyard train-lm`` does (same rollout shape, estimator,
 token batch and PPO loss at its first epoch, where the ratio is 1), without updating the model, and each
 iteration's ascent direction ``-grad(loss)`` is compared with the reference:
@@ -30,16 +30,16 @@ import time
 
 import torch
 
-from trainer.checkpoints import load_checkpoint
+from trainer.text.checkpoints import load_checkpoint
 from trainer.loop import make_env
-from trainer.losses import PPOConfig, ppo_loss
+from trainer.text.losses import PPOConfig, ppo_loss
 from trainer.stats import standard_error
-from trainer.text_config import TextTrainConfig
-from trainer.text_eval import exact_policy_gradient
-from trainer.text_policy import TextPolicy, token_logprobs
-from trainer.text_sft import sft
-from trainer.text_train import sample_batch
-from trainer.tokenizer import model_tokenizer
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_eval import exact_policy_gradient
+from trainer.text.text_policy import TextPolicy, token_logprobs
+from trainer.text.text_sft import sft
+from trainer.text.text_train import sample_batch
+from trainer.text.tokenizer import model_tokenizer
 
 #: the variants: TextTrainConfig fields over the defaults below (the arms of docs/results/text_policy.md)
 VARIANTS = {

@@ -26,15 +26,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from trainer.hf import build_llama  # noqa: E402
-from trainer.lm import build_model  # noqa: E402
+from trainer.text.hf import build_llama  # noqa: E402
+from trainer.text.lm import build_model  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
-from trainer.losses import PPOConfig  # noqa: E402
+from trainer.text.losses import PPOConfig  # noqa: E402
 from trainer.rollout import tree_rollout  # noqa: E402
-from trainer.text_config import TextTrainConfig  # noqa: E402
-from trainer.text_policy import SamplingConfig  # noqa: E402
-from trainer.text_sft import make_tokenizer  # noqa: E402
-from trainer.text_train import PPOTextPolicy  # noqa: E402
+from trainer.text.text_config import TextTrainConfig  # noqa: E402
+from trainer.text.text_policy import SamplingConfig  # noqa: E402
+from trainer.text.text_sft import make_tokenizer  # noqa: E402
+from trainer.text.text_train import PPOTextPolicy  # noqa: E402
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """Rollout sampling speed: the serial loops of trainer/rollout.py (the baseline) against the batched engine
-(trainer/engine.py), measured in the same run, with where each path's time goes.
+(trainer/text/engine.py), measured in the same run, with where each path's time goes.
 
 Run: ``.venv/bin/python benchmarks/bench_rollout.py [--episodes 16 64] [--big] [--env clueprobe|fileqa]
 [--arch tiny|llama] [--threads 1] [--device cpu] [--max-batch 64] [--max-kv-tokens N] [--max-live N] [--env-threads 16]
@@ -38,12 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from trainer.engine import ENV_THREADS, RolloutEngine  # noqa: E402
+from trainer.text.engine import ENV_THREADS, RolloutEngine  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
-from trainer.text_config import TextTrainConfig  # noqa: E402
-from trainer.text_policy import SamplingConfig, TextPolicy, TextSession  # noqa: E402
-from trainer.text_sft import new_model  # noqa: E402
+from trainer.text.text_config import TextTrainConfig  # noqa: E402
+from trainer.text.text_policy import SamplingConfig, TextPolicy, TextSession  # noqa: E402
+from trainer.text.text_sft import new_model  # noqa: E402
 
 PHASES = ("prefill", "decode", "env", "other")
 ENVS = {"clueprobe": ("forkyard/ClueProbe-v0", {"turns": 4}),
@@ -123,7 +123,7 @@ def collect_rate(iterations: int) -> None:
     --threads 1`` (its config's defaults otherwise: ClueProbe, 4 turns, a fresh model), through
     :func:`trainer.loop.collect` as training calls it, serial then batched, twice, ``iterations`` each."""
     from trainer.loop import collect
-    from trainer.text_train import PPOTextPolicy
+    from trainer.text.text_train import PPOTextPolicy
 
     for sampler in ("serial", "batched", "serial", "batched"):
         cfg = TextTrainConfig(n_base=16, branches=4, estimator="tree", threads=1, sampler=sampler)

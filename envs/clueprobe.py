@@ -110,7 +110,7 @@ class ClueProbeEnv(TextEnv):
     def action_vocabulary(self) -> list[str]:
         """Every action text that is legal in some state (``bits`` probes, then ``2**bits`` answers); at a
         given turn the others are illegal there (turn consumed, reward 0). Used by exact evaluation
-        (:func:`trainer.text_eval.exact_success`)."""
+        (:func:`trainer.text.text_eval.exact_success`)."""
         return self._probe_actions + self._answer_actions
 
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ class Demonstrator(Protocol):
 
     ``skill`` in [0, 1] is how much strategy the demonstrations carry: 0 is the action format without
     strategy (e.g. uniformly random legal actions), 1 the env's best scripted play. Supervised warm starts
-    (:func:`trainer.text_sft.demo_episodes`) train on these actions; without this feature they play
+    (:func:`trainer.text.text_sft.demo_episodes`) train on these actions; without this feature they play
     uniformly random actions of ``info["legal_actions"]``.
     """
 
@@ -32,7 +32,7 @@ class FiniteActions(Protocol):
     """An env whose action set is finite and known in advance: ``action_vocabulary`` lists every action
     text that is legal in *some* state (at a given turn the others are refused like any illegal action).
 
-    Exact evaluation (:func:`trainer.text_eval.exact_success`) enumerates these texts, with the state's
+    Exact evaluation (:func:`trainer.text.text_eval.exact_success`) enumerates these texts, with the state's
     ``info["legal_actions"]``, at every node of its tree; without this feature it enumerates the legal
     actions alone.
     """

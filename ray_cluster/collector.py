@@ -22,7 +22,7 @@ when ``cfg.ray`` is set. The learner stays on the driver (its GPU when there is 
    still trains on ``it``, so a rollout may be sampled with weights up to ``s`` updates old (metric
    ``staleness``). Behavior log-probs are recorded at sampling time, so the text policy's PPO ratio
    stays exact; the tabular policy's REINFORCE has no such correction and refuses ``s > 0``.
-   **Batched sampling**: a copy with an ``engine`` (the text policy's :class:`trainer.engine.RolloutEngine`,
+   **Batched sampling**: a copy with an ``engine`` (the text policy's :class:`trainer.text.engine.RolloutEngine`,
    its settings the learner's, ``--sampler batched``) runs all the bases (or episodes) dealt to a worker in one
    iteration in one engine call (:func:`batched_parts`), each from the stream it gets alone from its
    :func:`task_rng` (the engine's ``stream_seeds``): the same episodes as the serial per-base calls (sampled
@@ -213,7 +213,7 @@ class RolloutWorker(NodeHost):
 
 def batched_parts(engine, env, policy, spec: dict[str, Any], tasks: list[tuple[int, int]]) -> list[tuple[int, Rollout]]:
     """Every task of ``tasks`` (``(index, seed)`` pairs of one iteration, ``spec`` as :meth:`RolloutWorker.rollout`
-    takes it) in one call of ``engine`` (a :class:`trainer.engine.RolloutEngine`) on ``env``, each sampled from
+    takes it) in one call of ``engine`` (a :class:`trainer.text.engine.RolloutEngine`) on ``env``, each sampled from
     the stream it gets alone with its :func:`task_rng` (``episode_seeds(task_rng(...), 1)[0]``, the
     ``stream_seeds`` argument); so its episodes are those of the serial per-task call. Returns
     ``[(index, Rollout)]`` in task order: a tree base with its branches (or one group episode) each; the

@@ -3,9 +3,9 @@
 Every subcommand registers a ``handler(args) -> int`` with ``set_defaults(handler=...)``. The options of
 the training commands are generated from their config dataclasses (:mod:`trainer.config`): ``train``
 from the config of the ``--policy`` registered in :mod:`trainer.policies` (:class:`trainer.train.TrainConfig`
-for ``tabular``, the default; :class:`trainer.text_config.TextTrainConfig` for ``lm``, the same options as
+for ``tabular``, the default; :class:`trainer.text.text_config.TextTrainConfig` for ``lm``, the same options as
 ``train-lm``; a plugin's own), ``compare`` from :class:`trainer.compare.SweepConfig`, ``sft`` / ``train-lm`` /
-``eval-lm`` in :mod:`trainer.text_cli`. Only the invoked subcommand's options are built (they may read
+``eval-lm`` in :mod:`trainer.text.text_cli`. Only the invoked subcommand's options are built (they may read
 registries and, for the text policy, torch).
 """
 
@@ -40,7 +40,7 @@ def _bench(args: argparse.Namespace) -> int:
 def train_config(args: argparse.Namespace, policy: str | None = None):
     """The run config of a parsed ``forkyard train``: the config class of ``--policy`` (or ``policy``;
     :func:`trainer.policies.get_policy`; tabular: :class:`~trainer.tabular_config.TrainConfig`, lm:
-    :class:`~trainer.text_config.TextTrainConfig`) holding every option given, with ``progress`` on; validated
+    :class:`~trainer.text.text_config.TextTrainConfig`) holding every option given, with ``progress`` on; validated
     as it is made. Raises ValueError on an invalid config."""
     from trainer.config import from_args
     from trainer.policies import get_policy
@@ -52,11 +52,11 @@ def run_policy(name: str, args: argparse.Namespace, command: str = "train") -> i
     """``forkyard train --policy NAME`` (and ``forkyard train-lm``, the policy ``lm``): the config, the one
     driver (:func:`trainer.train.train`) with the policy's setup, then its report. A usage error (an invalid
     config, a plugin's parts that cannot be imported, a run folder that cannot take the run) is one line on
-    stderr and status 2; SIGTERM / SIGINT is status 128 + the signal (:func:`trainer.text_cli.guarded`).
+    stderr and status 2; SIGTERM / SIGINT is status 128 + the signal (:func:`trainer.text.text_cli.guarded`).
     Returns the exit status."""
     from envs.core import EnvInfraError
     from trainer.policies import get_policy
-    from trainer.text_cli import guarded
+    from trainer.text.text_cli import guarded
     from trainer.train import train
 
     policy = get_policy(name)
@@ -233,7 +233,7 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
     p.add_argument("server_args", nargs=argparse.REMAINDER)
     p.set_defaults(handler=lambda a: serve(a.server_args))
 
-    from trainer.text_cli import register as register_text
+    from trainer.text.text_cli import register as register_text
 
     register_text(sub, command)
     return parser

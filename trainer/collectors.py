@@ -68,7 +68,7 @@ class CollectorFactory(Protocol):
 
 class InProcessCollector:
     """The rollouts of this process (the ``local`` collector): on ``env``, with ``policy`` and ``rng``, as
-    ``cfg`` shapes them; the policy's batched engine (``policy.engine``, :mod:`trainer.engine`) when it has
+    ``cfg`` shapes them; the policy's batched engine (``policy.engine``, :mod:`trainer.text.engine`) when it has
     one, else the serial :func:`~trainer.rollout.tree_rollout` / :func:`~trainer.rollout.group_rollout`.
 
     Args:

@@ -18,7 +18,7 @@ One iteration of :func:`train_loop`:
 
 The loop stops early once ``max_env_calls`` env calls were spent (no iteration starts after that). It
 knows no env (it gets one) and no policy internals (:class:`Policy`): the tabular policy
-(:class:`trainer.tabular.TabularPolicy`) and the text policy (:class:`trainer.text_train.PPOTextPolicy`)
+(:class:`trainer.tabular.TabularPolicy`) and the text policy (:class:`trainer.text.text_train.PPOTextPolicy`)
 both plug in here, and so will a Hugging Face policy.
 
 Run folders (``cfg.run_dir``): ``config.json``, ``metrics.jsonl`` (a row per iteration, as it goes) and
@@ -28,7 +28,7 @@ the iteration during which a SIGTERM / SIGINT arrived (the run then stops: :clas
 ``resume=RUN_DIR`` continues that run at the next iteration with that iteration's seeds and appends to its
 ``metrics.jsonl``; resumed and uninterrupted runs are the same run. A new run never writes into a folder that
 holds a run's records (:func:`check_new_run_dir`). ``forkyard sft`` keeps its own records the same way
-(:func:`trainer.text_sft.sft`, with the helpers here).
+(:func:`trainer.text.text_sft.sft`, with the helpers here).
 
 Why one file: the loop, its run folder and its resume state are one contract (which iteration a saved state
 ends, which rows of ``metrics.jsonl`` it covers, which seeds come next); split, a change to the loop's state
@@ -202,7 +202,7 @@ class Policy(Actor, Protocol):
 
 
 class Monitor(Protocol):
-    """A stability check over the iteration metrics (:mod:`trainer.monitors`): ``check`` returns a warning
+    """A stability check over the iteration metrics (:mod:`trainer.text.monitors`): ``check`` returns a warning
     text once it fires; the loop then records ``metrics[key] = 1`` and keeps the warning."""
 
     key: str

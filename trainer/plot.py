@@ -2,7 +2,7 @@
 the error bars come from :mod:`trainer.stats`.
 
 * :func:`plot_run` (``forkyard plot RUN_DIR``): the stability curves of a run (``RUN_DIR/metrics.jsonl``),
-  one panel per monitored metric (:data:`trainer.monitors.MONITORED`, plus the periodic evaluation
+  one panel per monitored metric (:data:`trainer.text.monitors.MONITORED`, plus the periodic evaluation
   accuracies when present), x axis = iteration. ``compare`` draws more runs on the same axes (for
   example the tree-fork run and the trajectory-level run of the same budget). Iterations where the
   Echo-Trap detector fired are marked with a vertical red line.
@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainer.monitors import MONITORED
+from trainer.text.monitors import MONITORED
 
 EVAL_KEYS = ("eval_greedy_accuracy", "eval_sampled_accuracy")
 

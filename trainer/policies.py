@@ -23,7 +23,7 @@ name     config                                              setup
 =======  ==================================================  ===============================================
 tabular  :class:`trainer.tabular_config.TrainConfig`         :func:`trainer.tabular.setup` (REINFORCE on a
                                                              logit table)
-lm       :class:`trainer.text_config.TextTrainConfig`        :func:`trainer.text_train.setup` (the text
+lm       :class:`trainer.text.text_config.TextTrainConfig`        :func:`trainer.text.text_train.setup` (the text
                                                              policy; the options of ``train-lm``)
 =======  ==================================================  ===============================================
 """
@@ -152,8 +152,8 @@ def _add_plugin(name: str, obj: Any) -> None:
 
 register_policy("tabular", config="trainer.tabular_config:TrainConfig", setup="trainer.tabular:setup",
                 help="a logit table trained by REINFORCE")
-register_policy("lm", config="trainer.text_config:TextTrainConfig", setup="trainer.text_train:setup",
-                report="trainer.text_train:print_result", groups="trainer.text_cli:RL_GROUPS",
+register_policy("lm", config="trainer.text.text_config:TextTrainConfig", setup="trainer.text.text_train:setup",
+                report="trainer.text.text_train:print_result", groups="trainer.text.text_cli:RL_GROUPS",
                 help="the text policy (the options of train-lm; `forkyard train --policy lm --help` lists them)")
 _REGISTRY.load_from("forkyard.policies", _add_plugin)
 

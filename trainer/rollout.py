@@ -18,7 +18,7 @@ Sampling RNG streams: every episode samples from its own ``random.Random`` (:fun
 rollout's ``rng`` by :func:`episode_seeds` (one 64-bit seed per episode or base, all drawn before any sampling),
 and a tree branch from its base's seed and branch index; a tree's fork-turn draws come from its base's stream.
 An episode's actions thereby depend on its seed alone, not on which episodes ran before it or beside it, so a
-batched rollout (:mod:`trainer.engine`) samples the same episodes as these serial loops.
+batched rollout (:mod:`trainer.text.engine`) samples the same episodes as these serial loops.
 
 Env-reported episode metrics: the ``info`` of the step that ends an episode may carry
 ``info["episode_metrics"]`` (:data:`EPISODE_METRICS`), a dict of numbers the env computes about the

@@ -7,7 +7,7 @@
 2. the policy's **setup** builds a :class:`Trainee` from the config: the env, the learner (a
    :class:`trainer.loop.Policy`), its evaluations and its hooks (reward shaping, monitors, what the progress
    bar shows, what to save at the end). The tabular policy's is :func:`trainer.tabular.setup`, the text
-   policy's :func:`trainer.text_train.setup`; a plugin's is named in its :class:`trainer.policies.Policy`;
+   policy's :func:`trainer.text.text_train.setup`; a plugin's is named in its :class:`trainer.policies.Policy`;
 3. the shared loop (:func:`trainer.loop.train_loop`): rollouts, advantages, updates, ``metrics.jsonl``,
    the resume state;
 4. the final evaluation, the policy's ``finish`` (the text policy saves ``model.pt``), ``summary.json``.

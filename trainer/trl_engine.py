@@ -3,12 +3,13 @@
 :func:`sample_rows` samples one reply for each of B token contexts with a Hugging Face causal LM: one
 batched prefill of the left-padded contexts (attention mask, per-row position ids), then one batched forward
 per token over the rows still generating (their KV caches in the model's own cache object; a row that stops,
-at EOS or after ``max_new_tokens``, leaves the batch). Each row draws its tokens from ITS OWN
+at EOS or after ``max_new_tokens``, leaves the batch). Each row draws its tokens from its own
 ``random.Random`` stream, one ``rng.random()`` per token, by the inverse CDF of the tempered softmax (no
 top-k, no top-p), so a row's tokens depend on its context and its stream alone, not on the rows beside it:
 one row at a time (:meth:`trainer.trl_rollout.ChatPolicy.sample`, the serial path) and a batch give the same
 token ids for the same seeds; padding changes only the reduction order of float sums (tested on CPU in
-float32, ``tests/test_trl.py``: ids equal, log-probs within 1e-5).
+float32, ``tests/integrations/test_trl.py``: ids equal, log-probs within 5e-5; measured 3e-6 to 1.2e-5 on the tiny test
+model, whose logits of size ~10 differ by about 1e-6 relative under SDPA attention).
 
 :func:`group_rollouts` and :func:`tree_rollouts` run the group and tree rollouts of
 :mod:`trainer.rollout` (one :class:`~trainer.rollout.Rollout` per group or tree, equal to what
@@ -24,6 +25,7 @@ tree's base runs on the env itself.
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -50,6 +52,12 @@ def draw(logp: torch.Tensor, rngs: list[random.Random]) -> list[int]:
     target = (u * cdf[:, -1].double()).to(cdf.dtype)
     j = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
     return j.clamp(max=logp.shape[1] - 1).tolist()
+
+
+def _cache(out: Any) -> Any:
+    """The KV cache of a forward's output (``cache``, or ``past_key_values`` before transformers 5)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 @torch.no_grad()
@@ -80,8 +88,10 @@ def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random]
     ids = torch.tensor([[pad_id] * (width - n) + c for n, c in zip(lens, contexts, strict=True)], device=device)
     mask = torch.tensor([[0] * (width - n) + [1] * n for n in lens], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    # transformers 5 names the cache argument and output ``cache`` (``past_key_values`` before, deprecated since)
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
+    cache, logits = _cache(out), out.logits[:, -1].float()
     nxt = torch.tensor(lens, device=device)  # each row's next position
     rows = list(range(len(contexts)))  # the context of each batch row
     gens: list[list[int]] = [[] for _ in contexts]
@@ -111,8 +121,8 @@ def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random]
             rows, picks = [rows[b] for b in keep], [picks[b] for b in keep]
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], 1)
         out = model(input_ids=torch.tensor(picks, device=device)[:, None], attention_mask=mask,
-                    position_ids=nxt[:, None], past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
+                    position_ids=nxt[:, None], use_cache=True, **{key: cache})
+        cache, logits = _cache(out), out.logits[:, -1].float()
         nxt = nxt + 1
     return [(g, lp, e) for g, lp, e in zip(gens, logps, entropies, strict=True)]
 

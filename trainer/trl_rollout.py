@@ -11,14 +11,16 @@ argument; GiGPO, arXiv:2505.10978, groups steps by shared state, which independe
 it). TRL's group-normalised advantage then compares the branches; the shared prefix, the same tokens in
 every row of the group, gets the group's summed advantage, zero.
 
-Each turn: the model's reply is sampled with ``temperature`` from the chat-template context (prompt, the
-env's first observation appended to the last user message as TRL's ``environment_factory`` does, and the
-tools' JSON schemas) until the tokenizer's EOS, read by :func:`envs.tool_calls.parse_model_output` (any
-other text reaches the env as written: its invalid-action observation), and stepped; the env's reply is
-appended as a tool message, laid out token for token as TRL's own tool loop lays it out. Token ids are
-kept as generated, never re-tokenised; ``logprobs`` are the sampling distribution's (natural log, 0.0 on
-env tokens). ``env_reward`` (each branch's summed env reward, None when the infrastructure lost it) goes
-to :meth:`TreeForkRollout.reward`, the reward function to pass in ``reward_funcs``::
+Each turn (every live session of the call's groups together by default, :mod:`trainer.trl_engine`; one at a
+time with ``sampler="serial"``, the same draws): the model's reply is sampled with ``temperature`` from the
+chat-template context (prompt, the env's first observation appended to the last user message as TRL's
+``environment_factory`` does, and the tools' JSON schemas) until the tokenizer's EOS, read by
+:func:`envs.tool_calls.parse_model_output` (any other text reaches the env as written: its invalid-action
+observation), and stepped; the env's reply is appended as a tool message, laid out token for token as TRL's
+own tool loop lays it out. Token ids are kept as generated, never re-tokenised; ``logprobs`` are the sampling
+distribution's (natural log, 0.0 on env tokens). ``env_reward`` (each branch's summed env reward, None when
+the infrastructure lost it) goes to :meth:`TreeForkRollout.reward`, the reward function to pass in
+``reward_funcs``::
 
     rollout = TreeForkRollout("forkyard/ClueProbe-v0", max_turns=4)          # server_url=... for a server
     trainer = GRPOTrainer(model=model, processing_class=tok, args=config, train_dataset=rows,
@@ -35,17 +37,17 @@ control that isolates what the fork adds.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import torch
-from transformers import GenerationConfig
 
 from envs.actions import ActionParseError
 from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
 from envs.trl import env_tools
 from trainer.rollout import Episode, Rollout, Step, group_rollout, tree_rollout
+from trainer.trl_engine import MAX_BATCH, Group, Reply, Tree, group_rollouts, sample_rows, tree_rollouts
 
 
 class ChatSession:
@@ -64,8 +66,16 @@ class ChatSession:
         self.mask: list[int] = []
         self.anchor_key = ""
 
+    @property
+    def ids(self) -> list[int]:
+        """The context the next reply is sampled after: prompt + completion so far."""
+        return self.prompt + self.completion
+
     def act(self, rng: random.Random) -> Step:
-        new, logps, entropy = self.policy.sample(self.prompt + self.completion, rng)
+        return self.record(*self.policy.sample(self.ids, rng))
+
+    def record(self, new: list[int], logps: list[float], entropy: float) -> Step:
+        """Append a sampled reply (:data:`trainer.trl_engine.Reply`) to the context and read its action."""
         self.completion += new
         self.logprobs += logps
         self.mask += [1] * len(new)
@@ -98,7 +108,7 @@ class ChatSession:
         return twin
 
     def entropy(self) -> float:
-        return self.policy.next_token_entropy(self.prompt + self.completion)
+        return self.policy.next_token_entropy(self.ids)
 
 
 class ChatPolicy:
@@ -132,24 +142,19 @@ class ChatPolicy:
         session.anchor_key = info.get("anchor_key", "")
         return session
 
-    @torch.no_grad()
-    def sample(self, ids: list[int], rng: random.Random) -> tuple[list[int], list[float], float]:
-        """One reply after ``ids``: (new token ids up to and including EOS, their log-probs, first-token entropy)."""
-        x = torch.tensor([ids], device=self.device)
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            torch.manual_seed(rng.randrange(2**63))
-            # A config of its own: a checkpoint's generation_config (repetition penalty, top-k) would make the
-            # sampled distribution differ from the one whose log-probs are recorded.
-            config = GenerationConfig(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0,
-                                      max_new_tokens=self.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-                                      pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
-                                      return_dict_in_generate=True)
-            out = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=config)
-        new = out.sequences[0, len(ids):]
-        logp = torch.log_softmax(torch.stack(out.logits)[:, 0].float() / self.temperature, dim=-1)
-        picked = logp[torch.arange(len(new)), new]
-        entropy = float(-(logp[0].exp() * logp[0]).sum())
-        return new.tolist(), picked.tolist(), entropy
+    def sample(self, ids: list[int], rng: random.Random) -> Reply:
+        """One reply after ``ids``: (new token ids up to and including EOS, their log-probs, first-token entropy),
+        drawn from ``rng`` (:func:`trainer.trl_engine.sample_rows` with one row: the draws of a batch)."""
+        return self.sample_many([ids], [rng])[0]
+
+    def sample_many(self, contexts: list[list[int]], rngs: list[random.Random],
+                    before_draw: Callable[[int, float], None] | None = None) -> list[Reply]:
+        """One reply after each context, sampled together, row b from ``rngs[b]``
+        (:func:`trainer.trl_engine.sample_rows` with this policy's model and settings)."""
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return sample_rows(self.model, contexts, rngs, self.temperature, self.max_new_tokens, tok.eos_token_id,
+                           pad, before_draw)
 
     @torch.no_grad()
     def next_token_entropy(self, ids: list[int]) -> float:
@@ -200,6 +205,11 @@ class TreeForkRollout:
         seed: base of the groups' reset seeds.
         temperature: sampling temperature.
         max_new_tokens: most tokens of one reply.
+        sampler: ``"batched"`` (default): every group of a call played together, the live sessions of a wave
+            sampled in one batched forward per token (:mod:`trainer.trl_engine`); ``"serial"``: one group, one
+            session after another (:func:`trainer.rollout.tree_rollout` / :func:`~trainer.rollout.group_rollout`).
+            Both draw alike: the same seeds give the same rows.
+        max_batch: most sessions in one batched forward (``sampler="batched"``).
         **env_kwargs: the env's kwargs (``server_url=...`` runs it on a forkyard server, forks included).
 
     Attributes:
@@ -207,7 +217,7 @@ class TreeForkRollout:
         episodes: the :class:`trainer.rollout.Episode` list of the last call, row for row.
 
     Raises:
-        ValueError: an unknown ``fork_turn``.
+        ValueError: an unknown ``fork_turn`` or ``sampler``, or ``max_batch < 1``.
 
     Raises (on call):
         ValueError: rows not in groups of ``trainer.num_generations`` (``num_generations_eval`` in evaluation)
@@ -215,11 +225,16 @@ class TreeForkRollout:
     """
 
     def __init__(self, env_id: str, *, fork_turn: str = "uniform", seed: int = 0, temperature: float = 1.0,
-                 max_new_tokens: int = 64, **env_kwargs: Any):
+                 max_new_tokens: int = 64, sampler: str = "batched", max_batch: int = MAX_BATCH, **env_kwargs: Any):
         if fork_turn not in ("uniform", "entropy", "none"):
             raise ValueError(f"fork_turn must be 'uniform', 'entropy' or 'none', got {fork_turn!r}")
+        if sampler not in ("batched", "serial"):
+            raise ValueError(f"sampler must be 'batched' or 'serial', got {sampler!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.env_id, self.env_kwargs, self.fork_turn, self.seed = env_id, env_kwargs, fork_turn, seed
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.sampler, self.max_batch = sampler, max_batch
         self.env_calls = 0
         self.episodes: list[Episode] = []
 
@@ -234,28 +249,65 @@ class TreeForkRollout:
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
                                 "env_reward": []}
         self.episodes = []
+        tok, template = trainer.processing_class, training_template(trainer)
+        groups = [(prompts[j * g], self.seed * 1_000_003 + trainer.state.global_step * 1009 + j)
+                  for j in range(len(prompts) // g)]
         try:
-            for j in range(len(prompts) // g):
-                self._group(model, trainer.processing_class, training_template(trainer), prompts[j * g],
-                            g, self.seed * 1_000_003 + trainer.state.global_step * 1009 + j, out)
+            rollouts = self.play(model, tok, template, groups, g)
         finally:
             model.train(was_training)
+        for (messages, seed), rollout in zip(groups, rollouts, strict=True):
+            self._rows(rollout, tok, template, messages, g, seed, out)
         return out
 
-    def _group(self, model: Any, tok: Any, template: str | None, messages: list[dict], g: int, seed: int,
-               out: dict[str, list]) -> None:
-        env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+    def play(self, model: Any, tok: Any, template: str | None, groups: list[tuple[list[dict], int]],
+             g: int) -> list[Rollout]:
+        """One :class:`trainer.rollout.Rollout` per ``(messages, reset seed)`` of ``groups``: a tree of one base and
+        ``g`` branches (``fork_turn="none"``: ``g`` independent episodes), each group on its own env (closed on
+        return), sampled with ``self.sampler``. A group whose env was lost before its tree started gets an empty
+        rollout."""
+        envs_: list[Any] = []
+        specs: list[tuple[Any, ChatPolicy, int] | None] = []
         try:
-            tools = env_tools(env, self.env_id, seed)
-            policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
+            for messages, seed in groups:
+                env = gym.make(self.env_id, **self.env_kwargs).unwrapped
+                envs_.append(env)
+                try:
+                    tools = env_tools(env, self.env_id, seed)
+                except EnvInfraError:  # lost before its tree started: every row of the group is lost (_rows)
+                    specs.append(None)
+                    continue
+                policy = ChatPolicy(model, tok, messages, tools, self.temperature, self.max_new_tokens, template)
+                specs.append((env, policy, seed))
+            if self.sampler == "serial":
+                return [self._serial(spec, g) for spec in specs]
+            live = [spec for spec in specs if spec is not None]
             if self.fork_turn == "none":
-                rollout = group_rollout(env, policy, g, [seed] * g, random.Random(seed))
+                played = iter(group_rollouts([Group(env, policy, g, [seed] * g, random.Random(seed))
+                                              for env, policy, seed in live], self.max_batch))
             else:
-                rollout = tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
-        except EnvInfraError:  # lost before its tree started: every row of the group is lost (below)
-            rollout = Rollout("tree", [])
+                played = iter(tree_rollouts([Tree(env, policy, g, seed, random.Random(seed))
+                                             for env, policy, seed in live], self.fork_turn, self.max_batch))
+            return [next(played) if spec is not None else Rollout("tree", []) for spec in specs]
         finally:
-            env.close()
+            for env in envs_:
+                env.close()
+
+    def _serial(self, spec: tuple | None, g: int) -> Rollout:
+        if spec is None:
+            return Rollout("tree", [])
+        env, policy, seed = spec
+        try:
+            if self.fork_turn == "none":
+                return group_rollout(env, policy, g, [seed] * g, random.Random(seed))
+            return tree_rollout(env, policy, 1, g, [seed], random.Random(seed), self.fork_turn)
+        except EnvInfraError:
+            return Rollout("tree", [])
+
+    def _rows(self, rollout: Rollout, tok: Any, template: str | None, messages: list[dict], g: int, seed: int,
+              out: dict[str, list]) -> None:
+        """Append a group's g rows to ``out`` (TRL's columns and ``env_reward``) and its episodes to
+        :attr:`episodes`."""
         self.env_calls += rollout.env_calls
         fallback = None
         lost = [Episode(seed=seed, base=0, branch=j, infra_failure=True, reason="infra_error")

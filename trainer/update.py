@@ -67,7 +67,7 @@ def dropout_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     mode and every rate changed are restored.
 
     Args:
-        model: any ``torch.nn.Module`` (a :class:`trainer.lm.TinyCausalLM`, :class:`trainer.hf.HFCausalLM`).
+        model: any ``torch.nn.Module`` (a :class:`trainer.text.lm.TinyCausalLM`, :class:`trainer.text.hf.HFCausalLM`).
 
     Yields:
         ``model``.

@@ -53,7 +53,7 @@ COMMANDS: list[tuple[str, list[str], str]] = [
 ]
 #: Extra arguments for a command on a revision that knows them (marker text in the file named): the serial
 #: sampler, which is the only one a revision before the batched engine has.
-EXTRA = {"text policy RL (serial sampler)": (["--sampler", "serial"], "trainer/text_config.py", "sampler")}
+EXTRA = {"text policy RL (serial sampler)": (["--sampler", "serial"], "trainer/text/text_config.py", "sampler")}
 
 
 def extra_args(name: str, tree: Path) -> list[str]:

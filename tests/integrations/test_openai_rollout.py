@@ -27,8 +27,8 @@ from tests.docker_support import ROOT, UvicornThread, free_port, wait_http_ok  #
 from trainer.loop import make_env  # noqa: E402
 from trainer.openai_rollout import NOT_EXECUTED, OpenAIPolicy, ServerRecord, require_token_ids  # noqa: E402
 from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
-from trainer.text_config import TextTrainConfig  # noqa: E402
-from trainer.text_sft import sft  # noqa: E402
+from trainer.text.text_config import TextTrainConfig  # noqa: E402
+from trainer.text.text_sft import sft  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -260,10 +260,10 @@ def scenario_text_engine(out: dict[str, Any]) -> None:
     tree (group) rollout of each base (episode) with its task RNG, on 2 nodes and on 1."""
     import torch
 
-    from trainer.lm import ByteTokenizer, LMConfig, build_model
+    from trainer.text.lm import ByteTokenizer, LMConfig, build_model
     from trainer.rollout import group_rollout
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_train import PPOTextPolicy
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_train import PPOTextPolicy
 
     torch.set_num_threads(1)
     c, workers = cluster(2)

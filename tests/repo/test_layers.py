@@ -89,6 +89,22 @@ def test_the_trainer_reaches_the_service_only_to_start_it():
         "trainer/cli.py": ["sandbox_server.__main__", "sandbox_server.__main__.main"]}
 
 
+def test_the_text_policy_package_imports_one_way():
+    """trainer/text/: each module imports only those before it in ``trainer.text.IMPORT_ORDER``; the trainer's core
+    imports nothing of it but the command line (cli.py registers text_cli) and the run plots (plot.py: monitors)."""
+    from trainer.text import IMPORT_ORDER
+
+    assert sorted(IMPORT_ORDER) == sorted(p.stem for p in (ROOT / "trainer" / "text").glob("*.py")
+                                          if p.stem != "__init__")
+    for i, name in enumerate(IMPORT_ORDER):
+        used = {m.split(".")[2] for m in graph()[f"trainer/text/{name}.py"] if m.startswith("trainer.text.")}
+        assert used <= set(IMPORT_ORDER[:i]), f"trainer.text.{name} imports {sorted(used - set(IMPORT_ORDER[:i]))}"
+    core = {f: sorted({".".join(m.split(".")[:3]) for m in mods if m.startswith("trainer.text.")})
+            for f, mods in graph().items() if f.startswith("trainer/") and not f.startswith("trainer/text/")}
+    assert {f: m for f, m in core.items() if m} == {"trainer/cli.py": ["trainer.text.text_cli"],
+                                                   "trainer/plot.py": ["trainer.text.monitors"]}
+
+
 def test_no_layer_imports_the_ray_package_or_ray_itself():
     """envs, sandbox_server and trainer import neither ``ray_cluster`` (not even lazily) nor ``ray``: Ray runs are
     plugins of the entry-point groups ``forkyard.collectors`` and ``forkyard.sandbox_providers``."""

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from trainer.estimators import Assigned
-from trainer.checkpoints import load_checkpoint, save_checkpoint
-from trainer.lm import LMConfig, TinyCausalLM
+from trainer.text.checkpoints import load_checkpoint, save_checkpoint
+from trainer.text.lm import LMConfig, TinyCausalLM
 from trainer.loop import collect, make_env
-from trainer.text_config import TextTrainConfig
-from trainer.text_policy import token_logprobs
-from trainer.text_train import PPOTextPolicy
-from trainer.tokenizer import model_tokenizer
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_policy import token_logprobs
+from trainer.text.text_train import PPOTextPolicy
+from trainer.text.tokenizer import model_tokenizer
 from trainer.update import dropout_off
 
 #: A small RL config: 2 bases x 3 branches on ClueProbe T=3, short actions, two PPO epochs.
@@ -87,14 +87,14 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 
 @pytest.fixture(scope="module")
 def tok():
-    from trainer.text_sft import make_tokenizer
+    from trainer.text.text_sft import make_tokenizer
 
     return make_tokenizer(TextTrainConfig(max_turns=3, vocab=300), n_episodes=200)
 
 
 def _gpt2_folder(tok, folder, rate: float):
     """A tiny GPT-2 built from a config with every dropout at ``rate``, saved as a model folder."""
-    from trainer.hf import HFCausalLM, save_folder
+    from trainer.text.hf import HFCausalLM, save_folder
 
     cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=256, n_embd=32, n_layer=1, n_head=2,
                                   resid_pdrop=rate, embd_pdrop=rate, attn_pdrop=rate,
@@ -105,7 +105,7 @@ def _gpt2_folder(tok, folder, rate: float):
 
 def _llama_folder(tok, folder, rate: float):
     """A tiny Llama built from a config with ``attention_dropout=rate``, saved as a model folder."""
-    from trainer.hf import HFCausalLM, save_folder
+    from trainer.text.hf import HFCausalLM, save_folder
 
     cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
@@ -127,7 +127,7 @@ def test_gradient_checkpointing_still_recomputes_with_dropout_off(tok, tmp_path)
     """The checkpointed layers recompute only in training mode: inside :func:`dropout_off` they still do
     (the attention runs twice per update forward), and the gradients equal those of the same model without
     checkpointing, with the attention dropout of its config (0.2) off in both."""
-    from trainer.hf import configure_training
+    from trainer.text.hf import configure_training
 
     folder = _llama_folder(tok, tmp_path / "llama", 0.2)
     plain = load_checkpoint(str(folder), device="cpu")

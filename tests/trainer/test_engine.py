@@ -1,4 +1,4 @@
-"""The batched rollout engine (trainer/engine.py): the same seeds give the same episodes as the serial loops of
+"""The batched rollout engine (trainer/text/engine.py): the same seeds give the same episodes as the serial loops of
 trainer/rollout.py, token for token, for group and tree rollouts, on forkyard's transformer and a Hugging Face
 Llama; behavior log-probs equal the trainer's recompute.
 
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from envs.clueprobe import ClueProbeEnv
-from trainer.engine import RolloutEngine, _Row, blocking
-from trainer.lm import ByteTokenizer, LMConfig, build_model
+from trainer.text.engine import RolloutEngine, _Row, blocking
+from trainer.text.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.rollout import Rollout, episode_seeds, group_rollout, stream, tree_rollout
-from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
+from trainer.text.text_policy import SamplingConfig, TextPolicy, token_logprobs
 
 TOK = ByteTokenizer()
 
@@ -33,7 +33,7 @@ def tiny(context=160, seed=0):
 
 
 def llama(context=160):
-    from trainer.hf import build_llama
+    from trainer.text.hf import build_llama
 
     return build_llama(LMConfig(d_model=32, n_layers=2, n_heads=2, context=context), TOK, "cpu")
 
@@ -155,9 +155,9 @@ def test_max_batch_must_be_positive():
 
 
 def test_train_lm_samples_through_the_engine_by_default_and_serial_on_request():
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_sft import new_model
-    from trainer.text_train import PPOTextPolicy, sample_batch
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_sft import new_model
+    from trainer.text.text_train import PPOTextPolicy, sample_batch
 
     rollouts = {}
     for sampler in ("batched", "serial"):
@@ -217,7 +217,7 @@ def test_a_small_kv_cap_gives_the_same_episodes_in_more_waves(env):
     assert [len(w) for w in RolloutEngine(max_kv_tokens=1).waves(rows)] == [1] * 7
     with pytest.raises(ValueError, match="max_kv_tokens"):
         RolloutEngine(max_kv_tokens=0)
-    from trainer.text_config import TextTrainConfig
+    from trainer.text.text_config import TextTrainConfig
 
     e = RolloutEngine.from_config(TextTrainConfig(max_batch=5, max_kv_tokens=500, env_threads=3, max_live=7))
     assert (e.max_batch, e.max_kv_tokens, e.env_threads, e.max_live) == (5, 500, 3, 7)

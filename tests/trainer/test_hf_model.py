@@ -14,16 +14,16 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
 
 from tests.docker_support import ROOT  # noqa: E402
-from trainer.hf import HFCausalLM, HFTokenizerAdapter, build_llama, hf_tokenizer, load_folder  # noqa: E402
-from trainer.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
-from trainer.lm import LMConfig  # noqa: E402
+from trainer.text.hf import HFCausalLM, HFTokenizerAdapter, build_llama, hf_tokenizer, load_folder  # noqa: E402
+from trainer.text.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
+from trainer.text.lm import LMConfig  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
-from trainer.losses import ppo_loss  # noqa: E402
+from trainer.text.losses import ppo_loss  # noqa: E402
 from trainer.rollout import tree_rollout  # noqa: E402
-from trainer.text_config import TextTrainConfig  # noqa: E402
-from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs  # noqa: E402
-from trainer.text_sft import make_tokenizer  # noqa: E402
-from trainer.text_train import build_batch  # noqa: E402
+from trainer.text.text_config import TextTrainConfig  # noqa: E402
+from trainer.text.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs  # noqa: E402
+from trainer.text.text_sft import make_tokenizer  # noqa: E402
+from trainer.text.text_train import build_batch  # noqa: E402
 
 SIZE = LMConfig(d_model=32, n_layers=1, n_heads=2, context=256)
 
@@ -193,7 +193,7 @@ def _sft_loss(model, tok):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tok):
-    from trainer.hf import configure_training
+    from trainer.text.hf import configure_training
 
     plain = build_llama(SIZE, tok, device="cpu", seed=3).train()
     ckpt = configure_training(build_llama(SIZE, tok, device="cpu", seed=3), gradient_checkpointing=True).train()
@@ -209,7 +209,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok):
 
 def test_lora_trains_only_adapters_and_the_saved_folder_is_the_merged_model(tok, tmp_path):
     pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
-    from trainer.hf import configure_training
+    from trainer.text.hf import configure_training
 
     torch.manual_seed(0)  # the adapters' initialization
     model = configure_training(build_llama(SIZE, tok, device="cpu", seed=4), lora_rank=4, lora_alpha=8)
@@ -242,7 +242,7 @@ def test_lora_trains_the_rows_of_role_tokens_a_users_tokenizer_lacked(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from trainer.hf import configure_training
+    from trainer.text.hf import configure_training
 
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -297,7 +297,7 @@ def _chat_folder(tmp_path, template):
 
 
 def test_a_users_chat_template_renders_the_prompt_with_the_env_tools(tmp_path):
-    from trainer.hf import HFChatTemplate
+    from trainer.text.hf import HFChatTemplate
 
     fast = _chat_folder(tmp_path, CHATML)
     model = load_folder(tmp_path, device="cpu")
@@ -368,8 +368,8 @@ def test_sampling_from_a_model_in_training_mode_fails_loudly(model, tok):
 
 def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
     pytest.importorskip("peft", reason="the hf extra is not installed (make installs it)")
-    from trainer.hf import configure_training
-    from trainer.text_eval import exact_policy_gradient
+    from trainer.text.hf import configure_training
+    from trainer.text.text_eval import exact_policy_gradient
 
     torch.manual_seed(0)
     lora = configure_training(build_llama(SIZE, tok, device="cpu", seed=5), lora_rank=2)
@@ -386,9 +386,9 @@ def test_the_kl_reference_of_a_lora_model_is_its_base_without_a_copy(tok):
     import copy
 
     from trainer.estimators import Assigned
-    from trainer.hf import configure_training
-    from trainer.losses import PPOConfig
-    from trainer.text_train import PPOTextPolicy
+    from trainer.text.hf import configure_training
+    from trainer.text.losses import PPOConfig
+    from trainer.text.text_train import PPOTextPolicy
 
     base = build_llama(SIZE, tok, device="cpu", seed=6)
     before = copy.deepcopy(base)

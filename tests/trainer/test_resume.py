@@ -142,7 +142,7 @@ def test_a_new_run_never_replaces_a_runs_records(tmp_path):
     r = forkyard("train", "--resume", str(run), "--lr", "0.5")
     assert r.returncode == 2 and "lr is 0.1 in the run, 0.5 given" in r.stderr
     from trainer.loop import RunDirError, resume_config
-    from trainer.text_config import TextTrainConfig
+    from trainer.text.text_config import TextTrainConfig
     from trainer.tabular_config import TrainConfig
 
     with pytest.raises(RunDirError, match="another command"):
@@ -196,8 +196,8 @@ def test_sft_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path):
 def test_train_lm_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path):
     """The text policy's RL on the CPU (tiny config, from a short SFT, with a KL reference): stopped by
     SIGTERM and resumed, it equals the run left alone (every metric, and the weights of model.pt)."""
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_sft import sft
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_sft import sft
 
     tiny = dict(vocab=300, d_model=32, n_layers=1, n_heads=2, context=256, max_turns=2, threads=1, device="cpu")
     sft(TextTrainConfig(**tiny, sft_steps=60, sft_batch=8, sft_lr=1e-2, demo_skill=1, run_dir=str(tmp_path / "sft")))

@@ -1,4 +1,4 @@
-"""Exact expected success of a text policy (trainer/text_eval.py), checked against the policy's own
+"""Exact expected success of a text policy (trainer/text/text_eval.py), checked against the policy's own
 sampling: the per-action probability equals the behavior log-prob recorded while sampling, and the summed
 tree equals a Monte Carlo estimate of the same quantity from real rollouts."""
 
@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from trainer.text_eval import action_probabilities, exact_policy_gradient, exact_success
-from trainer.text_policy import TextPolicy
+from trainer.text.text_eval import action_probabilities, exact_policy_gradient, exact_success
+from trainer.text.text_policy import TextPolicy
 from trainer.loop import make_env
-from trainer.text_config import TextTrainConfig
-from trainer.text_sft import sft
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_sft import sft
 
 CFG = TextTrainConfig(max_turns=3, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                       sft_steps=200, sft_batch=16, sft_lr=1e-2, demo_skill=1.0, max_new_tokens=8, seed=1)
@@ -106,7 +106,7 @@ def test_eval_lm_command_reads_a_checkpoint_file(model, tmp_path, capsys):
     import json
 
     from trainer.cli import main
-    from trainer.checkpoints import save_checkpoint
+    from trainer.text.checkpoints import save_checkpoint
 
     path = tmp_path / "model.pt"
     save_checkpoint(model, str(path), tokenizer=model.tokenizer)

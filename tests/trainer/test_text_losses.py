@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import PPOConfig, ppo_loss, reduce_tokens
+from trainer.text.losses import PPOConfig, ppo_loss, reduce_tokens
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0], [5.0, 6.0, 0.0, 0.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])

@@ -3,7 +3,7 @@
 import json
 
 from trainer.cli import main
-from trainer.monitors import EchoTrapDetector
+from trainer.text.monitors import EchoTrapDetector
 
 
 def feed(det, rows):
@@ -69,7 +69,7 @@ def test_format_collapse_detector_on_the_recorded_runs():
     import gzip
     from pathlib import Path
 
-    from trainer.monitors import FormatCollapseDetector
+    from trainer.text.monitors import FormatCollapseDetector
 
     runs = sorted(Path(__file__).resolve().parents[2].glob("experiments/text_policy/data/*.metrics.jsonl.gz"))
     assert len(runs) == 54
@@ -97,7 +97,7 @@ def test_format_collapse_detector_on_the_recorded_runs():
 
 
 def test_format_collapse_detector_ignores_one_bad_iteration_and_warns_once():
-    from trainer.monitors import FormatCollapseDetector
+    from trainer.text.monitors import FormatCollapseDetector
 
     det = FormatCollapseDetector()
     series = [0.0] * 10 + [0.9] + [0.0] * 10  # one bad iteration: window mean 0.18 < 0.25

@@ -11,12 +11,12 @@ import random
 import pytest
 import torch
 
-from trainer.lm import ByteTokenizer, LMConfig, build_model
-from trainer.losses import PPOConfig, ppo_loss
+from trainer.text.lm import ByteTokenizer, LMConfig, build_model
+from trainer.text.losses import PPOConfig, ppo_loss
 from trainer.rollout import Episode, Rollout, tree_rollout
-from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
+from trainer.text.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
 from trainer.loop import make_env
-from trainer.text_train import build_batch
+from trainer.text.text_train import build_batch
 
 TOK = ByteTokenizer()
 
@@ -270,7 +270,7 @@ def test_entropy_fork_with_greedy_max_runs_a_text_tree():
 def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
     import copy
 
-    from trainer.text_train import apply_invalid_penalty
+    from trainer.text.text_train import apply_invalid_penalty
 
     _, ro = tree
     ro = copy.deepcopy(ro)
@@ -285,8 +285,8 @@ def test_invalid_penalty_counts_illegal_actions_on_each_path(tree):
 
 
 def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_estimator_on_groups():
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_train import sample_batch
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_train import sample_batch
 
     cfg = TextTrainConfig(max_turns=3, n_base=2, branches=3, estimator="anchor_fallback", rollout="tree", device="cpu")
     model = small_model(context=512, eot_logit=5.0)
@@ -299,7 +299,7 @@ def test_sample_batch_puts_any_estimator_on_a_tree_rollout_and_rejects_a_tree_es
 
 
 def test_long_observations_are_cut_for_the_model_alike_in_sft_and_sampling():
-    from trainer.text_policy import OBS_CUT_MARKER
+    from trainer.text.text_policy import OBS_CUT_MARKER
 
     t = ChatTemplate(TOK, max_obs_tokens=40)
     long_obs = "x" * 500
@@ -356,7 +356,7 @@ def test_field_case_s43_actions_the_env_runs_are_legal_however_spelled():
     text policy marks them legal (the env's parser decides, not string equality): invalid_share is 0 and
     ``--invalid-penalty 0.5`` leaves a correct episode's return at 1.0."""
     from trainer.rollout import group_rollout
-    from trainer.text_train import PPOTextPolicy, apply_invalid_penalty
+    from trainer.text.text_train import PPOTextPolicy, apply_invalid_penalty
 
     model = _memorized(S43_SPELLINGS)
     ppo = PPOTextPolicy(model, TOK, SamplingConfig(temperature=0.0, max_new_tokens=32), lr=1e-3, ppo=PPOConfig(),

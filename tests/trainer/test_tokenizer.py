@@ -1,4 +1,4 @@
-"""The BPE tokenizer of the text policy (trainer/tokenizer.py): trained on real ClueProbe demo texts,
+"""The BPE tokenizer of the text policy (trainer/text/tokenizer.py): trained on real ClueProbe demo texts,
 digits always single tokens, special tokens never forgeable from text, every string encodes, and the
 tokenizer travels with the checkpoint (a real file)."""
 
@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.checkpoints import load_checkpoint, save_checkpoint
-from trainer.lm import ByteTokenizer, LMConfig, build_model
-from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
+from trainer.text.checkpoints import load_checkpoint, save_checkpoint
+from trainer.text.lm import ByteTokenizer, LMConfig, build_model
+from trainer.text.text_policy import SamplingConfig, TextPolicy, token_logprobs
 from trainer.loop import make_env
-from trainer.text_config import TextTrainConfig
-from trainer.text_sft import demo_episodes, demo_rows, make_tokenizer, new_model
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_sft import demo_episodes, demo_rows, make_tokenizer, new_model
 
 CFG = TextTrainConfig(max_turns=4, vocab=400)
 
@@ -96,8 +96,8 @@ def test_bpe_policy_never_samples_a_suppressed_id_and_ratio_is_one(tok):
 def test_sft_then_rl_end_to_end_with_bpe(tmp_path):
     """forkyard sft -> train-lm on real files: the checkpoint carries the BPE tokenizer into RL, the
     trained ids equal the sampled ids (build_batch checks), the ratio is 1 on the first epoch."""
-    from trainer.text_sft import sft
-    from trainer.text_train import train_rl
+    from trainer.text.text_sft import sft
+    from trainer.text.text_train import train_rl
 
     cfg = TextTrainConfig(max_turns=4, vocab=400, d_model=32, n_layers=1, n_heads=2, context=256, device="cpu",
                           sft_steps=5, sft_batch=8, demo_skill=0.5, run_dir=str(tmp_path / "sft"))

@@ -14,11 +14,11 @@ import pytest
 
 from tests.docker_support import ROOT
 from tests.repo.test_plugins import CoinEnv
-from trainer.lm import ByteTokenizer, LMConfig, build_model
+from trainer.text.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
-from trainer.text_config import TextTrainConfig
-from trainer.text_policy import ChatTemplate, SamplingConfig, TextPolicy
-from trainer.text_sft import demo_episodes, make_tokenizer
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_policy import ChatTemplate, SamplingConfig, TextPolicy
+from trainer.text.text_sft import demo_episodes, make_tokenizer
 
 CLI = [sys.executable, "-c", "import sys; from trainer.cli import main; sys.exit(main(sys.argv[1:]))"]
 CFG = TextTrainConfig(max_turns=3, vocab=300, tools="json")
@@ -38,7 +38,7 @@ def test_the_env_tools_are_the_env_schemas_and_none_means_none():
 
 
 def test_the_prompt_with_tools_is_the_hf_chat_template_with_tools(tok):
-    hf_mod = pytest.importorskip("trainer.hf")
+    hf_mod = pytest.importorskip("trainer.text.hf")
     pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
     hf = hf_mod.hf_tokenizer(tok)
     template = ChatTemplate(tok, tools=TOOLS)

@@ -10,7 +10,7 @@ import pytest
 from trainer import cli
 from trainer.compare import SweepConfig
 from trainer.config import from_args
-from trainer.text_config import EvalConfig, TextTrainConfig
+from trainer.text.text_config import EvalConfig, TextTrainConfig
 from trainer.tabular_config import TrainConfig
 
 
@@ -69,7 +69,7 @@ def test_every_train_option_reaches_the_run_config(policy, monkeypatch):
     cls = TextTrainConfig if policy == "lm" else TrainConfig
     argv, expected = _non_default_argv(_subparser("train", policy), cls)
     from trainer.config import cli_fields
-    from trainer.text_cli import RL_GROUPS
+    from trainer.text.text_cli import RL_GROUPS
 
     # nothing left out: every loop, env and policy field (the text policy's SFT fields belong to `sft`)
     assert set(expected) == {f.name for f in cli_fields(cls, RL_GROUPS if policy == "lm" else None)}

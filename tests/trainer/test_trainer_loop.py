@@ -122,11 +122,11 @@ def test_tabular_policy_sample_returns_what_it_says():
 
 
 def test_one_resolve_device():
-    import trainer.lm
+    import trainer.text.lm
     import trainer.tabular
     import trainer.update
 
-    assert trainer.lm.resolve_device is trainer.update.resolve_device is trainer.tabular.resolve_device
+    assert trainer.text.lm.resolve_device is trainer.update.resolve_device is trainer.tabular.resolve_device
     assert str(trainer.update.resolve_device("cpu")) == "cpu"
 
 

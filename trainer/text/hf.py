@@ -1,7 +1,7 @@
 """Hugging Face ``transformers`` causal LMs as the text policy's model (``pip install 'forkyard[hf]'``).
 
 :class:`HFCausalLM` puts any ``AutoModelForCausalLM`` behind the interface the text policy uses
-(:class:`trainer.lm.CausalLM`): ``forward(ids, past) -> (logits, past)`` with ids ``[B, T]`` int64 and logits
+(:class:`trainer.text.lm.CausalLM`): ``forward(ids, past) -> (logits, past)`` with ids ``[B, T]`` int64 and logits
 ``[B, T, V]``, plus ``config.context`` / ``config.vocab_size``. The cache it hands out is a plain list of
 ``(keys, values)`` tensors, rebuilt into a fresh ``DynamicCache`` at each call: a transformers cache is
 updated in place, and forked policy sessions share their prefix's cache, so none may be (keys and values
@@ -30,14 +30,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from trainer.lm import SPECIAL_TOKENS, LMConfig, SpecialTokenIds
-from trainer.text_policy import ChatTemplate
+from trainer.text.lm import SPECIAL_TOKENS, LMConfig, SpecialTokenIds
+from trainer.text.text_policy import ChatTemplate
 from trainer.update import resolve_device
 
 #: forkyard's metadata file in a model folder.
 META_FILE = "forkyard.json"
 
-#: The chat template of :class:`trainer.text_policy.ChatTemplate` in Jinja (``tokenizer.apply_chat_template``):
+#: The chat template of :class:`trainer.text.text_policy.ChatTemplate` in Jinja (``tokenizer.apply_chat_template``):
 #: ``<|bos|>``, then per message a role token, the content and ``<|end|>``; the generation prompt is
 #: ``<|assistant|>``. Tools, when given, open the first user turn as JSON lines. An assistant message with
 #: ``tool_calls`` (the OpenAI / Hugging Face message form, as TRL's tool loop writes them) renders each call
@@ -83,7 +83,7 @@ class HFModelConfig:
 
 
 class HFCausalLM(nn.Module):
-    """A ``transformers`` causal LM behind :class:`trainer.lm.CausalLM` (module docstring).
+    """A ``transformers`` causal LM behind :class:`trainer.text.lm.CausalLM` (module docstring).
 
     Args:
         hf: a ``PreTrainedModel`` with a causal-LM head.
@@ -108,7 +108,7 @@ class HFCausalLM(nn.Module):
         """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the slots ``past`` holds (None: none).
         The ``past`` given is never modified. ``mask`` [B, P + T] bool (True: a real token) and ``positions``
         [B, T] int64 go to the model as ``attention_mask`` and ``position_ids`` (padded batches,
-        :meth:`trainer.lm.TinyCausalLM.forward`). In training mode or with gradients on (the RL update's eval-mode
+        :meth:`trainer.text.lm.TinyCausalLM.forward`). In training mode or with gradients on (the RL update's eval-mode
         forward, :func:`trainer.update.dropout_off`), without ``past``, no cache is built (the cache returned is
         None): gradient checkpointing recomputes activations and cannot keep one. Raises
         ValueError past ``config.context`` positions."""
@@ -205,7 +205,7 @@ def build_llama(cfg: LMConfig, tokenizer, device: str = "auto", dtype: str = "fl
 
 
 def hf_tokenizer(tokenizer):
-    """forkyard's BPE tokenizer (:class:`trainer.tokenizer.BPETokenizer`) as a ``PreTrainedTokenizerFast``
+    """forkyard's BPE tokenizer (:class:`trainer.text.tokenizer.BPETokenizer`) as a ``PreTrainedTokenizerFast``
     with the same ids (its role tokens as special tokens right after the BPE vocabulary),
     :data:`CHAT_TEMPLATE` and :data:`RESPONSE_TEMPLATE` (so TRL's tool loop takes it as it is). Raises ValueError
     for the byte-level tokenizer (no ``tokenizers`` model)."""
@@ -236,7 +236,7 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": 
 
 
 class HFChatTemplate(ChatTemplate):
-    """The text policy's template (:class:`trainer.text_policy.ChatTemplate`: ``first``, ``observation``,
+    """The text policy's template (:class:`trainer.text.text_policy.ChatTemplate`: ``first``, ``observation``,
     ``render``, ``encode_observation``) rendered by a Hugging Face tokenizer's own chat template, with the env's
     tools (``tools=``), for a user's checkpoint whose tokenizer has one (Qwen, Llama 3, SmolLM, ...).
 
@@ -391,7 +391,7 @@ class HFTokenizerAdapter(SpecialTokenIds):
 
     def chat_template(self, max_obs_tokens: int | None = None, tools=None):
         """The policy's template for this tokenizer: :class:`HFChatTemplate` when it keeps its own chat
-        template, else forkyard's :class:`trainer.text_policy.ChatTemplate` over the added role tokens.
+        template, else forkyard's :class:`trainer.text.text_policy.ChatTemplate` over the added role tokens.
         Raises ValueError for tools its own template cannot render."""
         if tools and self.own_template and not self.tools_ok:
             raise ValueError("this tokenizer's chat template cannot render tools=; train with --tools none")
@@ -427,7 +427,7 @@ def load_folder(folder: str | Path, device: str = "auto", dtype: str = "float32"
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.tokenizer import tokenizer_from_json
+    from trainer.text.tokenizer import tokenizer_from_json
 
     path = Path(folder)
     if not (path / "config.json").is_file():

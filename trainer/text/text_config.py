@@ -36,7 +36,7 @@ def _env_tools(env_id: str, kwargs_json: str) -> tuple[dict[str, Any], ...]:
 
 
 def _reductions() -> tuple[str, ...]:
-    from trainer.losses import REDUCTIONS  # imports torch: read only when a parser shows --reduction
+    from trainer.text.losses import REDUCTIONS  # imports torch: read only when a parser shows --reduction
 
     return REDUCTIONS
 
@@ -98,7 +98,8 @@ class TextTrainConfig(LoopConfig):
     clip_high: float = setting(0.28, group="loop", help="PPO ratio clip above 1 (DAPO clip-higher)")
     entropy_coef: float = setting(0.0, group="loop", help="entropy bonus weight")
     kl_coef: float = setting(0.0, group="loop", help="KL weight against the starting model (0: no reference model)")
-    reduction: str = setting("token-mean", choices=_reductions, group="loop", help="loss reduction (trainer/losses.py)")
+    reduction: str = setting("token-mean", choices=_reductions, group="loop",
+                             help="loss reduction (trainer/text/losses.py)")
     invalid_penalty: float = setting(0.0, group="loop",
                                      help="shaping: subtract this from an episode's return per illegal action on its "
                                           "path")
@@ -109,12 +110,13 @@ class TextTrainConfig(LoopConfig):
     top_p: float = setting(1.0, group="loop", help="nucleus sampling: sample from the smallest token set of this mass")
     max_new_tokens: int = setting(16, group="loop", help="token limit of one action")
     sampler: str = setting("batched", choices=("batched", "serial"), group="loop",
-                           help="rollout sampling: batched (trainer/engine.py: every live episode advances together; "
-                                "the same episodes as serial for the same seeds) or serial (one session at a time)")
+                           help="rollout sampling: batched (trainer/text/engine.py: every live episode advances "
+                                "together; the same episodes as serial for the same seeds) or serial (one session at "
+                                "a time)")
     max_batch: int = setting(64, group="loop", help="batched sampling: most sequences in one forward pass (more wait)")
     max_kv_tokens: int | None = setting(None, group="loop",
                                         help="batched sampling: most KV-cache slots (rows x tokens) of one wave; "
-                                             "rows past it wait (None: max_batch only; trainer/engine.py)")
+                                             "rows past it wait (None: max_batch only; trainer/text/engine.py)")
     max_live: int | None = setting(None, group="loop", help="batched sampling: most episodes live at once (each holds "
                                                             "an env copy, FileQA: a sandbox); None: all of a rollout")
     env_threads: int = setting(16, group="loop", help="batched sampling: worker threads for a wave's env calls when "
@@ -136,15 +138,15 @@ class TextTrainConfig(LoopConfig):
         return kwargs
 
     def lm_config(self, vocab_size: int = 262):
-        """The :class:`trainer.lm.LMConfig` of a new model with ``vocab_size`` token ids."""
-        from trainer.lm import LMConfig
+        """The :class:`trainer.text.lm.LMConfig` of a new model with ``vocab_size`` token ids."""
+        from trainer.text.lm import LMConfig
 
         return LMConfig(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                         context=self.context)
 
     def sampling(self):
-        """The :class:`trainer.text_policy.SamplingConfig` of the training policy."""
-        from trainer.text_policy import SamplingConfig
+        """The :class:`trainer.text.text_policy.SamplingConfig` of the training policy."""
+        from trainer.text.text_policy import SamplingConfig
 
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                               entropy_mode=self.fork_entropy, max_obs_tokens=self.max_obs_tokens,
@@ -187,7 +189,7 @@ class EvalConfig(TextTrainConfig):
     checkpoints: list[str] = setting(default_factory=list, positional=True, help="model.pt / sft.pt files")
     samples: int = setting(1000, help="held-out seeds (10**9 + i) for sampled accuracy; 0 skips sampling")
     exact: bool = setting(False, help="also the exact expected success over every accepted action path "
-                                      "(trainer/text_eval.py)")
+                                      "(trainer/text/text_eval.py)")
 
     def validate(self) -> None:
         """:meth:`TextTrainConfig.validate`, and no ``exact`` with ``tools="json"`` (the exact metric scores the

@@ -36,9 +36,9 @@ import torch
 
 from envs.features import FiniteActions
 from trainer.loop import evaluation_resets, held_out_resets, make_env
-from trainer.text_policy import SamplingConfig, TextPolicy, token_logprobs
+from trainer.text.text_policy import SamplingConfig, TextPolicy, token_logprobs
 from trainer.rollout import Episode, EpisodeMetrics, _Counter, _step, episode_seeds, stream
-from trainer.tokenizer import model_tokenizer
+from trainer.text.tokenizer import model_tokenizer
 
 
 def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
@@ -48,11 +48,11 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
     means of what the env reports in ``info["episode_metrics"]`` at each episode's end (ClueProbe:
     ``distinct_probes``, distinct probe calls per episode). Episode i samples from the i-th stream of
     ``random.Random(12345)`` (:func:`trainer.rollout.episode_seeds`), batched through
-    :class:`trainer.engine.RolloutEngine` unless ``cfg.sampler == "serial"`` (the same episodes either way).
+    :class:`trainer.text.engine.RolloutEngine` unless ``cfg.sampler == "serial"`` (the same episodes either way).
 
     Args:
-        model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
-        cfg: a :class:`trainer.text_config.TextTrainConfig` (env id and kwargs, sampling settings).
+        model: a :class:`trainer.text.lm.CausalLM` with its ``tokenizer``.
+        cfg: a :class:`trainer.text.text_config.TextTrainConfig` (env id and kwargs, sampling settings).
         samples: held-out seeds for the sampled figures (default ``cfg.eval_samples``).
 
     Returns:
@@ -73,7 +73,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         env_metrics = EpisodeMetrics()
         rng = random.Random(12345)  # one sampling stream per episode (trainer.rollout.episode_seeds)
         if getattr(cfg, "sampler", "serial") == "batched":
-            from trainer.engine import RolloutEngine
+            from trainer.text.engine import RolloutEngine
 
             episodes = RolloutEngine.from_config(cfg).play(env, policy, resets, rng)
         else:
@@ -109,7 +109,7 @@ def action_probabilities(policy: TextPolicy, context: list[int], actions: list[s
     and ends the turn there, given the token history ``context``.
 
     One batched forward pass over ``len(actions)`` rows ``context[window:] + ids(a) + [<|end|>]`` (the
-    window is the left truncation :class:`trainer.text_policy.TextSession` applies). An action longer than
+    window is the left truncation :class:`trainer.text.text_policy.TextSession` applies). An action longer than
     ``max_new_tokens`` tokens has probability 0; one of exactly ``max_new_tokens`` ends at the limit
     (no ``<|end|>`` factor).
 
@@ -162,8 +162,8 @@ def exact_success(model, cfg, resets: list[tuple[int | None, dict | None]] | Non
     exactly as in a rollout.
 
     Args:
-        model: a :class:`trainer.lm.CausalLM` with its ``tokenizer``.
-        cfg: a :class:`trainer.text_config.TextTrainConfig` (env id and kwargs, temperature,
+        model: a :class:`trainer.text.lm.CausalLM` with its ``tokenizer``.
+        cfg: a :class:`trainer.text.text_config.TextTrainConfig` (env id and kwargs, temperature,
             max_new_tokens; top-p must be 1).
         resets: ``[(seed, options), ...]``, weighted equally (default: the env's evaluation resets,
             :func:`trainer.loop.evaluation_resets`; ClueProbe: every target).

@@ -5,7 +5,7 @@ special tokens of the chat template (:data:`SPECIAL_TOKENS`): ``<|pad|>``, ``<|b
 ``<|assistant|>``, ``<|tool|>``, ``<|end|>``. Special tokens are never produced by encoding text, so no
 observation can forge a role header or an end-of-turn token. Decoding skips special ids and decodes the
 bytes with ``errors="replace"`` (invalid UTF-8 becomes U+FFFD, never an exception). The text policy's
-default is a BPE tokenizer trained locally on the env's texts (:class:`trainer.tokenizer.BPETokenizer`,
+default is a BPE tokenizer trained locally on the env's texts (:class:`trainer.text.tokenizer.BPETokenizer`,
 same interface, episodes about 5x shorter); checkpoints store whichever was used.
 
 Model: :class:`TinyCausalLM`, a pre-LayerNorm decoder-only transformer (GPT-2 layout: token + learned
@@ -40,7 +40,7 @@ SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|user|>", "<|assistant|>", "<|tool|>",
 
 class SpecialTokenIds:
     """The chat template's special-token ids, placed right after a tokenizer's text ids (shared by
-    :class:`ByteTokenizer` and :class:`trainer.tokenizer.BPETokenizer`).
+    :class:`ByteTokenizer` and :class:`trainer.text.tokenizer.BPETokenizer`).
 
     Attributes (set by :meth:`_init_specials`):
         special: {name: id} for :data:`SPECIAL_TOKENS`, ids ``first..first+5``.
@@ -211,7 +211,7 @@ class TinyCausalLM(nn.Module):
             past: the cache returned by a previous call (P slots), or None.
             mask: [B, P + T] bool, True at the slots (cache, then ``ids``) that hold real tokens; a query sees
                 the real slots at or before its own (and always its own slot, so a padding query attends to
-                something). None: every slot is real. Batched sampling (:mod:`trainer.engine`) pads with it.
+                something). None: every slot is real. Batched sampling (:mod:`trainer.text.engine`) pads with it.
             positions: [B, T] int64 positions of ``ids`` (with ``mask``: a row's real tokens before them);
                 None: P..P+T-1.
             fill: with ``past``, its tensors are buffers of at least ``fill + T`` slots of which the first

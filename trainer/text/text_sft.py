@@ -6,11 +6,11 @@ deliberately weak scripted policy that answers from the probed bits that often a
 random; an env without ``demo_action``: random actions of its ``legal_actions`` menu) are rendered with
 the chat template and the model is trained by cross-entropy on the action tokens only (loss mask 1 on
 the action bytes and the ``<|end|>`` that closes them). The result writes valid tool calls and still has
-the strategy to learn (:mod:`trainer.text_train` does the RL).
+the strategy to learn (:mod:`trainer.text.text_train` does the RL).
 
 A new model's tokenizer is trained here too (:func:`make_tokenizer`: BPE on demonstration texts, or bytes).
 
-With ``cfg.tools`` the env's tool definitions open the prompt (:class:`trainer.text_policy.ChatTemplate`) and,
+With ``cfg.tools`` the env's tool definitions open the prompt (:class:`trainer.text.text_policy.ChatTemplate`) and,
 for ``"json"``, demonstrated actions are written as ``<tool_call>`` JSON (:func:`envs.tool_calls.format_tool_call`)
 instead of ``name(args)``; the env still receives its own action text.
 """
@@ -29,12 +29,12 @@ import torch
 
 from envs.features import Demonstrator
 from envs.tool_calls import action_to_call, format_tool_call
-from trainer.checkpoints import save_checkpoint
-from trainer.lm import ByteTokenizer, build_model
+from trainer.text.checkpoints import save_checkpoint
+from trainer.text.lm import ByteTokenizer, build_model
 from trainer.loop import make_env
-from trainer.text_config import TextTrainConfig
-from trainer.text_policy import chat_template, pad_rows, token_logprobs, tools_text
-from trainer.tokenizer import BPETokenizer, model_tokenizer
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_policy import chat_template, pad_rows, token_logprobs, tools_text
+from trainer.text.tokenizer import BPETokenizer, model_tokenizer
 from trainer.update import dropout_off, resolve_device
 
 
@@ -80,7 +80,7 @@ def _play_demos(cfg: TextTrainConfig, env, tools, n_episodes: int, seed: int):
 
 def make_tokenizer(cfg: TextTrainConfig, n_episodes: int = 2000):
     """The tokenizer of a new model: :class:`ByteTokenizer` (``cfg.tokenizer == "byte"``) or a
-    :class:`~trainer.tokenizer.BPETokenizer` of ``cfg.vocab`` tokens trained on the texts of
+    :class:`~trainer.text.tokenizer.BPETokenizer` of ``cfg.vocab`` tokens trained on the texts of
     ``n_episodes`` demonstration episodes (seed ``cfg.seed + 7``; never the evaluation seeds)."""
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
@@ -114,19 +114,19 @@ def demo_rows(
 
 def training_model(cfg: TextTrainConfig, model):
     """``model`` with ``cfg``'s training options (gradient checkpointing, LoRA) applied in place
-    (:func:`trainer.hf.configure_training`; ValueError on a model that is no Hugging Face model)."""
-    from trainer.hf import configure_training
+    (:func:`trainer.text.hf.configure_training`; ValueError on a model that is no Hugging Face model)."""
+    from trainer.text.hf import configure_training
 
     return configure_training(model, cfg.gradient_checkpointing, cfg.lora_rank, cfg.lora_alpha)
 
 
 def new_model(cfg: TextTrainConfig):
     """A fresh model sized by ``cfg`` with its tokenizer (:func:`make_tokenizer`) as ``model.tokenizer``:
-    :class:`trainer.lm.TinyCausalLM`, or with ``cfg.arch == "llama"`` a ``transformers`` Llama of the same
-    size (:func:`trainer.hf.build_llama`)."""
+    :class:`trainer.text.lm.TinyCausalLM`, or with ``cfg.arch == "llama"`` a ``transformers`` Llama of the same
+    size (:func:`trainer.text.hf.build_llama`)."""
     tok = make_tokenizer(cfg)
     if cfg.arch == "llama":
-        from trainer.hf import build_llama
+        from trainer.text.hf import build_llama
 
         return build_llama(cfg.lm_config(tok.vocab_size), tok, cfg.device, cfg.dtype, cfg.seed)
     model = build_model(cfg.lm_config(tok.vocab_size), cfg.device, cfg.dtype, cfg.seed)

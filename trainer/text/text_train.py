@@ -1,11 +1,11 @@
 """Text-policy RL (``forkyard train-lm`` = ``forkyard train --policy lm``): PPO-style updates in the shared
-training loop (:func:`trainer.loop.train_loop`), usually from an SFT checkpoint (:mod:`trainer.text_sft`).
+training loop (:func:`trainer.loop.train_loop`), usually from an SFT checkpoint (:mod:`trainer.text.text_sft`).
 
 One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, the shaping and the hooks):
 
-1. Rollout with the sampling policy (:class:`trainer.text_policy.TextPolicy`): a tree-fork rollout
+1. Rollout with the sampling policy (:class:`trainer.text.text_policy.TextPolicy`): a tree-fork rollout
    (``n_base`` bases x ``branches``) or a group of ``group_size`` independent episodes, batched across every
-   live episode by :class:`trainer.engine.RolloutEngine` (``--sampler batched``, the default), or one session at
+   live episode by :class:`trainer.text.engine.RolloutEngine` (``--sampler batched``, the default), or one session at
    a time through the same :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` as the
    tabular policy (``--sampler serial``): the same episodes for the same seeds; optionally the invalid-action
    penalty (:func:`apply_invalid_penalty`).
@@ -15,11 +15,11 @@ One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, th
    shown (the last step's context plus its action; a branch's row contains the base prefix with mask 0).
    Each step's tokens are located by position and checked against the row (no re-tokenisation; a
    mismatch raises).
-4. ``ppo_epochs`` full-batch epochs of :func:`trainer.losses.ppo_loss` (ratio against the recorded
+4. ``ppo_epochs`` full-batch epochs of :func:`trainer.text.losses.ppo_loss` (ratio against the recorded
    behavior log-probs; on the first epoch the ratio is 1 up to float rounding: every forward runs with
    dropout off, as sampling does, :func:`trainer.update.dropout_off`), Adam, grad-norm clip
    (:meth:`PPOTextPolicy.update`).
-5. Monitors (:mod:`trainer.monitors`), periodic evaluation (:func:`trainer.text_eval.evaluate`) and
+5. Monitors (:mod:`trainer.text.monitors`), periodic evaluation (:func:`trainer.text.text_eval.evaluate`) and
    ``metrics.jsonl``.
 """
 
@@ -35,16 +35,16 @@ from typing import Any
 import torch
 
 from trainer.estimators import Assigned
-from trainer.checkpoints import load_checkpoint, save_checkpoint
+from trainer.text.checkpoints import load_checkpoint, save_checkpoint
 from trainer.loop import TrainResult, collect, make_env
-from trainer.losses import PPOConfig, ppo_loss
-from trainer.monitors import EchoTrapDetector, FormatCollapseDetector
+from trainer.text.losses import PPOConfig, ppo_loss
+from trainer.text.monitors import EchoTrapDetector, FormatCollapseDetector
 from trainer.rollout import Rollout
-from trainer.text_config import TextTrainConfig
-from trainer.text_eval import evaluate
-from trainer.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
-from trainer.text_sft import new_model, training_model
-from trainer.tokenizer import model_tokenizer
+from trainer.text.text_config import TextTrainConfig
+from trainer.text.text_eval import evaluate
+from trainer.text.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
+from trainer.text.text_sft import new_model, training_model
+from trainer.text.tokenizer import model_tokenizer
 from trainer.update import dropout_off
 
 
@@ -136,10 +136,10 @@ class PPOTextPolicy(TextPolicy):
     :meth:`update` builds the token batch and runs ``ppo_epochs`` epochs of Adam on the PPO loss.
 
     Args:
-        model: a :class:`trainer.lm.CausalLM` (kept in eval mode outside :meth:`update`).
+        model: a :class:`trainer.text.lm.CausalLM` (kept in eval mode outside :meth:`update`).
         tokenizer, sampling: as :class:`TextPolicy`.
         lr: Adam learning rate.
-        ppo: the loss settings (:class:`trainer.losses.PPOConfig`); ``kl_coef > 0`` keeps a frozen copy
+        ppo: the loss settings (:class:`trainer.text.losses.PPOConfig`); ``kl_coef > 0`` keeps a frozen copy
             of ``model`` as the KL reference (a LoRA model: itself with its adapters disabled, no copy).
         ppo_epochs: full-batch epochs per update (>= 1).
         max_grad_norm: gradient-norm clip.
@@ -161,12 +161,12 @@ class PPOTextPolicy(TextPolicy):
     @classmethod
     def from_config(cls, model, cfg: TextTrainConfig) -> "PPOTextPolicy":
         """The policy ``cfg`` describes, around ``model`` (its ``tokenizer`` attribute, or bytes); it samples
-        through the batched engine (:class:`trainer.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
+        through the batched engine (:class:`trainer.text.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
         policy = cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
                      ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
                      ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm)
         if cfg.sampler == "batched":
-            from trainer.engine import RolloutEngine
+            from trainer.text.engine import RolloutEngine
 
             policy.engine = RolloutEngine.from_config(cfg)
         return policy
@@ -275,7 +275,7 @@ def setup(cfg: TextTrainConfig, model=None):
     """The text policy's run (:func:`trainer.train.train`, ``forkyard train --policy lm``): RL from ``model``
     (or ``cfg.checkpoint``, or a fresh model) as :class:`PPOTextPolicy`, with the invalid-action shaping
     (:func:`invalid_penalty_shaping`), the echo-trap and format-collapse monitors, the sampled and greedy
-    evaluations (:func:`trainer.text_eval.evaluate`: ``cfg.eval_samples`` held-out episodes every
+    evaluations (:func:`trainer.text.text_eval.evaluate`: ``cfg.eval_samples`` held-out episodes every
     ``cfg.eval_every`` iterations, at least 128 at the end) and ``model.pt`` saved in the run folder. A resumed
     run's model is built as the run built it (``--model`` or a new one); the loop then gives it the saved
     state. Returns a :class:`trainer.train.Trainee`."""

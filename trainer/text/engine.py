@@ -4,7 +4,7 @@
 :class:`~trainer.rollout.Rollout`) in waves. A wave takes up to ``max_batch`` live episode branches (more
 wait for the next wave), brings their KV caches up to date in batched prefills (each row's new context: the
 end of its last action and the observation since; rows bucketed by its length, right-padded, with a slot mask
-and per-row positions, :meth:`trainer.lm.TinyCausalLM.forward` / :meth:`trainer.hf.HFCausalLM.forward`),
+and per-row positions, :meth:`trainer.text.lm.TinyCausalLM.forward` / :meth:`trainer.text.hf.HFCausalLM.forward`),
 then samples the next action of every row with one batched decode step per token, rows leaving the batch as
 they stop (end-of-turn token, stop string, ``max_new_tokens``); then the env steps of the wave run: in worker
 threads when the env blocks (:func:`blocking`: FileQA's sandbox calls; ``env_threads``), inline for
@@ -14,10 +14,10 @@ batching makes cheaper; the prefill is the same work as the serial loop's (docs/
 the speed-up; ``benchmarks/bench_rollout.py``).
 
 Same episodes as the serial loops: each row samples from its own episode stream
-(:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text_policy.TextSession.act` (tempered,
+(:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text.text_policy.TextSession.act` (tempered,
 suppressed log-softmax, inverse-CDF draw from one ``rng.random()`` per token, top-p nucleus), the window
 (left truncation) and the prefill chunks are the serial session's, and turns are closed by
-:meth:`~trainer.text_policy.TextSession.finish`. So the same seeds give the same episodes batched or one at a
+:meth:`~trainer.text.text_policy.TextSession.finish`. So the same seeds give the same episodes batched or one at a
 time; what padding changes is the reduction order of float sums (tested on CPU in float32: sampled ids
 equal, behavior log-probs within 1e-5). Each episode gets its own env: ``env.fork(n)`` copies, each reset with
 its episode's seed (``reset(seed=s)`` of a copy is a fresh env's episode for ``s``; these copies are not
@@ -25,7 +25,7 @@ counted in :attr:`Rollout.forks`, which counts the tree's forks as the serial lo
 
 Tree rollouts: the bases run together, drawing their uniform fork turns from their own streams before each
 action as the serial loop does (entropy selection reads the prefilled logits); at its fork turn a base's
-session is snapshotted with its KV cache after the prefill (:meth:`~trainer.text_policy.TextSession.fork`:
+session is snapshotted with its KV cache after the prefill (:meth:`~trainer.text.text_policy.TextSession.fork`:
 the cache tensors are shared, never mutated), and the branches of every base then run together from those
 snapshots: the common prefix is never recomputed.
 
@@ -46,7 +46,7 @@ import torch
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
 from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
                              branch_envs, episode_seeds, given_streams, stream)
-from trainer.text_policy import TextSession, _sample_index, policy_log_softmax
+from trainer.text.text_policy import TextSession, _sample_index, policy_log_softmax
 
 #: Default cap on the rows sampled at once (sequences in one batched forward).
 MAX_BATCH = 64
@@ -180,7 +180,7 @@ def generate(rows: list[_Row]) -> list[Step]:
     """Sample the next action of every row (their caches prefilled, :func:`prefill`) with one batched decode
     step per token; returns one :class:`Step` per row, each session's turn closed as
     :meth:`TextSession.act` closes it. With a model that writes its cache in place (``in_place_cache``:
-    :class:`trainer.lm.TinyCausalLM`) the batch cache is allocated once and rows that stopped stay in the batch
+    :class:`trainer.text.lm.TinyCausalLM`) the batch cache is allocated once and rows that stopped stay in the batch
     (fed padding) until a quarter of it has stopped; otherwise the cache grows by concatenation and stopped
     rows leave at once."""
     sessions = [r.session for r in rows]
@@ -296,7 +296,7 @@ def blocking(env) -> bool:
 
 
 class RolloutEngine:
-    """Batched group and tree rollouts of a :class:`trainer.text_policy.TextPolicy` (module docstring).
+    """Batched group and tree rollouts of a :class:`trainer.text.text_policy.TextPolicy` (module docstring).
 
     Args:
         max_batch: most rows sampled in one batched forward (>= 1); rows past it wait for the next wave.
@@ -347,7 +347,7 @@ class RolloutEngine:
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutEngine":
-        """The engine of a :class:`trainer.text_config.TextTrainConfig` (``max_batch``, and ``max_kv_tokens`` /
+        """The engine of a :class:`trainer.text.text_config.TextTrainConfig` (``max_batch``, and ``max_kv_tokens`` /
         ``env_threads`` where the config has them)."""
         return cls(cfg.max_batch, getattr(cfg, "max_kv_tokens", None), getattr(cfg, "env_threads", ENV_THREADS),
                    getattr(cfg, "max_live", None))
@@ -462,7 +462,7 @@ class RolloutEngine:
     def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
         """Independent episodes, the i-th reset with ``resets[i]`` = ``(seed, options)`` and sampled from the
         i-th stream of ``rng`` (:func:`trainer.rollout.episode_seeds`), batched; the evaluations of
-        :mod:`trainer.text_eval`. Returns the episodes in order."""
+        :mod:`trainer.text.text_eval`. Returns the episodes in order."""
         episodes = [Episode(seed=seed) for seed, _ in resets]
         streams = [stream(s) for s in episode_seeds(rng, len(resets))]
         options = [opt for _, opt in resets]

@@ -1,6 +1,6 @@
 """A BPE tokenizer trained locally (Hugging Face ``tokenizers``), with the chat template's special tokens.
 
-Why: the byte-level tokenizer (:class:`trainer.lm.ByteTokenizer`) turns a 4-turn ClueProbe episode into
+Why: the byte-level tokenizer (:class:`trainer.text.lm.ByteTokenizer`) turns a 4-turn ClueProbe episode into
 about 450 tokens, and a small model from scratch did not learn to read the probed bits back from that
 far even under supervision (docs/results/text_policy.md, "Tokenizer"). Trained on the env's own texts,
 this tokenizer makes the same episode about 85 tokens and the supervised answer mapping is learned in
@@ -18,7 +18,7 @@ Design:
   vocabulary and are only ever appended by the chat template, so no observation text can encode to a
   role header or an end-of-turn token.
 
-Same interface as :class:`~trainer.lm.ByteTokenizer`: ``vocab_size``, ``pad_id`` ... ``eot_id``,
+Same interface as :class:`~trainer.text.lm.ByteTokenizer`: ``vocab_size``, ``pad_id`` ... ``eot_id``,
 ``suppressed_ids``, ``encode``, ``decode``, plus ``to_json`` / :func:`tokenizer_from_json`.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from trainer.lm import ByteTokenizer, SpecialTokenIds
+from trainer.text.lm import ByteTokenizer, SpecialTokenIds
 
 KIND_BYTE = "byte"
 KIND_BPE = "bpe"
@@ -43,7 +43,7 @@ class BPETokenizer(SpecialTokenIds):
 
     Attributes:
         bpe_size: ids ``0..bpe_size-1`` are BPE tokens.
-        vocab_size: ``bpe_size + 6``; ids ``bpe_size..`` are :data:`~trainer.lm.SPECIAL_TOKENS` in order.
+        vocab_size: ``bpe_size + 6``; ids ``bpe_size..`` are :data:`~trainer.text.lm.SPECIAL_TOKENS` in order.
         pad_id, bos_id, user_id, assistant_id, tool_id, eot_id: ids of the special tokens.
         suppressed_ids: the special ids a policy may never generate (all but ``<|end|>``).
     """
@@ -98,7 +98,7 @@ class BPETokenizer(SpecialTokenIds):
 
 def tokenizer_from_json(blob: str | None):
     """Inverse of ``to_json``; ``None`` (checkpoints written before tokenizers were stored) gives the
-    :class:`~trainer.lm.ByteTokenizer`."""
+    :class:`~trainer.text.lm.ByteTokenizer`."""
     if not blob:
         return ByteTokenizer()
     data = json.loads(blob)
@@ -112,6 +112,7 @@ def tokenizer_from_json(blob: str | None):
 
 
 def model_tokenizer(model):
-    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text_sft.sft`,
-    :func:`trainer.text_sft.new_model` and :func:`trainer.checkpoints.load_checkpoint`); a bare model is byte-level."""
+    """The tokenizer a model was trained with (``model.tokenizer``, set by :func:`trainer.text.text_sft.sft`,
+    :func:`trainer.text.text_sft.new_model` and :func:`trainer.text.checkpoints.load_checkpoint`); a bare model is
+    byte-level."""
     return getattr(model, "tokenizer", None) or ByteTokenizer()

@@ -1,8 +1,8 @@
 """``forkyard sft``, ``forkyard train-lm``, ``forkyard eval-lm`` and ``forkyard plot``: the text-policy subcommands.
 
 :func:`register` adds them to the ``forkyard`` parser; each sets ``handler`` (called with the parsed
-Namespace). Their options are generated from :class:`trainer.text_config.TextTrainConfig` /
-:class:`trainer.text_config.EvalConfig` (:mod:`trainer.config`): ``sft`` takes the ``common`` and
+Namespace). Their options are generated from :class:`trainer.text.text_config.TextTrainConfig` /
+:class:`trainer.text.text_config.EvalConfig` (:mod:`trainer.config`): ``sft`` takes the ``common`` and
 ``sft`` fields, ``train-lm`` (and ``forkyard train --policy lm``) the ``common`` and ``loop`` fields.
 """
 
@@ -51,9 +51,9 @@ def guarded(command: str, run, *args, **kwargs):
 
 
 def _sft(args) -> int:
-    from trainer.text_config import TextTrainConfig
-    from trainer.text_eval import evaluate
-    from trainer.text_sft import sft
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_eval import evaluate
+    from trainer.text.text_sft import sft
 
     cfg = _config(TextTrainConfig, args, "sft", progress=True)
     if cfg.resume:
@@ -76,9 +76,9 @@ def _sft(args) -> int:
 def _eval_lm(args) -> int:
     import torch
 
-    from trainer.checkpoints import load_checkpoint
-    from trainer.text_config import EvalConfig
-    from trainer.text_eval import evaluate, exact_success
+    from trainer.text.checkpoints import load_checkpoint
+    from trainer.text.text_config import EvalConfig
+    from trainer.text.text_eval import evaluate, exact_success
 
     cfg = _config(EvalConfig, args, "eval-lm")
     if cfg.threads:
@@ -111,7 +111,7 @@ def register(subparsers, command: str | None = None) -> None:
     p, build = add("sft", help="text policy: supervised warm start on format-only demonstrations")
     if build:
         from trainer.config import add_arguments
-        from trainer.text_config import TextTrainConfig
+        from trainer.text.text_config import TextTrainConfig
 
         add_arguments(p, TextTrainConfig, groups=SFT_GROUPS)
     p.set_defaults(handler=_sft)
@@ -119,7 +119,7 @@ def register(subparsers, command: str | None = None) -> None:
     p, build = add("eval-lm", help="text policy: evaluate checkpoints (sampled, greedy, exact)")
     if build:
         from trainer.config import add_arguments
-        from trainer.text_config import EVAL_FIELDS, EvalConfig
+        from trainer.text.text_config import EVAL_FIELDS, EvalConfig
 
         add_arguments(p, EvalConfig, names=EVAL_FIELDS)
     p.set_defaults(handler=_eval_lm)
