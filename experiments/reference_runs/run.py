@@ -51,15 +51,16 @@ COMMANDS: list[tuple[str, list[str], str]] = [
                                                "--eval-samples", "16", "--max-new-tokens", "6", "--device", "cpu",
                                                "--threads", "1", "--run-dir", "{out}"], "run"),
 ]
-#: Extra arguments for a command on a revision that knows them (marker text in the file named): the serial
-#: sampler, which is the only one a revision before the batched engine has.
-EXTRA = {"text policy RL (serial sampler)": (["--sampler", "serial"], "trainer/text/text_config.py", "sampler")}
+#: Extra arguments for a command on a revision that knows them (marker text in a file the glob names; the
+#: text policy's config moved between revisions): the serial sampler, the only one a revision before the
+#: batched engine has.
+EXTRA = {"text policy RL (serial sampler)": (["--sampler", "serial"], "trainer/**/text_config.py", "sampler")}
 
 
 def extra_args(name: str, tree: Path) -> list[str]:
     """:data:`EXTRA`'s arguments of ``name`` when ``tree``'s code knows them, else none."""
-    args, path, marker = EXTRA.get(name, ([], "", ""))
-    return args if args and marker in (tree / path).read_text() else []
+    args, pattern, marker = EXTRA.get(name, ([], "", ""))
+    return args if args and any(marker in p.read_text() for p in tree.glob(pattern)) else []
 
 
 def worktree(rev: str, where: Path) -> Path:
