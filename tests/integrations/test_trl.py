@@ -362,15 +362,26 @@ def test_a_group_lost_at_its_reset_keeps_its_rows_and_gets_no_reward(tmp_path, c
 
 
 # ------------------------------------------------------------------------------------ batched sampling
+@pytest.fixture(scope="module")
+def untrained_clue_policy():
+    """The SFT'd policy of :func:`clue_policy` made afresh and in eval mode, for the batched-equals-serial tests:
+    ``clue_policy`` is trained further by the GRPO tests of this module, after which padded and unpadded attention
+    were measured to differ by up to 1.2e-3 nats on unlikely tokens (enough to flip an inverse-CDF draw), so
+    those tests would depend on which tests ran before them."""
+    chats, tools = demo_chats(CLUE, {"max_turns": 2}, 48)
+    model, tok = tiny_policy(chats, tools)
+    return model.eval(), tok
+
+
 #: How far a batched reply's log-probs may be from the same reply's sampled alone (nats): float32 rounding only,
 #: as SDPA attention sums a left-padded row and an unpadded one in different orders (the logits, of size ~10,
 #: differ by about 1e-6 relative). Measured on the tiny Qwen3 on CPU: 3e-6 to 1.2e-5, depending on its SFT run.
 LOGP_TOL = 5e-5
-def test_batched_replies_are_the_one_at_a_time_replies_and_their_log_probs_the_models(clue_policy):
+def test_batched_replies_are_the_one_at_a_time_replies_and_their_log_probs_the_models(untrained_clue_policy):
     """sample_rows over contexts of different lengths (left-padded, one forward per token, rows leaving at EOS)
     draws what each row draws alone from the same stream, and each log-prob is the tempered log-softmax of a
     plain forward over context + reply, up to float32 rounding (:data:`LOGP_TOL`)."""
-    model, tok = clue_policy
+    model, tok = untrained_clue_policy
     chat = [{"role": "user", "content": PROMPT + " " + "x" * k} for k in (0, 40, 90)]
     contexts = [list(tok.apply_chat_template([c], add_generation_prompt=True, tokenize=True, return_dict=False))
                 for c in chat]
@@ -390,11 +401,11 @@ def test_batched_replies_are_the_one_at_a_time_replies_and_their_log_probs_the_m
 
 
 @pytest.mark.parametrize("fork_turn", ["uniform", "entropy", "none"])
-def test_batched_rollout_func_gives_the_serial_rows(tmp_path, clue_policy, fork_turn):
+def test_batched_rollout_func_gives_the_serial_rows(tmp_path, untrained_clue_policy, fork_turn):
     """Two groups (a tree each, or G independent episodes) played in batched waves (3 sessions a wave: the
     branches of one group span waves) give the serial path's rows token for token, log-probs within float32
     rounding (:data:`LOGP_TOL`)."""
-    model, tok = clue_policy
+    model, tok = untrained_clue_policy
     trainer = grpo_trainer(tmp_path, model, tok, None, list(range(8)), batch=8,
                            reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)])
     prompts = [[{"role": "user", "content": PROMPT}]] * 4 + [[{"role": "user", "content": PROMPT + " "}]] * 4
