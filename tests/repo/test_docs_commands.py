@@ -133,7 +133,7 @@ TABLE: dict[str, Entry] = {
     "./scripts/ray-sim.sh 2 .venv/bin/forkyard train --policy lm --ray auto --iterations 3 --n-base 2 "
     "--max-staleness 1": Entry(
         RUN, "22 s here", ("slow",),
-        check=lambda out: json.loads(out[out.index("\n{\n") + 1:])["ray"]["nodes"] == 2),
+        check=lambda out: json.loads(out[out.index("{\n"):])["ray"]["nodes"] == 2),  # the summary: stdout's JSON
     "./scripts/ray-sim.sh 3 .venv/bin/python benchmarks/bench_ray.py --n-base 24 --repeats 5": Entry(
         RUN, "30 s here", ("slow",), check=lambda out: "| 3 node(s) |" in out and "to another node" in out),
     "./scripts/ray-sim.sh 3 .venv/bin/python benchmarks/bench_ray.py --n-base 24 --repeats 5 --backend docker": Entry(
