@@ -244,9 +244,9 @@ def test_env_steps_of_a_blocking_env_run_in_worker_threads_with_the_serial_resul
     """A blocking env's steps run in the engine's worker threads, a pure-Python env's inline; episodes,
     rewards and counters are the serial loop's either way (results applied in row order)."""
     policy = TextPolicy(tiny(), sampling=SamplingConfig(max_new_tokens=6))
-    assert not blocking(ClueProbeEnv(turns=3)) and blocking(BlockingProbe(turns=3))
+    assert not blocking(ClueProbeEnv(max_turns=3)) and blocking(BlockingProbe(max_turns=3))
     for cls, threads in ((ThreadProbe, {threading.get_ident()}), (BlockingProbe, None)):
-        env = cls(turns=3)
+        env = cls(max_turns=3)
         serial = tree_rollout(env, policy, 4, 3, [0, 1, 2, 3], random.Random(6))
         ThreadProbe.threads = []
         same(serial, RolloutEngine(env_threads=4).tree_rollout(env, policy, 4, 3, [0, 1, 2, 3], random.Random(6)))
