@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 first: it takes the CPU wheel from this machine's disk, never a CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[server,train,ray,hf,integrations,dev]'
+	$(BIN)/pip install -q -e '.[server,train,ray,hf,integrations,suite,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -42,6 +42,13 @@ from envs.text_space import TextSpace, fit_text
 
 #: Every value ``info["termination_reason"]`` can take.
 TERMINATION_REASONS = ("answered", "max_turns", "timeout", "invalid", "infra_error")
+#: How an env's ``fork`` / ``snapshot`` / ``restore`` copy its state (:attr:`TextEnv.fork_method`; the "fork method"
+#: column of docs/envs.md): ``state_codec`` (the env's own codec of its task state: :meth:`TextEnv._task_state` /
+#: :meth:`TextEnv._load_task_state`, or a wrapped package's documented get-state / set-state, such as a Z-machine
+#: emulator's saved state), ``deepcopy`` (``copy.deepcopy`` of a wrapped in-process env), ``replay`` (a seeded replay of
+#: the action log, verified against every recorded observation and reward; refused with an error when it differs) and
+#: ``sandbox`` (the task state plus a clone of the env's sandbox through its provider).
+FORK_METHODS = ("state_codec", "deepcopy", "replay", "sandbox")
 #: Reasons that mean the *infrastructure* failed (not the agent): trainers leave such episodes out of
 #: group statistics instead of scoring them 0.
 INFRA_FAILURE_REASONS = frozenset({"infra_error"})
@@ -154,6 +161,10 @@ class TextEnv(gym.Env):
     #: a server then passes its own sandbox service there, so every env session it serves uses the
     #: server's backend (FileQA). False: the server constructs the env with the client's kwargs only.
     uses_sandbox: ClassVar[bool] = False
+    #: How fork and snapshot copy this env's state: one of :data:`FORK_METHODS` (a class default; an adapter that
+    #: picks its method per wrapped env sets it on the instance). :func:`envs.checks.check_fork_contract` checks
+    #: the contract whatever the method; catalogs (``forkyard envs``, docs/envs.md) report it.
+    fork_method: ClassVar[str] = "state_codec"
     _rng_pending: dict[str, Any] | None = None  # RNG state copied at fork, turned into a Generator on first use
     #: A fork copy's key (its index path in the fork tree): its next unseeded reset draws from an RNG derived
     #: from the current one and this key (see :meth:`fork`); None for an env that is not a pending copy.

@@ -88,6 +88,7 @@ class FileQAEnv(TextEnv):
 
     blocking = True  # steps wait on a sandbox: servers run them in worker threads
     uses_sandbox = True  # servers pass their own sandbox service as ``sandbox_provider``
+    fork_method = "sandbox"  # the question and calls as task state, the sandbox cloned by the provider
     max_observation_length = 4096
     max_action_length = 1024
 
@@ -126,7 +127,9 @@ class FileQAEnv(TextEnv):
         self.kinds = kinds
         self._provider = provider
         self.corpus_dir = corpus_dir
-        specs = list(self._provider.tools())
+        # FileQA's tools are the ``files`` family (a provider that names no family, such as an older server,
+        # lists only file tools); the ``sql`` family belongs to Text-to-SQL.
+        specs = [t for t in self._provider.tools() if getattr(t, "family", "files") == "files"]
         self._tools = {t.name: list(t.params) for t in specs}
         self._tool_schemas = [_tool_schema(t) for t in specs]
         unknown = set(self.required_tools) - set(self._tools)

@@ -232,11 +232,32 @@ class ToolList(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------ env sessions
+class EnvSettingInfo(BaseModel):
+    """One constructor setting of a registered env (``envs.catalog.Setting``)."""
+
+    name: str = Field(description="the kwarg's name")
+    default: Any = Field(description="the registered default, else the constructor's (null when required)")
+    required: bool = Field(description="no default: a client must give it")
+    doc: str = Field(description="what it sets, from the env's docstring")
+
+
 class EnvSpecInfo(BaseModel):
-    """One registered env (``GET /v1/envs``)."""
+    """One registered env (``GET /v1/envs``): its card in the catalog (``envs.catalog.EnvCard``; the classes are
+    read, no env is built, so tools are listed per session at ``GET /v1/envs/{session_id}/tools``)."""
 
     env_id: str = Field(description="id to pass to POST /v1/envs or gymnasium.make")
     kwargs: dict[str, Any] = Field(description="default constructor kwargs")
+    summary: str = Field(default="", description="what the env is, in a line")
+    settings: list[EnvSettingInfo] = Field(default_factory=list, description="the constructor's settings")
+    max_turns: int | None = Field(default=None, description="the default turn budget")
+    fork_method: str | None = Field(default=None, description="how fork / snapshot copy the env's state: "
+                                                              "state_codec, deepcopy, replay or sandbox")
+    sandboxed: bool = Field(default=False, description="the env's tools run in a sandbox of the server's pool")
+    finite_actions: bool = Field(default=False, description="a finite action vocabulary (beside the per-turn "
+                                                            "info.legal_actions menu every env offers)")
+    demonstrator: bool = Field(default=False, description="a scripted demonstrator (demo_action)")
+    evaluation_resets: bool = Field(default=False, description="the env declares its evaluation resets")
+    note: str = Field(default="", description='"" or why something is unknown (e.g. "needs package X")')
 
 
 class ToolsResponse(BaseModel):
@@ -487,7 +508,8 @@ class EnvHealth(BaseModel):
 
 __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest",
            "WriteFilesRequest", "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest",
-           "CloneResponse", "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec", "EnvSpecInfo",
+           "CloneResponse", "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec",
+           "EnvSettingInfo", "EnvSpecInfo",
            "CreateEnvRequest", "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse",
            "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth", "MAX_CLONES", "MAX_TOOL_NAME_CHARS",
            "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem", "BatchRequest",

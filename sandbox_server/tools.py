@@ -21,12 +21,21 @@ variables: nothing that changes how programs load or run (``LD_*``, ``PATH``, ``
 
 The agent in the sandbox checks each path once more *on the sandbox's filesystem* (symlinks resolved,
 component-wise containment) before it runs anything.
+
+Tool families (:attr:`Tool.family`, shown by ``GET /v1/tools``; an env offers its own only): ``files`` (the tools
+above: FileQA's) and ``sql`` (``list_tables``, ``describe``, ``query``, ``rows`` over ``/scratch/db.sqlite``:
+Text-to-SQL's), whose argv runs the sandbox's ``python3 -I`` on the fixed runner :mod:`sandbox_server.sql_runner`
+(source passed with ``-c``, the SQL one argv item; read-only, budgeted and capped: its docstring lists how).
+
+Why one file: the whitelist is one table (every tool, its arguments, the argv it builds) with the one validation
+each call passes before a backend sees it; what may run in a sandbox is read in one place.
 """
 
 from __future__ import annotations
 
 import math
 import posixpath
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -47,11 +56,17 @@ WRITABLE_AREAS = ("/scratch", "/tmp")
 #: and modification time (UTC unless the session sets TZ). Nothing host-dependent (inode, device, owner,
 #: links, blocks, access or change time), so forks and restored sandboxes answer alike.
 STAT_FORMAT = "  File: %N\n  Type: %F\n  Size: %s\n  Mode: %04a (%A)\nModify: %y\n"
+#: The tool families: ``files`` (coreutils over /data and /scratch) and ``sql`` (read-only SQLite queries).
+TOOL_FAMILIES = ("files", "sql")
+#: The database the ``sql`` tools read (an env writes it into /scratch when it creates the sandbox).
+SQL_DB_PATH = "/scratch/db.sqlite"
+#: The ``sql`` tools' runner: the sandbox's python3, isolated (``-I``), without ``site`` or bytecode (``-S -B``).
+_SQL_RUNNER = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("sql_runner.py")).read_text("utf-8")]
 
 __all__ = ["AREA_BYTES", "MAX_AREA_ENTRIES", "MAX_ARG_CHARS", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS", "MAX_WRITE_FILES",
            "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES", "STAT_FORMAT", "TOOLS", "WRITABLE_AREAS", "Param",
-           "PreparedCall", "Tool", "ToolRefused", "ToolResult", "ToolSpec", "check_path", "clamp_timeout",
-           "tool_specs", "validate_call", "validate_session_env"]
+           "PreparedCall", "SQL_DB_PATH", "TOOL_FAMILIES", "Tool", "ToolRefused", "ToolResult", "ToolSpec",
+           "check_path", "clamp_timeout", "tool_specs", "validate_call", "validate_session_env"]
 
 
 class ToolRefused(SandboxRefusal):
@@ -103,6 +118,8 @@ class Tool:
     description: str
     params: tuple[Param, ...]
     build: Callable[[dict[str, Any]], tuple[list[str], list[int]]] = field(repr=False)
+    #: The tool family (one of :data:`TOOL_FAMILIES`): an env offers the tools of its own family only.
+    family: str = "files"
 
     @property
     def param_names(self) -> list[str]:
@@ -136,6 +153,8 @@ class ToolSpec(BaseModel):
     description: str
     params: list[str]
     schema_: dict[str, Any] = Field(alias="schema")
+    #: The tool's family (:data:`TOOL_FAMILIES`); a listing without one (an older server) means ``files``.
+    family: str = "files"
 
     model_config = {"populate_by_name": True}
 
@@ -216,6 +235,17 @@ def _find(a: dict) -> tuple[list[str], list[int]]:
     return argv, [2]
 
 
+def _sql(op: str, arg: str | None = None) -> Callable[[dict[str, Any]], tuple[list[str], list[int]]]:
+    """The argv builder of the runner's operation ``op`` (with argument ``arg``); the database path is a path
+    argument (checked again in the sandbox, symlinks resolved)."""
+    return lambda a: ([*_SQL_RUNNER, SQL_DB_PATH, op, str(a["budget_ms"])] + ([a[arg]] if arg else []),
+                      [len(_SQL_RUNNER)])
+
+
+_BUDGET = Param("budget_ms", "integer", "time budget of the query in milliseconds (the call's deadline still "
+                "applies)", default=2000, minimum=10, maximum=20000)
+_SQL = Param("sql", "string", "one read-only SQLite statement (SELECT / WITH / VALUES)", required=True)
+
 _PATH = Param("path", "string", "file or directory, relative to the working directory (/data) or absolute "
               "under /data or /scratch", is_path=True)
 
@@ -252,6 +282,15 @@ TOOLS: dict[str, Tool] = {
               Param("maxdepth", "integer", "descend at most this many levels", minimum=0, maximum=32)), _find),
         Tool("stat", "show a file's metadata: name, type, size in bytes, permissions and modification time",
              (Param("path", "string", _PATH.description, required=True, is_path=True),), _stat),
+        Tool("list_tables", "list the tables of the database, with their column and row counts", (_BUDGET,),
+             _sql("tables"), family="sql"),
+        Tool("describe", "show a table's CREATE TABLE statement, its row count and its first rows",
+             (Param("table", "string", "the table's name", required=True), _BUDGET), _sql("describe", "table"),
+             family="sql"),
+        Tool("query", "run one read-only SQL query on the database and print the result as a text table (at most "
+             "50 rows)", (_SQL, _BUDGET), _sql("query", "sql"), family="sql"),
+        Tool("rows", "run one read-only SQL query and print its whole result set as JSON (at most 1000 rows): "
+             "what an answer is scored on", (_SQL, _BUDGET), _sql("rows", "sql"), family="sql"),
     ]
 }
 
@@ -259,8 +298,8 @@ TOOLS: dict[str, Tool] = {
 def tool_specs(registry: dict[str, Tool] | None = None) -> list[ToolSpec]:
     """Every tool of ``registry`` (default :data:`TOOLS`) with its ordered params and JSON schema."""
     reg = TOOLS if registry is None else registry
-    return [ToolSpec(name=t.name, description=t.description, params=t.param_names, schema=t.json_schema())
-            for t in reg.values()]
+    return [ToolSpec(name=t.name, description=t.description, params=t.param_names, schema=t.json_schema(),
+                     family=t.family) for t in reg.values()]
 
 
 def check_path(value: str, cwd: str = "/data") -> str:

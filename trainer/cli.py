@@ -37,6 +37,34 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _envs(args: argparse.Namespace) -> int:
+    """``forkyard envs [ID ...] [--json]``: the catalog of registered envs (:func:`envs.catalog.catalog`), every
+    id or those named (with the ``forkyard/`` prefix optional), as a Markdown table or as JSON."""
+    import envs
+    from envs.catalog import catalog_table, describe
+
+    known = list(envs.forkyard_specs())
+    wanted = []
+    for name in args.ids:
+        env_id = name if name in known or f"forkyard/{name}" not in known else f"forkyard/{name}"
+        if env_id not in known:
+            print(f"forkyard envs: error: unknown env id {name!r}; registered: {', '.join(known)}", file=sys.stderr)
+            return 2
+        wanted.append(env_id)
+    cards = [describe(env_id, tools=not args.no_tools) for env_id in wanted or known]
+    if args.json:
+        print(json.dumps([c.to_dict() for c in cards], indent=2))
+        return 0
+    print(catalog_table(cards))
+    if wanted:  # the settings of the envs asked for, with what each one sets
+        for c in cards:
+            print(f"\n{c.env_id} ({c.entry_point}): {c.summary}")
+            for s in c.settings:
+                default = "required" if s.required else f"default {json.dumps(s.default)}"
+                print(f"  {s.name} ({default}): {s.doc}" if s.doc else f"  {s.name} ({default})")
+    return 0
+
+
 def train_config(args: argparse.Namespace, policy: str | None = None):
     """The run config of a parsed ``forkyard train``: the config class of ``--policy`` (or ``policy``;
     :func:`trainer.policies.get_policy`; tabular: :class:`~trainer.tabular_config.TrainConfig`, lm:
@@ -204,6 +232,14 @@ def build_parser(command: str | None = None, policy: str = "tabular") -> argpars
     p.add_argument("name", nargs="?", default="bench_envs")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     p.set_defaults(handler=_bench)
+
+    p = sub.add_parser("envs", help="list the registered envs: ids, tools, settings, fork method, features")
+    p.add_argument("ids", nargs="*", help="only these ids (the forkyard/ prefix is optional); with their settings' "
+                                          "descriptions")
+    p.add_argument("--json", action="store_true", help="print the catalog as JSON (a list of env cards)")
+    p.add_argument("--no-tools", action="store_true",
+                   help="read the env classes only: build no env to list its tools (faster)")
+    p.set_defaults(handler=_envs)
 
     p = sub.add_parser("train", help="train a policy with group or tree-fork rollouts")
     if wanted("train"):

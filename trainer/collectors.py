@@ -15,8 +15,8 @@ Built in:
 
 From an installed package, declare the factory in the entry-point group ``forkyard.collectors`` under its name
 (``mine = "my_pkg.collect:make_collector"``); the registry loads the group on first lookup
-(:class:`envs.PluginRegistry`; a plugin that fails is reported by name, never fatal). forkyard declares ``ray``
-there (``pyproject.toml``): rollout workers on the nodes of a Ray cluster (``forkyard train --ray``, the ray
+(:class:`envs.plugins.PluginRegistry`; a plugin that fails is reported by name, never fatal). forkyard declares
+``ray`` there (``pyproject.toml``): rollout workers on the nodes of a Ray cluster (``forkyard train --ray``, the ray
 extra, docs/scaling.md). So the trainer imports nothing of Ray: a run without ``--ray`` never reads the
 registry, and a ``--ray`` run without the extra fails when the collector connects, with ``ImportError: Ray is
 not installed: pip install 'forkyard[ray]'``.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from typing import Any, Protocol, runtime_checkable
 
-from envs import PluginRegistry
+from envs.plugins import PluginRegistry
 from trainer.estimators import rollout_kind
 from trainer.rollout import Rollout, group_rollout, training_seeds, tree_rollout
 

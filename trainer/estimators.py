@@ -24,7 +24,7 @@ tree                          fork siblings share one anchor; prefixes valued ov
 
 From an installed package, declare the function in the entry-point group ``forkyard.estimators`` under its
 name (``mine = "my_pkg.estimators:mine"``; a ``needs_tree = True`` attribute of the function says it needs a
-tree rollout): the registry loads the group on first lookup (:class:`envs.PluginRegistry`).
+tree rollout): the registry loads the group on first lookup (:class:`envs.plugins.PluginRegistry`).
 
 The group filters (``drop_zero_variance``, ``filter_top_p``: :func:`trainer.advantages.keep_groups`) and
 the grouping statistics are applied by :func:`step_advantages` to the groups each estimator declares
@@ -37,7 +37,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from envs import PluginRegistry
+from envs.plugins import PluginRegistry
 from trainer import advantages as adv
 from trainer.rollout import Rollout, Step
 

@@ -255,15 +255,13 @@ def held_out_resets(n_seeds: int) -> list[tuple[int | None, dict | None]]:
 
 
 def env_class(env_id: str) -> type | None:
-    """The class a registered ``env_id`` builds locally (a forkyard id: its class in :data:`envs.ENV_SPECS`,
-    whatever ``server_url`` would make of it), or None when the entry point is no class."""
+    """The class a registered ``env_id`` builds locally (a forkyard id: the class of its entry point,
+    :func:`envs.env_spec`, whatever ``server_url`` would make of it), or None when the entry point is no class."""
     module, _, env_id = env_id.rpartition(":")  # Gymnasium's "module:Id" form: importing the module registers Id
     if module:
         importlib.import_module(module)
-    if env_id in envs.ENV_SPECS:
-        entry: Any = envs.ENV_SPECS[env_id][0]
-    else:
-        entry = gym.spec(env_id).entry_point
+    forkyard = envs.forkyard_specs().get(env_id)
+    entry: Any = forkyard.entry_point if forkyard is not None else gym.spec(env_id).entry_point
     if isinstance(entry, str):
         entry = load_env_creator(entry)
     return entry if isinstance(entry, type) else None

@@ -14,7 +14,7 @@ listing the policies imports neither torch nor the policy's code::
 
 From an installed package, declare the :class:`Policy` object in the entry-point group ``forkyard.policies``
 under its name (``mine = "my_pkg.policy:POLICY"``): the registry loads the group on first lookup
-(:class:`envs.PluginRegistry`; a plugin that fails is reported by name, never fatal).
+(:class:`envs.plugins.PluginRegistry`; a plugin that fails is reported by name, never fatal).
 
 Built in:
 
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envs import PluginRegistry
+from envs.plugins import PluginRegistry
 
 
 def _load(ref: Any) -> Any:

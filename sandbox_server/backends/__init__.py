@@ -18,7 +18,7 @@ command uses. To add one, write a :class:`BackendConfig` subclass whose ``type``
 
 or, from an installed package, declare the config class in the entry-point group ``forkyard.backends``
 under its ``type`` (``mine = "my_pkg.backend:MyConfig"``): :data:`BACKENDS` loads the group on first lookup
-(:class:`envs.PluginRegistry`; a plugin that fails is reported by name, never fatal).
+(:class:`envs.plugins.PluginRegistry`; a plugin that fails is reported by name, never fatal).
 
 Shared defaults (``server_name``, the docker ``image``) come from
 :class:`sandbox_server.settings.ServerSettings` (``FORKYARD_SERVER_NAME``, ``FORKYARD_SANDBOX_IMAGE``).
@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import envs
+from envs.plugins import PluginRegistry
 from sandbox_server.backends.base import (
     AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, AgentBackend, Backend, Channel, agent_sha, check_write_limits,
     machine_id, owner_alive, owner_record, process_start,
@@ -92,7 +92,7 @@ class DockerBackendConfig(BackendConfig):
 
 
 #: Registered backends by name: their config models (plugins of ``forkyard.backends`` join on first lookup).
-BACKENDS: envs.PluginRegistry = envs.PluginRegistry()
+BACKENDS: PluginRegistry = PluginRegistry()
 
 
 def register_backend(config_cls: type[BackendConfig]) -> type[BackendConfig]:

@@ -2,7 +2,7 @@
 
 Routes (all under ``/v1/envs``)::
 
-    GET    /v1/envs                     registered env ids with their default kwargs
+    GET    /v1/envs                     the registered envs: id, default kwargs, settings, fork method (the catalog)
     POST   /v1/envs                     {env_id, kwargs, seed, options} -> new session + first observation
     GET    /v1/envs/{session_id}        the session's env id, turn and whether its episode ended
     POST   /v1/envs/{session_id}/reset  {seed, options} -> observation, info
@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
+import anyio
 import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
@@ -125,7 +126,7 @@ def max_served_action_length() -> int:
     """The longest action (code points) any registered env class accepts (``TextEnv.max_action_length``
     when none can be loaded)."""
     n = 0
-    for env_id in list(envs.ENV_SPECS):
+    for env_id in envs.forkyard_specs():
         try:
             n = max(n, env_class(env_id)[0].max_action_length)
         except Exception:  # noqa: BLE001 - an env that cannot be loaded is refused when it is asked for
@@ -142,7 +143,11 @@ def _reset_response(sid: str, env: Any, obs: str, info: dict) -> ResetResponse:
 
 @router.get("", response_model=list[EnvSpecInfo], summary="Registered env ids", responses=R())
 async def list_envs() -> list[EnvSpecInfo]:
-    return [EnvSpecInfo(env_id=k, kwargs=v[1]) for k, v in sorted(envs.ENV_SPECS.items())]
+    """Every registered env, by id: its card in the catalog (``envs.catalog``; ``forkyard envs`` prints the same,
+    with tools)."""
+    cards = await anyio.to_thread.run_sync(lambda: envs.catalog(tools=False))  # imports env modules: off the loop
+    return [EnvSpecInfo.model_validate({k: v for k, v in c.to_dict().items() if k not in ("entry_point", "tools")})
+            for c in sorted(cards, key=lambda c: c.env_id)]
 
 
 @router.post("", response_model=ResetResponse, status_code=201, summary="Start an env session (and reset it)",

@@ -12,6 +12,9 @@ Addressing: each env id has its own base path, ``/openenv/{env_id}``; an OpenEnv
     GET  {base_url}/health      {"status": "healthy"}
     GET  {base_url}/metadata    name, description, version
 
+    GET  /openenv/list_environments   the env ids served, a JSON list of strings (OpenEnv's listing, at the root
+                                      its env paths hang from; the same catalog as GET /v1/envs)
+
 WebSocket messages (``{"type": ..., "data": {...}}``, answered in order, one answer per message):
 
 * ``reset`` ``{seed?, episode_id?, options?, kwargs?, snapshot?}`` -> ``observation``. The connection's
@@ -59,6 +62,7 @@ import logging
 import uuid
 from typing import Any
 
+import anyio
 import orjson
 import pydantic
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
@@ -66,6 +70,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import envs
 from sandbox_server.env_sessions import env_class
 from sandbox_server.errors import CapacityReached, ServiceUnavailable
 from sandbox_server.http_contract import STATUS_WORDS, classify
@@ -376,6 +381,16 @@ _OPS["close"] = _close  # type: ignore[assignment]
 # ------------------------------------------------------------------------------------ HTTP routes
 def _served(env_id: str) -> type:
     return env_class(env_id)[0]
+
+
+@router.get("/list_environments", response_model=list[str], summary="OpenEnv's listing: the env ids served",
+            responses=R())
+async def list_environments() -> list[str]:
+    """The env ids this server serves, each the name after ``/openenv/`` of its base path: OpenEnv's
+    ``GET /list_environments`` (a JSON list of names) at the root of OpenEnv's paths here. Read from the catalog
+    (``envs.catalog``), as ``GET /v1/envs`` is."""
+    cards = await anyio.to_thread.run_sync(lambda: envs.catalog(tools=False))  # imports env modules: off the loop
+    return sorted(c.env_id for c in cards)
 
 
 @router.get("/{env_id:path}/health", summary="OpenEnv health of one env id", responses=R(404))

@@ -19,7 +19,7 @@ from sandbox_server.app import create_env_app
 from sandbox_server.embedded import shared_provider
 from tests.docker_support import UvicornThread, require_bwrap
 
-IDS = sorted(envs.ENV_SPECS)
+IDS = sorted(envs.forkyard_specs())
 KW = {"max_turns": 4, "bits": 5}
 
 

@@ -154,13 +154,19 @@ TABLE: dict[str, Entry] = {
         RUN, "250 tabular iterations, 2 s here", check=lambda out: "greedy evaluation" in out),
     ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
                                                   check=lambda out: "100 runs in" in out),
-    # README, env sessions over HTTP: against every server below
+    # README, env sessions over HTTP: the catalog, then against every server below
+    ".venv/bin/forkyard envs": Entry(
+        RUN, "the catalog table: every registered id, ClueProbe's tools listed",
+        check=lambda out: "| forkyard/ClueProbe-v0 | probe, answer |" in out and "| forkyard/FileQA-v0 |" in out),
     ".venv/bin/python -m sandbox_server --no-sandboxes": Entry(
         SERVER, "follow-ups; env sessions only: /v1/pool is a 404, FileQA refused with a 422 naming the missing "
                 "sandbox service"),
     "curl -s localhost:8000/v1/envs": Entry(
         FOLLOW_UP, "lists ClueProbe",
         check=lambda out: "forkyard/ClueProbe-v0" in [e["env_id"] for e in json.loads(out)]),
+    "curl -s localhost:8000/openenv/list_environments": Entry(
+        FOLLOW_UP, "OpenEnv's listing: a JSON list of the ids, ClueProbe and FileQA among them",
+        check=lambda out: {"forkyard/ClueProbe-v0", "forkyard/FileQA-v0"} <= set(json.loads(out))),
     "curl -s -XPOST localhost:8000/v1/envs -H 'content-type: application/json' -d "
     "'{\"env_id\": \"forkyard/ClueProbe-v0\", \"kwargs\": {\"max_turns\": 3}, \"seed\": 1}'": Entry(
         FOLLOW_UP, "prints the session_id that replaces SESSION below",

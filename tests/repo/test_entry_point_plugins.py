@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from tests.docker_support import ROOT, free_port, require_bwrap, wait_http_ok
+from envs.suite import SUITE
 
 PLUGIN_SRC = ROOT / "tests" / "plugins" / "forkyard_example_plugin"
 BROKEN_ENTRY_POINTS = """\
@@ -89,16 +90,16 @@ def test_every_kind_joins_its_registry_and_gymnasium_make(plugin_dirs):
         more = gym.make("example/CoinMore-v0").unwrapped
         module_form = gym.make("forkyard_example_plugin.unlisted:CoinToo-v0").unwrapped
         print(json.dumps({
-            "envs": sorted(envs.ENV_SPECS), "obs": obs, "more": type(more).__name__,
+            "envs": sorted(envs.forkyard_specs()), "obs": obs, "more": type(more).__name__,
             "module_form": type(module_form).__name__, "backends": sorted(BACKENDS),
             "estimators": list(estimator_names()), "needs_tree": get_estimator("example-centred").needs_tree,
             "policies": list(policy_names()), "policy_help": get_policy("example-tabular").help,
-            "errors": [envs.ENV_SPECS.plugin_errors, BACKENDS.plugin_errors]}))
+            "errors": [envs.registry.ENV_PLUGINS.plugin_errors, BACKENDS.plugin_errors]}))
     """, target)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["envs"] == ["CoinToo-v0", "example/Coin-v0", "example/CoinMore-v0", "forkyard/ClueProbe-v0",
-                           "forkyard/FileQA-v0"]
+    assert out["envs"] == sorted(["CoinToo-v0", "example/Coin-v0", "example/CoinMore-v0", "forkyard/ClueProbe-v0",
+                                  "forkyard/FileQA-v0", *(env_id for env_id, _, _ in SUITE)])
     assert out["obs"].startswith(("the coin is 0", "the coin is 1"))
     assert out["more"] == out["module_form"] == "CoinEnv"
     assert out["backends"] == ["docker", "example-local", "local"]
@@ -144,7 +145,7 @@ def test_a_broken_plugin_is_named_and_never_fatal(plugin_dirs):
         from trainer.estimators import estimator_names, get_estimator
         from trainer.policies import get_policy
 
-        out = {"envs": sorted(envs.ENV_SPECS), "estimators": list(estimator_names())}
+        out = {"envs": sorted(envs.forkyard_specs()), "estimators": list(estimator_names())}
         for name, lookup in (("backend", make_backend), ("estimator", get_estimator), ("policy", get_policy)):
             try:
                 lookup("example-broken")

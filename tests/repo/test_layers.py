@@ -63,9 +63,11 @@ def test_envs_import_neither_the_service_nor_the_trainer():
 
 
 #: What the service may use of envs: the package (the registry) and its public protocol modules (the API key
-#: and the retry policy are the wire's, shared by the server and every client).
+#: and the retry policy are the wire's, shared by the server and every client; the plugin loader is every
+#: registry's, the server's backends included).
 ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox", "envs.api_key", "envs.client_retry",  # envs.wire: the answers,
-               "envs.wire", "envs.session_client"}  # one model for both; session_client: ClusterEnv is its shim
+               "envs.wire", "envs.session_client",  # one model for both; session_client: ClusterEnv is its shim
+               "envs.plugins"}
 
 
 def test_the_service_uses_envs_only_through_their_public_api_and_never_the_trainer():

@@ -11,11 +11,12 @@ import gymnasium as gym
 import httpx
 import numpy as np
 import pytest
+from gymnasium.envs.registration import EnvSpec
 
-import envs
 import envs.remote_vector as remote_vector
 from envs import EnvInfraError, RemoteEnv, RemoteVectorEnv
 from envs.clueprobe import ClueProbeEnv
+from envs.remote import env_factory
 from envs.remote_vector import BatchInfraError, BatchItemError, vector_info
 from sandbox_server.app import create_env_app
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES
@@ -296,8 +297,10 @@ class SleepyEnv(ThreadEnv):
 
 @pytest.fixture
 def thread_envs(monkeypatch):
-    for name in ("ThreadEnv", "SleepyEnv"):
-        monkeypatch.setitem(envs.ENV_SPECS, f"test/{name}-v0", (f"{__name__}:{name}", {"max_turns": 5}))
+    for name in ("ThreadEnv", "SleepyEnv"):  # registered as envs.register_env would, removed after the test
+        env_id = f"test/{name}-v0"
+        spec = EnvSpec(env_id, entry_point=env_factory(f"{__name__}:{name}", env_id), kwargs={"max_turns": 5})
+        monkeypatch.setitem(gym.registry, env_id, spec)
     ThreadEnv.threads = []
 
 

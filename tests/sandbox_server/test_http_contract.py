@@ -131,10 +131,9 @@ BOOM = "test/Boom-v0"
 
 
 @pytest.fixture
-def boom_env(monkeypatch):
-    """BoomEnv registered like a forkyard env (the server's registry and Gymnasium's)."""
-    monkeypatch.setitem(envs.ENV_SPECS, BOOM, (f"{__name__}:BoomEnv", {}))
-    gym.register(BOOM, entry_point=f"{__name__}:BoomEnv")
+def boom_env():
+    """BoomEnv registered as a forkyard env (Gymnasium's registry, which the server reads), removed afterwards."""
+    envs.register_env(BOOM, f"{__name__}:BoomEnv")
     BoomEnv.open_envs = 0
     yield
     gym.envs.registry.pop(BOOM, None)

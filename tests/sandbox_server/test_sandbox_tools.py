@@ -87,13 +87,16 @@ def test_leading_dash_never_reads_as_an_option(tool, args):
 
 def test_every_tool_builds_an_argv_and_has_a_schema():
     specs = {s.name: s for s in tool_specs()}
-    assert set(specs) == {"ls", "cat", "head", "tail", "wc", "grep", "find", "stat"}
+    files = {n for n, s in specs.items() if s.family == "files"}
+    assert files == {"ls", "cat", "head", "tail", "wc", "grep", "find", "stat"}
+    assert set(specs) - files == {"list_tables", "describe", "query", "rows"}  # the sql family: test_sql_tools.py
     for name, tool in TOOLS.items():
-        assert specs[name].params == tool.param_names
+        assert specs[name].params == tool.param_names and specs[name].family == tool.family
         assert specs[name].schema_["additionalProperties"] is False
         args = {p.name: ("x" if p.type == "string" else None) for p in tool.params if p.required}
         call = validate_call(name, args)
-        assert call.argv[0] == name and all(isinstance(a, str) for a in call.argv)
+        assert call.argv[0] == (name if tool.family == "files" else "python3")
+        assert all(isinstance(a, str) for a in call.argv)
 
 
 def test_text_actions_bind_to_the_schemas():
