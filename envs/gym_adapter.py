@@ -45,8 +45,9 @@ Fork and snapshot (``fork_method``; ``"auto"`` takes the first that the wrapped 
     env's ``np_random.bit_generator.state``). A wrapped env offers it with methods ``get_state()`` and
     ``set_state(state)``; the toy-text envs, which keep their state in a few attributes, get one from the table
     here (FrozenLake and CliffWalking ``s``, ``lastaction``; Taxi also ``fickle_step``, ``taxi_orientation``;
-    Blackjack the ``player`` and ``dealer`` hands and the dealer's face card). Fork builds a fresh wrapped env and
-    sets the state; the snapshot carries the state, so it restores in another process.
+    Blackjack the ``player`` and ``dealer`` hands and the dealer's face card). Fork sets the state on a fresh
+    wrapped env (for the toy-text envs on a shallow copy, whose transition table and map are constants:
+    :attr:`StateCodec.share_constants`); the snapshot carries the state, so it restores in another process.
 ``"deepcopy"``
     ``copy.deepcopy`` of the wrapped env (MiniGrid: its grid of objects has no codec): in-process fork only. Its
     snapshot restores by the verified replay below (the snapshot carries the seed and the action log).
@@ -91,6 +92,7 @@ import json
 import keyword
 import random
 import re
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -191,10 +193,15 @@ def _parse_gym_kwargs(gym_id: str, allowed: Mapping[str, Callable[[str, Any], An
 # --------------------------------------------------------------------------- state codecs
 @dataclass(frozen=True)
 class StateCodec:
-    """A wrapped env's state codec (module docstring): ``get(env) -> JSON data`` and ``set(env, data)``."""
+    """A wrapped env's state codec (module docstring): ``get(env) -> JSON data`` and ``set(env, data)``.
+
+    ``share_constants``: an in-process fork may start from ``copy.copy`` of the wrapped env instead of a fresh one,
+    because everything outside the codec's state is constant after construction (the toy-text envs' transition
+    table ``P`` and map, built in tens of milliseconds for Taxi); ``set`` then rebinds every mutable attribute."""
 
     get: Callable[[Any], dict[str, Any]]
     set: Callable[[Any, dict[str, Any]], None]
+    share_constants: bool = False
 
 
 def _rng_get(env: Any) -> dict[str, Any]:
@@ -240,9 +247,9 @@ def _blackjack_set(env: Any, state: dict[str, Any]) -> None:
     _rng_set(env, state["rng"])
 
 
-GRID_CODEC = StateCodec(_grid_get, _grid_set)
-TAXI_CODEC = StateCodec(_taxi_get, _taxi_set)
-BLACKJACK_CODEC = StateCodec(_blackjack_get, _blackjack_set)
+GRID_CODEC = StateCodec(_grid_get, _grid_set, share_constants=True)
+TAXI_CODEC = StateCodec(_taxi_get, _taxi_set, share_constants=True)
+BLACKJACK_CODEC = StateCodec(_blackjack_get, _blackjack_set, share_constants=True)
 #: The documented protocol of a wrapped env with its own codec: methods ``get_state()`` and ``set_state(state)``.
 def _method_get(env: Any) -> dict[str, Any]:
     return env.get_state()
@@ -376,36 +383,45 @@ def _minigrid_text(env: Any, obs: Any, ended: bool) -> str:
 
 # --------------------------------------------------------------------------- scripted policies
 _DP_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_DP_LOCK = threading.Lock()
 DP_DISCOUNT = 0.999
+#: Turns left beyond this are planned as this many (the discounted values have settled by then).
+DP_MAX_HORIZON = 300
 
 
 def tabular_policy(env: "GymTextEnv") -> int:
     """The action of a finite-horizon dynamic programme over the wrapped env's transition table ``P`` (toy-text
     envs: ``P[s][a] = [(prob, next_s, reward, terminated), ...]``), with discount :data:`DP_DISCOUNT` and the
-    horizon of the turns left; ties go to the lowest action index. Tables are cached per model (64 at most)."""
+    horizon of the turns left (at most :data:`DP_MAX_HORIZON`); ties go to the lowest action index. Tables are cached
+    per model (32 at most), under a lock."""
     wrapped = env._wrapped
     key = env._model_key()
+    with _DP_LOCK:
+        return _tabular_action(wrapped, key, max(1, min(env.max_turns - env.turn, DP_MAX_HORIZON)))
+
+
+def _tabular_action(wrapped: Any, key: str, horizon: int) -> int:
     model = _DP_CACHE.get(key)
-    if model is None:
+    if model is None:  # P as padded arrays: successor index and probability (0 for terminal) per outcome
         table = wrapped.P
         n_s, n_a = len(table), len(table[0])
-        reward = np.zeros((n_s, n_a))
-        moves = np.zeros((n_s, n_a, n_s))
+        width = max(len(table[s][a]) for s in range(n_s) for a in range(n_a))
+        reward, nxt, prob = np.zeros((n_s, n_a)), np.zeros((n_s, n_a, width), int), np.zeros((n_s, n_a, width))
         for s in range(n_s):
             for a in range(n_a):
-                for prob, nxt, r, done in table[s][a]:
-                    reward[s, a] += prob * r
-                    if not done:
-                        moves[s, a, nxt] += prob
-        model = _DP_CACHE[key] = {"R": reward, "T": moves, "V": [np.zeros(n_s)]}
-        while len(_DP_CACHE) > 64:
+                for k, (p, s2, r, done) in enumerate(table[s][a]):
+                    reward[s, a] += p * r
+                    nxt[s, a, k], prob[s, a, k] = s2, 0.0 if done else p
+        model = _DP_CACHE[key] = {"R": reward, "N": nxt, "P": prob, "V": [np.zeros(n_s)]}
+        while len(_DP_CACHE) > 32:
             _DP_CACHE.popitem(last=False)
+    _DP_CACHE.move_to_end(key)
     values: list[np.ndarray] = model["V"]
-    horizon = max(1, min(env.max_turns - env.turn, MAX_TURNS_LIMIT))
     while len(values) < horizon:
-        values.append((model["R"] + DP_DISCOUNT * model["T"] @ values[-1]).max(axis=1))
+        q_all = model["R"] + DP_DISCOUNT * (model["P"] * values[-1][model["N"]]).sum(axis=-1)
+        values.append(q_all.max(axis=1))
     s = int(wrapped.s)
-    q = model["R"][s] + DP_DISCOUNT * model["T"][s] @ values[horizon - 1]
+    q = model["R"][s] + DP_DISCOUNT * (model["P"][s] * values[horizon - 1][model["N"][s]]).sum(axis=-1)
     return int(np.flatnonzero(q >= q.max() - 1e-12)[0])
 
 
@@ -680,6 +696,7 @@ class GymTextEnv(TextEnv):
     #: A subclass's own profile (FrozenLake's RAGEN form); None: :data:`GYM_PROFILES` of ``gym_id``. Profiles are
     #: looked up, never stored on the instance, so that an env pickles without them.
     own_profile: ClassVar[GymProfile | None] = None
+    _restored: Any = None  # the wrapped env a restore built before it changed anything (see restore)
 
     def __init__(self, gym_id: str = "FrozenLake-v1", gym_kwargs: dict[str, Any] | str | None = None,
                  max_turns: int | None = None, fork_method: str = "auto", action_names: list[str] | None = None,
@@ -800,15 +817,17 @@ class GymTextEnv(TextEnv):
             raise ValueError(f"action_names must be distinct ASCII identifiers of at most 32 characters, not "
                              f"keywords nor {sorted(RESERVED_TOOL_NAMES)}; refused: {bad or names}")
 
-    def _new_wrapped(self) -> Any:
-        """A fresh wrapped env (never reset) of this env's id and kwargs: the bare env of ``gymnasium.make``."""
+    def _new_wrapped(self, episode_kwargs: dict[str, Any] | None = None) -> Any:
+        """A fresh wrapped env (never reset) of this env's id and kwargs (and ``episode_kwargs``, default this
+        episode's): the bare env of ``gymnasium.make``."""
         spec = gym.spec(self.gym_id)
         creator = gym.envs.registration.load_env_creator(spec.entry_point) if isinstance(
             spec.entry_point, str) else spec.entry_point
         modes = getattr(creator, "metadata", {}).get("render_modes", [])
         render_mode = "ansi" if "ansi" in modes else None
         return gym.make(spec, render_mode=render_mode, disable_env_checker=True,
-                        **self._gym_kwargs, **self._episode_kwargs).unwrapped
+                        **self._gym_kwargs, **(self._episode_kwargs if episode_kwargs is None else episode_kwargs)
+                        ).unwrapped
 
     def _episode_gym_kwargs(self) -> dict[str, Any]:
         """Wrapped-env kwargs drawn per episode from ``self.np_random`` (plain JSON data; none here). A subclass
@@ -963,7 +982,45 @@ class GymTextEnv(TextEnv):
             state["gym_state"] = self._codec.get(self._wrapped)
         return state
 
+    def restore(self, snapshot: Any) -> None:
+        """:meth:`TextEnv.restore`, atomic: the wrapped env is rebuilt first (state codec, else verified replay), so a
+        snapshot that cannot be restored leaves this env as it was.
+
+        Raises:
+            ValueError: a snapshot of another class or kwargs, or with an action the wrapped env does not take.
+            ReplayDivergedError: the replay of the snapshot's episode differs from its record.
+        """
+        snap = self._checked_snapshot(snapshot)
+        self._restored = self._wrapped_for(snap.state["task"], "restore")
+        try:
+            super().restore(snap)
+        finally:
+            self._restored = None
+
+    def _wrapped_for(self, task: dict[str, Any], what: str) -> Any:
+        """A new wrapped env in the state a snapshot's task state records: by the codec, else by verified replay."""
+        episode_kwargs = dict(task["episode_kwargs"])
+        seed = task["wrapped_seed"]
+        if seed is not None and self.fork_method == "state_codec" and self._codec is not None:
+            wrapped = self._new_wrapped(episode_kwargs)
+            try:
+                self._codec.set(wrapped, task["gym_state"])
+            except Exception:
+                wrapped.close()
+                raise
+            return wrapped
+        actions = [self._checked_action(a) for a in task["actions"]]
+        return self._replayed(what, episode_kwargs, None if seed is None else int(seed), actions, task["trace"])
+
+    def _checked_action(self, action: Any) -> Any:
+        ok = (isinstance(action, str) and self._wrapped.action_space.contains(action) if self._text_actions else
+              type(action) is int and self._start <= action < self._start + self._n_actions)
+        if not ok:
+            raise ValueError(f"the snapshot's action log holds {action!r}, which is no action of {self.gym_id}")
+        return action
+
     def _load_task_state(self, state: dict[str, Any]) -> None:
+        wrapped = self._restored if self._restored is not None else self._wrapped_for(state, "restore")
         self._episode_kwargs = dict(state["episode_kwargs"])
         seed = state["wrapped_seed"]
         self._wrapped_seed = None if seed is None else int(seed)
@@ -971,13 +1028,8 @@ class GymTextEnv(TextEnv):
         self._trace = [list(t) for t in state["trace"]]
         self._return, self._last_reward = float(state["return"]), float(state["last_reward"])
         self._terminated = bool(state["terminated"])
-        old = self._wrapped
-        if self.fork_method == "state_codec" and self._wrapped_seed is not None and self._codec is not None:
-            self._wrapped = self._new_wrapped()
-            self._codec.set(self._wrapped, state["gym_state"])
-        else:
-            self._wrapped = self._replayed("restore")
-        if old is not None and old is not self._wrapped:
+        old, self._wrapped = self._wrapped, wrapped
+        if old is not None and old is not wrapped:
             old.close()
 
     def _fork_into(self, children: list[TextEnv]) -> None:
@@ -990,47 +1042,47 @@ class GymTextEnv(TextEnv):
             if self._wrapped_seed is None:
                 child._wrapped = self._new_wrapped()
             elif wrapped_state is not None:
-                child._wrapped = self._new_wrapped()
                 assert self._codec is not None
+                child._wrapped = copy.copy(self._wrapped) if self._codec.share_constants else self._new_wrapped()
                 self._codec.set(child._wrapped, json.loads(wrapped_state))
             elif self.fork_method == "deepcopy":
                 child._wrapped = copy.deepcopy(self._wrapped)
             else:
-                child._wrapped = self._replayed("fork")
+                child._wrapped = self._replayed("fork", self._episode_kwargs, self._wrapped_seed, self._actions,
+                                                self._trace)
 
-    def _replayed(self, what: str) -> Any:
-        """A new wrapped env brought to this episode's state by seeded replay of the action log, every step
-        verified against the trace.
+    def _replayed(self, what: str, episode_kwargs: dict[str, Any], seed: int | None, actions: list[Any],
+                  trace: list[list[Any]]) -> Any:
+        """A new wrapped env brought to an episode's state by seeded replay of its action log from its wrapped
+        ``seed``, every step verified against its ``trace`` (``[digest, reward, terminated, truncated]`` per step,
+        the reset first).
 
         Raises:
             ReplayDivergedError: a step's observation, reward, terminated or truncated differs from the record.
         """
-        wrapped = self._new_wrapped()
-        if self._wrapped_seed is None:
+        wrapped = self._new_wrapped(episode_kwargs)
+        if seed is None:
             return wrapped
-        obs, _ = wrapped.reset(seed=self._wrapped_seed)
-        got = [self._text(wrapped, obs, False)[1], 0.0, False, False]
-        steps = [got]
-        for action in self._actions:
-            obs, reward, terminated, truncated, _ = wrapped.step(action)
-            ended = bool(terminated or truncated)
-            steps.append([self._text(wrapped, obs, ended)[1], float(reward), bool(terminated), bool(truncated)])
-            if steps[-1] != list(self._trace[len(steps) - 1]):
-                break
-        for i, (want, have) in enumerate(zip(self._trace, steps, strict=False)):
+        if len(trace) != len(actions) + 1:
+            wrapped.close()
+            raise ReplayDivergedError(f"cannot {what} {type(self).__name__}({self.gym_id!r}): its action log "
+                                      f"({len(actions)}) and trace ({len(trace)}) disagree")
+        obs, _ = wrapped.reset(seed=seed)
+        have = [self._text(wrapped, obs, False)[1], 0.0, False, False]
+        for i, want in enumerate(trace):
+            if i > 0:
+                obs, reward, terminated, truncated, _ = wrapped.step(actions[i - 1])
+                ended = bool(terminated or truncated)
+                have = [self._text(wrapped, obs, ended)[1], float(reward), bool(terminated), bool(truncated)]
             if list(want) != have:
                 wrapped.close()
-                where = "the reset observation" if i == 0 else f"step {i} ({self._action_text(self._actions[i - 1])})"
+                where = "the reset observation" if i == 0 else f"step {i} ({self._action_text(actions[i - 1])})"
                 raise ReplayDivergedError(
                     f"cannot {what} {type(self).__name__}({self.gym_id!r}) by seeded replay: replaying its "
-                    f"{len(self._actions)} recorded action(s) from seed {self._wrapped_seed} gave another {where} "
-                    f"than the episode recorded (digest, reward, terminated, truncated: recorded {list(want)}, "
-                    f"replayed {have}). {self.gym_id} is not deterministic given its seed and actions, so it "
-                    "cannot be copied by replay; refusing rather than returning a different copy.")
-        if len(steps) != len(self._trace):
-            wrapped.close()
-            raise ReplayDivergedError(f"cannot {what} {type(self).__name__}({self.gym_id!r}): the snapshot's action "
-                                      f"log ({len(self._actions)}) and trace ({len(self._trace)}) disagree")
+                    f"{len(actions)} recorded action(s) from seed {seed} gave another {where} than the episode "
+                    f"recorded (digest, reward, terminated, truncated: recorded {list(want)}, replayed {have}). "
+                    f"{self.gym_id} is not deterministic given its seed and actions, so it cannot be copied by "
+                    "replay; refusing rather than returning a different copy.")
         return wrapped
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 The task form of RAGEN / StarPO (arXiv 2504.20073): the lake is a grid of text, one line per row, with RAGEN's
 symbols (``P`` the player, ``_`` frozen ice, ``O`` a hole, ``G`` the goal, ``X`` the player fallen into a hole,
-``√`` the player on the goal), and the actions Left, Down, Right, Up (here the tools ``left()``, ``down()``,
-``right()``, ``up()``, the action names of :mod:`envs.gym_adapter`). The dynamics are Gymnasium's
+``√`` the player on the goal), and RAGEN's actions Left, Down, Right, Up as the tools ``Left()``, ``Down()``,
+``Right()``, ``Up()`` (the names RAGEN's prompts use, as forkyard/Sokoban-v0 does; ``forkyard/Gym-v0`` on
+``FrozenLake-v1`` names them ``left()`` ... ``up()``). The dynamics are Gymnasium's
 ``FrozenLakeEnv`` itself (``gymnasium.envs.toy_text.frozen_lake``): on slippery ice a move goes the chosen way
 with probability 1/3 and to either side of it with 1/3 each. Reward 1.0 on reaching the goal, else 0.0; the goal
 and the holes terminate the episode (``termination_reason="answered"``); the turn budget truncates it.
@@ -45,7 +46,7 @@ def _ragen_grid(env: object, obs: object, ended: bool) -> str:
 
 #: FrozenLake's adapter profile with RAGEN's observation: the grid alone.
 RAGEN_FROZENLAKE_PROFILE = GymProfile(
-    rules="", action_names=FROZENLAKE_PROFILE.action_names, action_help=FROZENLAKE_PROFILE.action_help,
+    rules="", action_names=("Left", "Down", "Right", "Up"), action_help=FROZENLAKE_PROFILE.action_help,
     render=_ragen_grid, observation_source="state", codec=FROZENLAKE_PROFILE.codec, policy=FROZENLAKE_PROFILE.policy,
     success=FROZENLAKE_PROFILE.success)
 

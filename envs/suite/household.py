@@ -39,7 +39,7 @@ only once every game is generated, and too large for that feature's exact enumer
 (``termination_reason="answered"``). A command that makes the goal unreachable (eating the object to be placed,
 when it is food) terminates it with reward 0 (also ``"answered"``: the task ended, failed). Otherwise it is
 *truncated* after ``max_turns`` commands. The step that ends an episode carries ``info["episode_metrics"] =
-{"won": 0.0 or 1.0, "distinct_commands": n}``.
+{"success": 0.0 or 1.0, "distinct_commands": n}``.
 
 **Fork and snapshot** (``fork_method="state_codec"``): the emulator's own saved state (Jericho's ``get_state`` /
 ``set_state``: dynamic memory, stack, program counter, frame and stack pointers, random-number state, last output)
@@ -623,7 +623,7 @@ class HouseholdEnv(TextEnv):
         if self._done:
             won = self._state is not None and self._state.won
             commands = {a for a, _ in self._history}
-            out[4]["episode_metrics"] = {"won": 1.0 if won else 0.0, "distinct_commands": len(commands)}
+            out[4]["episode_metrics"] = {"success": 1.0 if won else 0.0, "distinct_commands": len(commands)}
         return out
 
     def _act(self, call: ToolCall) -> Outcome:

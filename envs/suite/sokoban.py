@@ -23,7 +23,7 @@ are spent all the same, as in RAGEN).
 Rewards (gym-sokoban's, which RAGEN keeps): ``-0.1`` per move, ``+1`` for each box pushed onto a target, ``-1``
 for each box pushed off a target, and ``+10`` on the move that puts the last box on a target. That move
 *terminates* the episode (``termination_reason="answered"``: the task is done); running out of ``max_turns``
-*truncates* it. The step that ends an episode carries ``info["episode_metrics"] = {"solved": 0.0 or 1.0,
+*truncates* it. The step that ends an episode carries ``info["episode_metrics"] = {"success": 0.0 or 1.0,
 "boxes_on_target": n}``.
 
 Rooms are generated at ``reset`` from ``self.np_random`` only (:func:`generate_room`), solvable within
@@ -472,7 +472,7 @@ class SokobanEnv(TextEnv):
         out = TextEnv.step(self, action)
         if self._done:
             on = self._on_target(self._boxes)
-            out[4]["episode_metrics"] = {"solved": float(on == self.num_boxes), "boxes_on_target": on}
+            out[4]["episode_metrics"] = {"success": float(on == self.num_boxes), "boxes_on_target": on}
         return out
 
     # ----------------------------------------------------------------- state codec

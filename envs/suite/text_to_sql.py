@@ -266,6 +266,8 @@ class TextToSQLEnv(TextEnv):
             why = f"the query timed out after {self.per_turn_timeout_s:g} s"
         elif res.status != "ok" or res.exit_code != 0:
             why = res.stderr.strip() or res.message or "the query failed"
+        elif res.truncated:  # a server whose output cap is below the runner's own JSON cap
+            why = "its result is larger than the sandbox service's output cap"
         else:
             try:
                 got = json.loads(res.stdout)
@@ -278,7 +280,7 @@ class TextToSQLEnv(TextEnv):
                 correct = same_result(rows, t["gold_rows"], t["ordered"])
                 if not correct:
                     why = f"its result ({len(rows)} row(s)) differs from the right one ({len(t['gold_rows'])} row(s))"
-        verdict = "correct" if correct else f"wrong: {why}. A right query: {t['gold']}"
+        verdict = "correct." if correct else f"wrong: {why}. A right query: {t['gold']}"
         return Outcome(f"{call.text()} is {verdict}", reward=1.0 if correct else 0.0, terminated=True,
                        reason="answered", info={"correct": correct, "tool_status": res.status})
 

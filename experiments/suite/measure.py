@@ -65,12 +65,21 @@ def play(env: Any, seed: int, rng: random.Random, demo: bool) -> tuple[bool, lis
     obs, info = env.reset(seed=seed)
     keys, total, steps = [], 0.0, 0
     while not env.done:
-        keys.append((info["anchor_key"], hashlib.blake2b(obs.encode("utf-8", "replace"), digest_size=16).hexdigest()))
+        keys.append((info["anchor_key"], state_key(env, obs)))
         action = env.demo_action(rng, skill=1.0) if demo else rng.choice(info["legal_actions"])
         obs, r, _te, _tr, info = env.step(action)
         total += r
         steps += 1
     return _success(total, info), keys, steps
+
+
+def state_key(env: Any, obs: str) -> str:
+    """GiGPO's anchor state: the current observation without the turn prompt the env appends to it
+    (:meth:`envs.core.TextEnv._prompt`, e.g. ``Turn 3 of 5: ...``), so that the same state reached at another turn
+    or by another path has the same key. A BLAKE2b hex digest."""
+    prompt = env._prompt()
+    text = obs.removesuffix("\n" + prompt).removesuffix(prompt)
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).hexdigest()
 
 
 def singleton_share(groups: list[list[str]]) -> float:

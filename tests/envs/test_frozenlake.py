@@ -55,12 +55,12 @@ def test_ragen_text_form():
     env = make(size=5, is_slippery=False)
     obs, info = env.reset(seed=0)
     assert "Symbols: P you | _ frozen ice | O hole | G goal | X you in a hole | √ you on the goal" in obs
-    assert info["legal_actions"] == ["left()", "down()", "right()", "up()"]
+    assert info["legal_actions"] == ["Left()", "Down()", "Right()", "Up()"]
     rows = grid_of(obs, 5)
     assert rows[0][0] == "P" and rows[-1][-1] == "G" and "does not slip" in obs
-    assert [t["function"]["name"] for t in env.tool_schemas()] == ["left", "down", "right", "up"]
-    obs, *_ = env.step("right()")
-    assert grid_of(obs, 5)[0][1] in "PX" and obs.startswith("right(): reward 0.")
+    assert [t["function"]["name"] for t in env.tool_schemas()] == ["Left", "Down", "Right", "Up"]
+    obs, *_ = env.step("Right()")
+    assert grid_of(obs, 5)[0][1] in "PX" and obs.startswith("Right(): reward 0.")
     env.reset(seed=0)
     rng = random.Random(0)
     while not env.done:
@@ -74,7 +74,7 @@ def test_falling_into_a_hole_shows_x_and_terminates():
         obs, _ = env.reset(seed=seed)
         rows = grid_of(obs, 4)
         if rows[1][0] == "O":
-            obs, r, te, tr, info = env.step("down()")
+            obs, r, te, tr, info = env.step("Down()")
             assert grid_of(obs, 4)[1][0] == "X"
             assert (r, te, tr, info["termination_reason"], info["episode_metrics"]["success"]) == (
                 0.0, True, False, "answered", 0.0)
@@ -103,7 +103,7 @@ def test_fork_contract(kwargs):
 def test_snapshot_carries_the_map_and_restores_it():
     env = make(size=5)
     env.reset(seed=11)
-    env.step("down()")
+    env.step("Down()")
     data = env.snapshot().to_bytes()
     task = json.loads(data)["state"]["task"]
     assert len(task["episode_kwargs"]["desc"]) == 5 and set(task["gym_state"]) == {"s", "lastaction", "rng"}
@@ -111,7 +111,7 @@ def test_snapshot_carries_the_map_and_restores_it():
     other.reset(seed=99)  # another map, replaced by the snapshot's
     other.restore(data)
     assert other.last_observation == env.last_observation
-    assert other.fork(1)[0].step("right()") == env.fork(1)[0].step("right()")
+    assert other.fork(1)[0].step("Right()") == env.fork(1)[0].step("Right()")
 
 
 def test_copies_of_a_fork_draw_their_own_later_maps():
@@ -139,11 +139,11 @@ def test_default_turn_budget_scales_with_size():
 def test_illegal_actions_explain_and_consume_the_turn():
     env = make()
     env.reset(seed=0)
-    for bad, says in [("Left()", "is not an action"), ("left(1)", "takes no arguments"), ("jump", "tool call")]:
+    for bad, says in [("left()", "is not an action"), ("Left(1)", "takes no arguments"), ("jump", "tool call")]:
         obs, r, te, tr, info = env.step(bad)
         assert info["invalid_action"] and says in obs and (r, te, tr) == (0.0, False, False)
-    assert env.turn == 3 and "left(), down(), right(), up()" in obs
-    obs, r, te, tr, info = env.step("down")  # not a call
+    assert env.turn == 3 and "Left(), Down(), Right(), Up()" in obs
+    obs, r, te, tr, info = env.step("Down")  # not a call
     assert info["invalid_action"]
 
 

@@ -53,7 +53,7 @@ class GuessEnv(gym.Env):
         return 0, {}
 
     def step(self, action):
-        self.last = sum(a == b for a, b in zip(action, self.word))
+        self.last = sum(a == b for a, b in zip(action, self.word, strict=True))
         self.hint = self.word[int(self.np_random.integers(3))]
         return self.last, float(action == self.word), action == self.word, False, {}
 
@@ -227,14 +227,26 @@ def test_a_replay_that_diverges_is_refused_naming_the_env():
         make("ForkyardTest/Locked-v0", fork_method="deepcopy")
 
 
-def test_a_forged_trace_is_refused_not_replayed_differently():
+def test_a_forged_snapshot_is_refused_and_leaves_the_env_as_it_was():
     env = make("Taxi-v4", fork_method="replay", max_turns=20)
     env.reset(seed=4)
     env.step("north()")
     snap = env.snapshot()
-    snap.state["task"]["trace"][1][1] = 5.0  # a reward the replay will not give
+    target = make("Taxi-v4", fork_method="replay", max_turns=20)
+    target.reset(seed=9)
+    target.step("south()")
+    before = target.snapshot().to_bytes()
+    forged = snap.model_copy(deep=True)
+    forged.state["task"]["trace"][1][1] = 5.0  # a reward the replay will not give
     with pytest.raises(ReplayDivergedError, match=r"Taxi-v4.*step 1 \(north\(\)\)"):
-        make("Taxi-v4", fork_method="replay", max_turns=20).restore(snap)
+        target.restore(forged)
+    forged = snap.model_copy(deep=True)
+    forged.state["task"]["actions"] = [99]
+    with pytest.raises(ValueError, match="99, which is no action of Taxi-v4"):
+        target.restore(forged)
+    assert target.snapshot().to_bytes() == before
+    target.restore(snap)
+    assert target.history == env.history and target.step("east()") == env.step("east()")
 
 
 RESTORE_ELSEWHERE = """
@@ -390,6 +402,32 @@ def test_named_tools_are_schemas_and_illegal_calls_explain(gym_id):
     assert env.turn == 3
 
 
+def test_the_server_serves_any_allowed_id_with_json_gym_kwargs_and_refuses_others():
+    import httpx
+
+    from sandbox_server.app import create_env_app
+    from tests.docker_support import UvicornThread
+
+    srv = UvicornThread(create_env_app(ttl_s=60)).start()
+    try:
+        kwargs = {"gym_id": "Taxi-v4", "gym_kwargs": {"is_rainy": True}, "max_turns": 5}
+        made = httpx.post(f"{srv.url}/v1/envs", json={"env_id": "forkyard/Gym-v0", "kwargs": kwargs, "seed": 7})
+        assert made.status_code == 201, made.text
+        sid = made.json()["session_id"]
+        local = make(**kwargs)
+        assert made.json()["observation"] == local.reset(seed=7)[0]
+        step = httpx.post(f"{srv.url}/v1/envs/{sid}/step", json={"action": "north()"}).json()
+        assert step["observation"] == local.step("north()")[0]
+        fork = httpx.post(f"{srv.url}/v1/envs/{sid}/fork", json={"n": 2})
+        assert fork.status_code in (200, 201), fork.text
+        for bad in ({"gym_id": "gymnasium.envs.toy_text.taxi:TaxiEnv"}, {"gym_id": "CartPole-v1"},
+                    {"gym_id": "Taxi-v4", "gym_kwargs": {"render_mode": "human"}}, {"gym_id": "Taxi-v4", "x": 1}):
+            refused = httpx.post(f"{srv.url}/v1/envs", json={"env_id": "forkyard/Gym-v0", "kwargs": bad})
+            assert refused.status_code in (400, 422), (bad, refused.status_code, refused.text)
+    finally:
+        srv.stop()
+
+
 def test_trl_factory_makes_one_method_per_action():
     from envs.trl import environment_factory
     cls = environment_factory("forkyard/Gym-v0", gym_id="Taxi-v4", max_turns=3)
@@ -448,7 +486,8 @@ RATES = [
 ]
 
 
-@pytest.mark.parametrize("gym_id, kwargs, seeds, scripted, rand", RATES, ids=[f"{r[0]}-{i}" for i, r in enumerate(RATES)])
+@pytest.mark.parametrize("gym_id, kwargs, seeds, scripted, rand", RATES,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(RATES)])
 def test_demonstrator_beats_random_play(gym_id, kwargs, seeds, scripted, rand):
     env = make(gym_id, **kwargs)
     best, random_play = success_rate(env, 1.0, seeds), success_rate(env, 0.0, seeds)

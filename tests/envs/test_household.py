@@ -146,13 +146,13 @@ def test_walkthrough_wins_with_reward_one_and_budget_truncates():
             last = i == len(plan) - 1
             assert (reward, terminated, truncated) == ((1.0, True, False) if last else (0.0, False, False))
         assert info["termination_reason"] == "answered" and info["legal_actions"] == []
-        assert info["episode_metrics"]["won"] == 1.0 and "You completed the task" in obs
+        assert info["episode_metrics"]["success"] == 1.0 and "You completed the task" in obs
     env = make(max_turns=2)
     env.reset(seed=0)
     env.step("command(text='look')")
     obs, reward, terminated, truncated, info = env.step("command(text='inventory')")
     assert (reward, terminated, truncated, info["termination_reason"]) == (0.0, False, True, "max_turns")
-    assert info["episode_metrics"] == {"won": 0.0, "distinct_commands": 2}
+    assert info["episode_metrics"] == {"success": 0.0, "distinct_commands": 2}
 
 
 def test_forked_copies_diverge_and_share_no_logic_state():

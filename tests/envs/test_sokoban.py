@@ -30,7 +30,7 @@ def play(env, rng, skill, seed):
     info = {}
     while not env.done:
         info = env.step(env.demo_action(rng, skill))[4]
-    return info["episode_metrics"]["solved"]
+    return info["episode_metrics"]["success"]
 
 
 def with_position(env, rows, boxes=None, player=None):
@@ -133,7 +133,7 @@ def test_every_room_is_solvable_within_max_turns(kwargs):
         for k, move in enumerate(plan):
             obs, r, term, trunc, info = env.step(f"{move}()")
             assert term == (k == len(plan) - 1) and not trunc
-        assert info["termination_reason"] == "answered" and info["episode_metrics"]["solved"] == 1.0
+        assert info["termination_reason"] == "answered" and info["episode_metrics"]["success"] == 1.0
         env.restore(start)
     # the generator's own solution (independent of the solver) solves its room too
     rng = np.random.default_rng(7)
@@ -204,7 +204,7 @@ def test_push_rules_and_ragens_rewards():
                         "######"])
     obs, r, term, trunc, info = env.step("Down()")  # the last box home: +1 +10, terminated
     assert r == pytest.approx(10.9) and term and not trunc and "solved" in obs
-    assert info["termination_reason"] == "answered" and info["episode_metrics"] == {"solved": 1.0,
+    assert info["termination_reason"] == "answered" and info["episode_metrics"] == {"success": 1.0,
                                                                                     "boxes_on_target": 2}
 
 
@@ -222,7 +222,7 @@ def test_the_budget_truncates():
         assert not (term or trunc) and "termination_reason" not in info
     obs, r, term, trunc, info = env.step("Right()")
     assert (term, trunc, info["termination_reason"]) == (False, True, "max_turns") and "No turns left" in obs
-    assert info["episode_metrics"] == {"solved": 0.0, "boxes_on_target": 0} and info["legal_actions"] == []
+    assert info["episode_metrics"] == {"success": 0.0, "boxes_on_target": 0} and info["legal_actions"] == []
 
 
 @pytest.mark.parametrize("kwargs, says", [

@@ -171,7 +171,7 @@ def test_reward_checks_final_state_and_answer():
     assert not changed.step(f"add_comment({active}, 'noise')")[4]["api_error"]
     obs, r, te, tr, info = changed.step(f"answer('{n}')")
     assert (r, info["check"]) == (0.0, {"state": False, "answer": True})
-    assert info["termination_reason"] == "answered" and info["episode_metrics"] == {"api_errors": 0}
+    assert info["termination_reason"] == "answered" and info["episode_metrics"] == {"success": 0.0, "api_errors": 0}
 
 
 def test_truncation_without_answer_scores_zero():

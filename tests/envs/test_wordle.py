@@ -151,7 +151,7 @@ def test_solve_terminates_and_running_out_truncates_naming_the_word():
     env.reset(seed=0, options={"answer": "crane"})
     obs, r, te, tr, info = env.step("guess('crane')")
     assert (r, te, tr, info["termination_reason"]) == (1.0, True, False, "answered") and "Solved" in obs
-    assert info["episode_metrics"] == {"accepted_guesses": 1}
+    assert info["episode_metrics"] == {"success": 1.0, "accepted_guesses": 1}
     env.reset(seed=0, options={"answer": "crane"})
     env.step("guess('slate')")
     obs, r, te, tr, info = env.step("guess('mouth')")
