@@ -16,7 +16,9 @@ provider's tool registry) and :class:`~envs.features.Demonstrator` (``demo_actio
 call, then the right answer, with probability ``skill``).
 
 Questions are made by :mod:`envs.fileqa_questions`; sandboxes come from an
-:class:`envs.sandbox.SandboxProvider` (this module knows no service or backend).
+:class:`envs.sandbox.SandboxProvider` through :class:`envs.sandboxed.SandboxedTextEnv`, the sandbox plumbing
+(provider, one sandbox per episode, fork, snapshots, tool calls) FileQA shares with TextToSQL (this module
+knows no service or backend).
 
 Actions are tool calls in forkyard's one format: the sandbox's whitelisted tools (``ls``, ``cat``,
 ``head``, ``tail``, ``wc``, ``grep``, ``find``, ``stat``; positional arguments follow each tool's
@@ -39,23 +41,22 @@ A manifest with a content hash ties the question generator to the corpus: if the
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action, parse_action
-from envs.core import EnvInfraError, IllegalActionError, Outcome, TextEnv
+from envs.core import EnvInfraError, IllegalActionError, Outcome
 from envs.fileqa_questions import LOG_PATH, QUESTION_KINDS, corpus_facts, draw_question, load_corpus, normalize_answer
+from envs.sandboxed import SandboxedTextEnv, infra_errors
 from envs.tool_calls import function_tool
-from envs.sandbox import ExportingProvider, SandboxFailure, SandboxProvider, SandboxRefusal, provider_for
 
 __all__ = ["FileQAEnv", "LOG_PATH", "QUESTION_KINDS", "corpus_facts", "load_corpus", "normalize_answer"]
 
 _verified: set[tuple[int, str]] = set()  # (id of a provider, content hash) pairs whose sandbox corpus matched
 
 
-class FileQAEnv(TextEnv):
+class FileQAEnv(SandboxedTextEnv):
     """FileQA-v0 (see module docstring).
 
     Args:
@@ -86,9 +87,7 @@ class FileQAEnv(TextEnv):
         differs from the generator's.
     """
 
-    blocking = True  # steps wait on a sandbox: servers run them in worker threads
-    uses_sandbox = True  # servers pass their own sandbox service as ``sandbox_provider``
-    fork_method = "sandbox"  # the question and calls as task state, the sandbox cloned by the provider
+    tool_family = "files"  # the ``sql`` family belongs to Text-to-SQL
     max_observation_length = 4096
     max_action_length = 1024
 
@@ -96,8 +95,6 @@ class FileQAEnv(TextEnv):
                  continue_on_timeout: bool = False, min_tool_calls: int = 0, required_tools: tuple | list = (),
                  kinds: tuple | list | None = None, corpus_dir: str | None = None, render_mode: str | None = None,
                  sandbox_provider: Any = None):
-        if backend is not None and not isinstance(backend, str):
-            raise ValueError(f"backend must be a backend name or a server URL (a str), got {backend!r}")
         if isinstance(kinds, str):
             raise ValueError(f"kinds must be a list of question kinds, e.g. [{kinds!r}], not a str")
         kinds = tuple(kinds) if kinds else QUESTION_KINDS
@@ -109,38 +106,25 @@ class FileQAEnv(TextEnv):
             raise ValueError(f"per_turn_timeout_s must be in (0, 60] seconds, got {per_turn_timeout_s!r}")
         if not isinstance(min_tool_calls, int) or min_tool_calls < 0:
             raise ValueError(f"min_tool_calls must be an int >= 0, got {min_tool_calls!r}")
-        try:
-            provider: SandboxProvider = sandbox_provider if sandbox_provider is not None else provider_for(backend)
-            backend = backend or provider.name
-            corpus_dir = corpus_dir if corpus_dir is not None else provider.data_dir()
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox backend {backend or 'default'!r} is unavailable: {exc}") from exc
-        super().__init__(max_turns=max_turns, render_mode=render_mode, kwargs={
+        provider, backend, tools = self._open_provider(backend, sandbox_provider)
+        if corpus_dir is None:
+            with infra_errors(f"sandbox backend {backend!r} is unavailable"):
+                corpus_dir = provider.data_dir()
+        super().__init__(provider=provider, backend=backend, tools=tools, per_turn_timeout_s=per_turn_timeout_s,
+                         continue_on_timeout=continue_on_timeout, max_turns=max_turns, render_mode=render_mode, kwargs={
             "max_turns": max_turns, "backend": backend, "per_turn_timeout_s": per_turn_timeout_s,
             "continue_on_timeout": continue_on_timeout, "min_tool_calls": min_tool_calls,
             "required_tools": list(required_tools), "kinds": list(kinds), "corpus_dir": corpus_dir})
-        self.backend = backend
-        self.per_turn_timeout_s = float(per_turn_timeout_s)
-        self.continue_on_timeout = continue_on_timeout
         self.min_tool_calls = min_tool_calls
         self.required_tools = tuple(required_tools)
         self.kinds = kinds
-        self._provider = provider
         self.corpus_dir = corpus_dir
-        # FileQA's tools are the ``files`` family (a provider that names no family, such as an older server,
-        # lists only file tools); the ``sql`` family belongs to Text-to-SQL.
-        specs = [t for t in self._provider.tools() if getattr(t, "family", "files") == "files"]
-        self._tools = {t.name: list(t.params) for t in specs}
-        self._tool_schemas = [_tool_schema(t) for t in specs]
         unknown = set(self.required_tools) - set(self._tools)
         if unknown:
             raise ValueError(f"required_tools {sorted(unknown)} are not sandbox tools {sorted(self._tools)}")
-        self._sandbox: str | None = None
-        self._question: dict[str, Any] = {}
-        self._calls: list[str] = []
+        self._question: dict[str, Any] = {}  # never changed in place: forks share it
         self._check_corpus()
 
-    # ------------------------------------------------------------------ sandbox plumbing
     def _check_corpus(self) -> None:
         manifest, _ = load_corpus(self.corpus_dir)
         if (id(self._provider), manifest["content_hash"]) in _verified:
@@ -160,49 +144,12 @@ class FileQAEnv(TextEnv):
                 f"at {self.corpus_dir}); questions would have wrong answers")
         _verified.add((id(self._provider), manifest["content_hash"]))
 
-    def _release(self) -> None:
-        if self._sandbox is not None:
-            sid, self._sandbox = self._sandbox, None
-            try:
-                self._provider.delete(sid)
-            except Exception:  # noqa: BLE001 - already gone (TTL) or server down: nothing to free
-                pass
-
-    def close(self) -> None:
-        """Release the sandbox (the pool destroys and replaces it)."""
-        self._release()
-
-    def __del__(self):
-        try:
-            self._release()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def _fork_into(self, children: list["FileQAEnv"]) -> None:
-        for child in children:
-            child._calls = list(self._calls)
-            child._question = dict(self._question)
-            child._sandbox = None
-        if self._sandbox is None:
-            return
-        try:  # one snapshot, n clones from the warm pool
-            boxes = self._provider.fork(self._sandbox, len(children))
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox fork failed: {exc}") from exc
-        for child, box in zip(children, boxes, strict=True):  # one clone per child, or a loud error
-            child._sandbox = box.id
-
     # ------------------------------------------------------------------ the task
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         if options:
             raise ValueError(f"FileQA takes no reset options, got {sorted(options)}")
-        self._release()
         self._question, files = draw_question(self.corpus_dir, self.kinds, self.np_random)
-        self._calls = []
-        try:
-            self._sandbox = self._provider.create(files={k: v for k, v in files.items()} or None).id
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"no sandbox: {exc}") from exc
+        self._start_episode(files)
         gates = ""
         if self.min_tool_calls or self.required_tools:
             gates = (f" An answer counts only after at least {self.min_tool_calls} tool call(s)"
@@ -214,7 +161,7 @@ class FileQAEnv(TextEnv):
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The sandbox's whitelisted tools (generated from the provider's tool registry) and ``answer``, as
         JSON-schema tool definitions (:class:`envs.features.ToolSchemas`)."""
-        return [*self._tool_schemas, function_tool(
+        return [*super().tool_schemas(), function_tool(
             "answer", "give the final answer (ends the episode; reward 1 when right)",
             {"value": {"type": ["string", "integer"], "description": "the answer: a number or a path"}})]
 
@@ -235,33 +182,13 @@ class FileQAEnv(TextEnv):
         return self._run_tool(call, args)
 
     def _run_tool(self, call: ToolCall, args: dict[str, Any]) -> Outcome:
-        head = f"[turn {self._turn + 1}] $ {call.text()}\n"
-        try:
-            res = self._provider.exec(self._sandbox, call.name, args, timeout_s=self.per_turn_timeout_s)
-        except SandboxRefusal as exc:
-            raise IllegalActionError(f"the sandbox refused the call: {exc}") from None
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox failure: {exc}") from exc
-        if res.sandbox_replaced:  # the sandbox failed, not the tool: the episode ends as infra_error
-            raise EnvInfraError(f"the sandbox failed during {call.name}: {res.message}")
+        res = self._exec(call.name, args, during=f"during {call.name}")
         self._calls.append(call.name)
         body = res.stdout
         if res.stderr:
             body += ("\n" if body and not body.endswith("\n") else "") + f"[stderr] {res.stderr}"
-        notes = []
-        if res.truncated:
-            notes.append("[output cut at the sandbox's cap]")
-        if res.status == "ok" and res.exit_code not in (0, None):
-            notes.append(f"[exit code {res.exit_code}]")
-        if res.status == "error":
-            notes.append(f"[error: {res.message or 'the tool could not run'}]")
-        if res.status == "timeout":
-            notes.append(f"[timed out after {self.per_turn_timeout_s:g} s]")
-            text = head + body + "\n" + " ".join(notes)
-            if not self.continue_on_timeout:
-                return Outcome(text, truncated=True, reason="timeout", info={"tool_status": "timeout"})
-        text = head + body + ("\n" + " ".join(notes) if notes else "")
-        return Outcome(text, info={"tool_status": res.status})
+        exit_note = [f"[exit code {res.exit_code}]"] if res.status == "ok" and res.exit_code not in (0, None) else []
+        return self._tool_outcome(f"[turn {self._turn + 1}] $ {call.text()}\n", body, res, exit_note)
 
     def _answer(self, call: ToolCall) -> Outcome:
         if len(call.args) + len(call.kwargs) != 1:
@@ -282,53 +209,11 @@ class FileQAEnv(TextEnv):
                        reason="answered", info={"correct": correct})
 
     def _task_state(self) -> dict[str, Any]:
-        return {"question": self._question, "calls": list(self._calls), "sandbox": self._export_sandbox()}
-
-    def _export_sandbox(self) -> str | None:
-        """The sandbox's writable areas as base64 tar text (None when the env holds no sandbox).
-
-        Raises:
-            EnvInfraError: the provider cannot export a sandbox (a server URL: snapshot the env session on
-                the server instead), or the sandbox failed.
-        """
-        if self._sandbox is None:
-            return None
-        if not isinstance(self._provider, ExportingProvider):
-            raise EnvInfraError(f"{type(self._provider).__name__} cannot export a sandbox, so a snapshot of this "
-                                "env could not restore it; run the env on the server (server_url=) and fork there")
-        try:
-            return base64.b64encode(self._provider.export(self._sandbox)).decode("ascii")
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"could not export the sandbox: {exc}") from exc
-
-    def restore(self, snapshot: Any) -> None:
-        """Set this env to a snapshot's state, sandbox included: a new sandbox is made from the snapshot's
-        tar of /scratch and /tmp, so every tool answers as it did in the snapshotted env.
-
-        Raises:
-            ValueError: a snapshot of another env class or other kwargs (nothing changed).
-            EnvInfraError: no sandbox could be made from it (nothing changed).
-        """
-        snapshot = self._checked_snapshot(snapshot)  # raises before anything changes
-        archive = snapshot.state.get("task", {}).get("sandbox")
-        new_sandbox = None
-        if archive is not None:
-            try:
-                new_sandbox = self._provider.create(archive=base64.b64decode(archive)).id
-            except SandboxFailure as exc:
-                raise EnvInfraError(f"could not rebuild the sandbox of the snapshot: {exc}") from exc
-        try:
-            super().restore(snapshot)
-        except BaseException:
-            if new_sandbox is not None:
-                self._provider.delete(new_sandbox)
-            raise
-        self._release()
-        self._sandbox = new_sandbox
+        return {"question": self._question, **super()._task_state()}
 
     def _load_task_state(self, state: dict[str, Any]) -> None:
+        super()._load_task_state(state)
         self._question = dict(state["question"])
-        self._calls = list(state["calls"])
 
     def demo_action(self, rng: random.Random, skill: float = 0.0) -> str:
         """A demonstration action (:class:`envs.features.Demonstrator`): with probability ``skill``, the
@@ -363,12 +248,3 @@ class FileQAEnv(TextEnv):
             return format_action("grep", "x", "Lib/abc.py") if tool == "grep" else format_action(tool, "Lib/abc.py")
         return format_action("answer", self._question["answer"])
 
-
-def _tool_schema(spec: Any) -> dict[str, Any]:
-    """A provider's tool (``name``, ``params``, and ``description`` / ``schema`` when it has them: forkyard's
-    ``ToolSpec``) as a JSON-schema tool definition; parameters without a schema are strings."""
-    schema = getattr(spec, "schema_", None) or getattr(spec, "schema", None)
-    props = dict(schema.get("properties", {})) if isinstance(schema, dict) else {}
-    properties = {p: props.get(p, {"type": "string"}) for p in spec.params}
-    required = list(schema.get("required", spec.params)) if isinstance(schema, dict) else list(spec.params)
-    return function_tool(spec.name, getattr(spec, "description", "") or spec.name, properties, required)

@@ -684,6 +684,9 @@ class GymTextEnv(TextEnv):
             :data:`RESERVED_TOOL_NAMES`, at most 32 characters); default the profile's, else ``act(a)``.
         render_mode: ``None`` or ``"ansi"`` (the transcript).
 
+    ``reset`` takes no ``options`` (ValueError). Attributes beyond :class:`~envs.core.TextEnv`'s: ``gym_id``,
+    :attr:`fork_method` (the method taken), ``observation_source``, :attr:`success`.
+
     Raises:
         ValueError: a kwarg out of range, an id not allowed, ``fork_method="state_codec"`` for an env without a
             codec, ``"deepcopy"`` for one that cannot be deep-copied, an action space neither Discrete nor Text.

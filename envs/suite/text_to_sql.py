@@ -35,18 +35,20 @@ query (the gold query and up to three near misses, each with another result; sor
 Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` and
 :class:`~envs.features.Demonstrator` (list the tables, describe those the question needs, run the gold query,
 answer with it).
+
+The sandbox plumbing (provider, one sandbox per episode, fork, snapshots, tool calls and their timeouts and
+failures) is :class:`envs.sandboxed.SandboxedTextEnv`'s, shared with FileQA.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
-from envs.core import EnvInfraError, IllegalActionError, Outcome, TextEnv
-from envs.sandbox import ExportingProvider, SandboxFailure, SandboxProvider, SandboxRefusal, provider_for
+from envs.core import EnvInfraError, IllegalActionError, Outcome
+from envs.sandboxed import SandboxedTextEnv
 from envs.suite.sql_tasks import DOMAINS, KINDS, KINDS_NEEDING_4, MAX_ROWS, MIN_ROWS, draw_task, same_result
 from envs.tool_calls import function_tool
 
@@ -60,7 +62,7 @@ SQL_TOOLS = {"list_tables": ("list_tables", []), "describe": ("describe", ["tabl
              "answer": ("rows", ["sql"])}
 
 
-class TextToSQLEnv(TextEnv):
+class TextToSQLEnv(SandboxedTextEnv):
     """TextToSQL-v0 (see module docstring).
 
     Args:
@@ -88,9 +90,8 @@ class TextToSQLEnv(TextEnv):
         EnvInfraError: the sandbox backend is unavailable, or its service has no ``sql`` tools (an older server).
     """
 
-    blocking = True  # steps wait on a sandbox: servers run them in worker threads
-    uses_sandbox = True  # servers pass their own sandbox service as ``sandbox_provider``
-    fork_method = "sandbox"  # the task and calls as task state, the sandbox (and its database) cloned by the provider
+    tool_family = "sql"  # the database travels with /scratch when the provider clones or exports the sandbox
+    needed_tools = tuple(sorted({tool for tool, _ in SQL_TOOLS.values()}))
     max_observation_length = 4096
     max_action_length = 2048
 
@@ -114,76 +115,23 @@ class TextToSQLEnv(TextEnv):
             raise ValueError(f"per_turn_timeout_s must be a number of seconds in [0.5, 60], got {per_turn_timeout_s!r}")
         if not isinstance(continue_on_timeout, bool):
             raise ValueError(f"continue_on_timeout must be True or False, got {continue_on_timeout!r}")
-        if backend is not None and not isinstance(backend, str):
-            raise ValueError(f"backend must be a backend name or a server URL (a str), got {backend!r}")
-        try:
-            provider: SandboxProvider = sandbox_provider if sandbox_provider is not None else provider_for(backend)
-            specs = {t.name: list(t.params) for t in provider.tools() if getattr(t, "family", "files") == "sql"}
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox backend {backend or 'default'!r} is unavailable: {exc}") from exc
-        missing = sorted({tool for tool, _ in SQL_TOOLS.values()} - set(specs))
-        if missing:
-            raise EnvInfraError(f"the sandbox service {provider.name!r} has no SQL tools {missing} (the sql tool "
-                                "family: a server older than this env?)")
-        backend = backend or provider.name
-        super().__init__(max_turns=max_turns, render_mode=render_mode, kwargs={
+        provider, backend, tools = self._open_provider(backend, sandbox_provider)
+        super().__init__(provider=provider, backend=backend, tools=tools, per_turn_timeout_s=per_turn_timeout_s,
+                         continue_on_timeout=continue_on_timeout, max_turns=max_turns, render_mode=render_mode, kwargs={
             "max_turns": max_turns, "domains": list(domains), "kinds": list(kinds), "rows": rows, "tables": tables,
             "per_turn_timeout_s": per_turn_timeout_s, "continue_on_timeout": continue_on_timeout, "backend": backend})
         self.domains, self.kinds, self.rows, self.tables = domains, kinds, rows, tables
-        self.per_turn_timeout_s = float(per_turn_timeout_s)
-        self.continue_on_timeout = continue_on_timeout
-        self.backend = backend
         #: The query's budget inside the sandbox, milliseconds (the runner stops it there: exit status 3).
         self.budget_ms = max(10, min(20000, int(self.per_turn_timeout_s * 600)))
-        self._provider = provider
-        self._sandbox: str | None = None
-        self._task: dict[str, Any] = {}
-        self._calls: list[str] = []
-
-    # ------------------------------------------------------------------ sandbox plumbing (as FileQA's)
-    def _release(self) -> None:
-        if self._sandbox is not None:
-            sid, self._sandbox = self._sandbox, None
-            try:
-                self._provider.delete(sid)
-            except Exception:  # noqa: BLE001 - already gone (TTL) or server down: nothing to free
-                pass
-
-    def close(self) -> None:
-        """Release the sandbox (the pool resets and reuses it, or destroys and replaces it)."""
-        self._release()
-
-    def __del__(self):
-        try:
-            self._release()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def _fork_into(self, children: list["TextToSQLEnv"]) -> None:  # type: ignore[override]
-        for child in children:
-            child._calls = list(self._calls)
-            child._task = self._task  # never changed in place: a new task is a new dict
-            child._sandbox = None
-        if self._sandbox is None:
-            return
-        try:  # one snapshot of the sandbox, n clones: the database travels with /scratch
-            boxes = self._provider.fork(self._sandbox, len(children))
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox fork failed: {exc}") from exc
-        for child, box in zip(children, boxes, strict=True):
-            child._sandbox = box.id
+        self._task: dict[str, Any] = {}  # never changed in place: a new task is a new dict, and forks share it
 
     # ------------------------------------------------------------------ the task
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         if options:
             raise ValueError(f"TextToSQL takes no reset options, got {sorted(options)}")
         task, db = draw_task(self.np_random, self.domains, self.kinds, self.rows, self.tables)
-        self._release()
-        self._task, self._calls = task, []
-        try:
-            self._sandbox = self._provider.create(files={DB_FILE: db}).id
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"no sandbox: {exc}") from exc
+        self._task = task
+        self._start_episode({DB_FILE: db})
         order = " The order of the rows counts." if task["ordered"] else " The order of the rows does not count."
         return (f"Text-to-SQL: {task['text']}\nThe SQLite database /scratch/db.sqlite ({len(task['tables'])} tables) "
                 "is read-only. Tools: list_tables(), describe(table), query(sql); answer(sql) ends the episode: "
@@ -227,39 +175,16 @@ class TextToSQLEnv(TextEnv):
                 raise IllegalActionError(f"{call.name}() needs {p} as a non-empty quoted string, e.g. "
                                          + (f"{call.name}('SELECT COUNT(*) FROM t')." if p == "sql"
                                             else f"{call.name}({(self._task.get('tables') or ['t'])[0]!r})."))
-        res = self._exec(tool, args)
+        # a statement over the service's 1024-character argument limit is refused: an invalid action
+        res = self._exec(tool, {**args, "budget_ms": self.budget_ms},
+                         during="while the answer ran" if call.name == "answer" else f"during {call.name}")
         if call.name == "answer":
             return self._answer(call, args["sql"], res)
         self._calls.append(call.text())
-        head = f"[turn {self._turn + 1}] {call.text()}\n"
         body = res.stdout if res.exit_code == 0 else (res.stderr.strip() or res.message or "the tool failed")
-        notes = []
-        if res.truncated:
-            notes.append("[output cut at the sandbox's cap]")
-        if res.status == "error":
-            notes.append(f"[error: {res.message or 'the tool could not run'}]")
-        if res.status == "timeout":
-            notes.append(f"[timed out after {self.per_turn_timeout_s:g} s]")
-            if not self.continue_on_timeout:
-                return Outcome(head + body + "\n" + " ".join(notes), truncated=True, reason="timeout",
-                               info={"tool_status": "timeout"})
-        return Outcome(head + body.rstrip("\n") + ("\n" + " ".join(notes) if notes else ""),
-                       info={"tool_status": res.status})
-
-    def _exec(self, tool: str, args: dict[str, Any]) -> Any:
-        if self._sandbox is None:
-            raise EnvInfraError("the env holds no sandbox (it was closed): reset it")
-        try:
-            return self._provider.exec(self._sandbox, tool, {**args, "budget_ms": self.budget_ms},
-                                       timeout_s=self.per_turn_timeout_s)
-        except SandboxRefusal as exc:  # e.g. a statement over the 1024-character argument limit: nothing ran
-            raise IllegalActionError(f"the sandbox refused the call: {exc}") from None
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"sandbox failure: {exc}") from exc
+        return self._tool_outcome(f"[turn {self._turn + 1}] {call.text()}\n", body.rstrip("\n"), res)
 
     def _answer(self, call: ToolCall, sql: str, res: Any) -> Outcome:
-        if res.sandbox_replaced:
-            raise EnvInfraError(f"the sandbox failed while the answer ran: {res.message}")
         t = self._task
         why, correct = "", False
         if res.status == "timeout":
@@ -284,55 +209,13 @@ class TextToSQLEnv(TextEnv):
         return Outcome(f"{call.text()} is {verdict}", reward=1.0 if correct else 0.0, terminated=True,
                        reason="answered", info={"correct": correct, "tool_status": res.status})
 
-    # ------------------------------------------------------------------ snapshots
+    # ------------------------------------------------------------------ snapshots (the sandbox: the base class)
     def _task_state(self) -> dict[str, Any]:
-        return {"task": self._task, "calls": list(self._calls), "sandbox": self._export_sandbox()}
-
-    def _export_sandbox(self) -> str | None:
-        """The sandbox's writable areas (the database included) as base64 tar text, or None without a sandbox.
-
-        Raises:
-            EnvInfraError: the provider cannot export a sandbox (a server URL: fork the env session on the server
-                instead), or the sandbox failed.
-        """
-        if self._sandbox is None:
-            return None
-        if not isinstance(self._provider, ExportingProvider):
-            raise EnvInfraError(f"{type(self._provider).__name__} cannot export a sandbox, so a snapshot of this "
-                                "env could not restore it; run the env on the server (server_url=) and fork there")
-        try:
-            return base64.b64encode(self._provider.export(self._sandbox)).decode("ascii")
-        except SandboxFailure as exc:
-            raise EnvInfraError(f"could not export the sandbox: {exc}") from exc
-
-    def restore(self, snapshot: Any) -> None:
-        """Set this env to a snapshot's state, sandbox (and database) included: a new sandbox is made from the
-        snapshot's tar of /scratch and /tmp.
-
-        Raises:
-            ValueError: a snapshot of another env class or other kwargs (nothing changed).
-            EnvInfraError: no sandbox could be made from it (nothing changed).
-        """
-        snapshot = self._checked_snapshot(snapshot)  # raises before anything changes
-        archive = snapshot.state.get("task", {}).get("sandbox")
-        new_sandbox = None
-        if archive is not None:
-            try:
-                new_sandbox = self._provider.create(archive=base64.b64decode(archive)).id
-            except SandboxFailure as exc:
-                raise EnvInfraError(f"could not rebuild the sandbox of the snapshot: {exc}") from exc
-        try:
-            super().restore(snapshot)
-        except BaseException:
-            if new_sandbox is not None:
-                self._provider.delete(new_sandbox)
-            raise
-        self._release()
-        self._sandbox = new_sandbox
+        return {"task": self._task, **super()._task_state()}
 
     def _load_task_state(self, state: dict[str, Any]) -> None:
+        super()._load_task_state(state)
         self._task = dict(state["task"])
-        self._calls = list(state["calls"])
 
     # ------------------------------------------------------------------ demonstrations
     def demo_action(self, rng: random.Random, skill: float = 0.0) -> str:

@@ -49,7 +49,8 @@ others) and ``get_ticket`` of the first two; for ``create`` the asked call and o
 Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` and :class:`~envs.features.Demonstrator`
 (:meth:`TicketAPIEnv.demo_action`: lists, then makes the task's changes on the tickets it saw, then answers).
 The API state is plain JSON and forks with the episode (``fork_method = "state_codec"``); the tools touch nothing
-outside the env. ``info["episode_metrics"]`` at an episode's end: ``{"success": 0.0 or 1.0, "api_errors": n}`` (success: reward 1).
+outside the env. ``info["episode_metrics"]`` at an episode's end: ``{"success": 0.0 or 1.0, "api_errors": n}``
+(success: reward 1).
 """
 
 from __future__ import annotations
@@ -424,7 +425,8 @@ class TicketAPIEnv(TextEnv):
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:
-            out[4]["episode_metrics"] = {"success": float(out[1] == 1.0), "api_errors": self._api_errors}
+            out[4]["episode_metrics"] = {"success": float(out[1] == 1.0),  # the state and answer checked
+                                         "api_errors": self._api_errors}
         return out
 
     # ----------------------------------------------------------------- menu and demonstrator (visible state only)

@@ -45,8 +45,9 @@ Any dictionary word is legal, not only the menu's. The action set is finite (the
 
 Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas`, :class:`~envs.features.Demonstrator`
 (a consistent-candidate solver, :meth:`WordleEnv.demo_action`), :class:`~envs.features.EvaluationResets`.
-``info["episode_metrics"]`` at an episode's end: ``{"success": 0.0 or 1.0, "accepted_guesses": n}`` (success: solved). Fork and snapshot: the task state
-(answer and accepted guesses with their patterns) is plain JSON (``fork_method = "state_codec"``).
+``info["episode_metrics"]`` at an episode's end: ``{"success": 0.0 or 1.0, "accepted_guesses": n}`` (success: solved).
+Fork and snapshot: the task state (answer and accepted guesses with their patterns) is plain JSON
+(``fork_method = "state_codec"``).
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ class WordleEnv(TextEnv):
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:
-            out[4]["episode_metrics"] = {"success": float(out[2]), "accepted_guesses": len(self._guesses)}
+            out[4]["episode_metrics"] = {"success": float(out[2]),  # terminated only by solving
+                                         "accepted_guesses": len(self._guesses)}
         return out
 
     # ----------------------------------------------------------------- visible state: candidates, menu, demonstrator

@@ -131,14 +131,15 @@ def table(records: list[dict[str, Any]]) -> str:
     """The markdown table of docs/envs.md's measured columns."""
     lines = ["| env | random success | demonstrator success | singleton anchors, history key | "
              "singleton anchors, state key |", "|---|---|---|---|---|"]
+    def cell(r: dict[str, Any], name: str) -> str:
+        if name not in r:
+            return "n/a"
+        s = r[name]
+        return f"{100 * s['success']:.0f}% ({100 * s['ci95'][0]:.0f}-{100 * s['ci95'][1]:.0f})"
+
     for r in records:
-        def cell(name: str) -> str:
-            if name not in r:
-                return "n/a"
-            s = r[name]
-            return f"{100 * s['success']:.0f}% ({100 * s['ci95'][0]:.0f}-{100 * s['ci95'][1]:.0f})"
-        lines.append(f"| `{r['env_id']}` | {cell('random')} | {cell('demo')} | {100 * r['singleton_history']:.0f}% | "
-                     f"{100 * r['singleton_state']:.0f}% |")
+        lines.append(f"| `{r['env_id']}` | {cell(r, 'random')} | {cell(r, 'demo')} | "
+                     f"{100 * r['singleton_history']:.0f}% | {100 * r['singleton_state']:.0f}% |")
     return "\n".join(lines)
 
 

@@ -159,11 +159,11 @@ def success_rate(env: FrozenLakeEnv, skill: float, seeds: range) -> float:
     return wins / len(seeds)
 
 
-# Measured over 300 seeds: slippery 4x4 with 30 turns 0.64 scripted / 0.01 random (10 turns: 0.14 / 0.01);
-# non-slippery 1.0 scripted at every size.
+# Measured over 300 seeds: slippery 4x4 with 30 turns 0.64 scripted / 0.07 random (10 turns: 0.14 / 0.01; 8x8
+# with 70 turns: 0.27 / 0.003); ice that does not slip: 1.0 scripted at every size, 0.08 random at 4x4.
 @pytest.mark.parametrize("kwargs, seeds, scripted, rand", [
-    ({}, range(80), (0.45, 0.85), (0.0, 0.08)),
-    ({"is_slippery": False}, range(40), (1.0, 1.0), (0.0, 0.15)),
+    ({}, range(80), (0.45, 0.85), (0.0, 0.16)),
+    ({"is_slippery": False}, range(40), (1.0, 1.0), (0.0, 0.2)),
     ({"size": 8, "is_slippery": False}, range(20), (1.0, 1.0), (0.0, 0.1)),
 ])
 def test_demonstrator_beats_random_play(kwargs, seeds, scripted, rand):

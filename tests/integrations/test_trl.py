@@ -12,6 +12,7 @@ same seeds: the same rows token for token, log-probs within float32 rounding (CP
 
 from __future__ import annotations
 
+import copy
 import gc
 import random
 import re
@@ -68,13 +69,15 @@ def demo_chats(env_id: str, kwargs: dict, n: int) -> tuple[list[list[dict]], lis
 def tiny_policy(chats: list[list[dict]], tools: list[dict], steps: int = 300, batch: int = 8, lr: float = 3e-3,
                 max_loss: float = 0.5):
     """A tiny Qwen3 (hidden 64, 2 layers) and its tokenizer, SFT'd on ``chats`` (``steps`` Adam steps of
-    ``batch`` conversations, loss on the assistant turns only) until its loss is under ``max_loss``."""
+    ``batch`` conversations, loss on the assistant turns only) until its loss is under ``max_loss``. ``tools``: the
+    tool definitions the chats are rendered with, or one list of them per chat (chats of several envs)."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
     tok.chat_template = qwen3_chat_template
-    texts = [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in chats]
+    per_chat = tools if tools and isinstance(tools[0], list) else [tools] * len(chats)
+    texts = [tok.apply_chat_template(c, tools=t, tokenize=False) for c, t in zip(chats, per_chat, strict=True)]
     bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL,
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -138,9 +141,17 @@ def check_run(trainer: GRPOTrainer, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def clue_policy():
+def clue_sft():
+    """The tiny Qwen3 SFT'd on ClueProbe demonstrations, run once for the module and never trained further: tests
+    take copies (:func:`clue_policy`, :func:`untrained_clue_policy`)."""
     chats, tools = demo_chats(CLUE, {"max_turns": 2}, 48)
     return tiny_policy(chats, tools)
+
+
+@pytest.fixture(scope="module")
+def clue_policy(clue_sft):
+    """A copy of :func:`clue_sft` that this module's GRPO tests train further, one after another."""
+    return copy.deepcopy(clue_sft)
 
 
 def test_environment_factory_tools_follow_the_schemas():
@@ -363,13 +374,13 @@ def test_a_group_lost_at_its_reset_keeps_its_rows_and_gets_no_reward(tmp_path, c
 
 # ------------------------------------------------------------------------------------ batched sampling
 @pytest.fixture(scope="module")
-def untrained_clue_policy():
+def untrained_clue_policy(clue_sft):
     """The SFT'd policy of :func:`clue_policy` made afresh and in eval mode, for the batched-equals-serial tests:
     ``clue_policy`` is trained further by the GRPO tests of this module, after which padded and unpadded attention
     were measured to differ by up to 1.2e-3 nats on unlikely tokens (enough to flip an inverse-CDF draw), so
-    those tests would depend on which tests ran before them."""
-    chats, tools = demo_chats(CLUE, {"max_turns": 2}, 48)
-    model, tok = tiny_policy(chats, tools)
+    those tests would depend on which tests ran before them. A copy of :func:`clue_sft`, the same SFT run (its
+    weights as the SFT left them, whatever :func:`clue_policy` went through since)."""
+    model, tok = copy.deepcopy(clue_sft)
     return model.eval(), tok
 
 

@@ -16,12 +16,14 @@ from gymnasium.envs.registration import EnvSpec
 import envs.remote_vector as remote_vector
 from envs import EnvInfraError, RemoteEnv, RemoteVectorEnv
 from envs.clueprobe import ClueProbeEnv
+from envs.fileqa import FileQAEnv
+from envs.suite.text_to_sql import TextToSQLEnv
 from envs.remote import env_factory
 from envs.remote_vector import BatchInfraError, BatchItemError, vector_info
 from sandbox_server.app import create_env_app
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES
 from sandbox_server.models import MAX_BATCH_ITEMS
-from sandbox_server.routes.envs import batch_body_limit
+from sandbox_server.routes.envs import batch_body_limit, max_served_action_length
 from tests.docker_support import UvicornThread, require_bwrap
 
 CLUE = "forkyard/ClueProbe-v0"
@@ -257,8 +259,10 @@ def test_the_batch_limit_is_refused_for_the_whole_request(http):
 
 def test_batch_body_limits_follow_the_single_routes():
     step, hint = batch_body_limit("step")
-    assert step == min(ENV_BATCH_BODY_BYTES, MAX_BATCH_ITEMS * (1024 * 12 + 1024))  # FileQA: 1024 characters
-    assert str(MAX_BATCH_ITEMS) in hint and "1024 characters" in hint
+    longest = max_served_action_length()  # the longest action of a registered env (TextToSQL: 2048 characters)
+    assert longest >= TextToSQLEnv.max_action_length > FileQAEnv.max_action_length
+    assert step == min(ENV_BATCH_BODY_BYTES, MAX_BATCH_ITEMS * (longest * 12 + 1024))
+    assert str(MAX_BATCH_ITEMS) in hint and f"{longest} characters" in hint
     assert batch_body_limit("fork")[0] == batch_body_limit("delete")[0] == MAX_BATCH_ITEMS * 1024
     assert batch_body_limit("create")[0] == batch_body_limit("reset")[0] == ENV_BATCH_BODY_BYTES
     srv = UvicornThread(create_env_app(max_body_bytes=64 << 20)).start()  # the server's own cap above the batch's
