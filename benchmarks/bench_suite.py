@@ -28,8 +28,10 @@ from typing import Any
 import gymnasium as gym
 import httpx
 
+from gymnasium.envs.registration import load_env_creator
+
 import envs
-from envs.catalog import forkyard_env_ids
+from envs.registry import env_spec, forkyard_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="env ids (default: every registered forkyard env)")
     ap.add_argument("--no-http", action="store_true", help="in-process figures only")
     args = ap.parse_args(argv)
-    ids = args.only or forkyard_env_ids()
+    ids = args.only or list(forkyard_specs())
     server, url = None, None
     if not args.no_http:
         port = _free_port()
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'env':34} {'k':>2} | {'fork':>8} {'replay':>8} {'ratio':>6} | {'HTTP fork':>9} {'replay':>8} "
               f"{'ratio':>6}")
         for env_id in ids:
-            kwargs = {"backend": "local"} if envs.env_class(env_id).uses_sandbox else {}
+            kwargs = {"backend": "local"} if load_env_creator(env_spec(env_id).entry_point).uses_sandbox else {}
             for k in args.prefix:
                 f, r = in_process(env_id, kwargs, k, args.reps)
                 line = f"{env_id:34} {k:>2} | {f:8.3f} {r:8.3f} {r / f:5.1f}x |"

@@ -26,7 +26,7 @@ from typing import Any
 import gymnasium as gym
 
 from envs.core import TextEnv
-from envs.features import Demonstrator, EvaluationResets, ToolSchemas
+from envs.features import Demonstrator, EvaluationResets
 from envs.registry import ForkyardSpec, env_spec, forkyard_specs
 
 #: Constructor parameters that are no setting of the task: Gymnasium's rendering, and the sandbox service a
@@ -204,7 +204,7 @@ def arg_docs(doc: str | None) -> dict[str, str]:
 
 
 def _settings(cls: type, registered: dict[str, Any]) -> list[Setting]:
-    docs = {**arg_docs(cls.__init__.__doc__), **arg_docs(cls.__doc__)}
+    docs = {**arg_docs(getattr(getattr(cls, "__init__", None), "__doc__", None)), **arg_docs(cls.__doc__)}
     out = []
     for name, param in inspect.signature(cls).parameters.items():
         if name in NOT_SETTINGS or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -242,11 +242,11 @@ def _built(spec: ForkyardSpec) -> tuple[list[str] | None, str | None, int | None
     fork_method: str | None = None
     max_turns: int | None = None
     note = ""
-    env = None
+    env: Any = None
     try:
         env = _load_class(spec.entry_point)(**spec.kwargs)
         fork_method, max_turns = getattr(env, "fork_method", None), getattr(env, "max_turns", None)
-        if not isinstance(env, ToolSchemas) or env.tool_schemas is None:
+        if not callable(getattr(env, "tool_schemas", None)):  # the ToolSchemas feature, or a class that unset it
             names, note = [], "declares no tool schemas"
         else:
             try:

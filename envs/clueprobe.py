@@ -30,6 +30,7 @@ from typing import Any
 
 from envs.actions import ToolCall, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
 MAX_BITS = 16
@@ -188,14 +189,10 @@ class ClueProbeEnv(TextEnv):
         On the answer turn, with probability ``skill`` the answer that fits the probed bits
         (:meth:`oracle_action`), else a uniformly random legal ``answer(c)``. ``skill=0`` (default) is
         uniformly random legal actions; ``0 < skill < 1`` is a deliberately weak scripted policy (the
-        issue's second kind of demonstration). The demonstrator's success rate at bits=3, T=4 is about
+        warm start of the text-policy study, docs/results/text_policy.md). The demonstrator's success rate at bits=3, T=4 is about
         ``0.58 * skill + (1 - skill) / 8``, against 1.0 for the oracle.
 
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and self._is_answer_turn() and rng.random() < skill:
-            return self.oracle_action()
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self.oracle_action if self._is_answer_turn() else None, self._legal_actions)

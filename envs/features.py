@@ -3,12 +3,14 @@
 Trainers test for a feature with ``isinstance(env, Feature)`` (or ``issubclass(cls, Feature)`` for a
 feature of the class) and fall back to the default the protocol states when an env lacks it. An env offers
 a feature by defining the member; no base class is needed. ClueProbe offers all four; FileQA offers
-:class:`ToolSchemas`.
+:class:`ToolSchemas`. Beside :class:`Demonstrator`, the rule most demonstrators share: :func:`check_skill` and
+:func:`mixed_demo`.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -25,6 +27,46 @@ class Demonstrator(Protocol):
     """
 
     def demo_action(self, rng: random.Random, skill: float = 0.0) -> str: ...
+
+
+def check_skill(skill: float) -> float:
+    """``skill`` itself when it is in [0, 1], the range of :meth:`Demonstrator.demo_action`'s ``skill``.
+
+    Raises:
+        ValueError: ``skill`` outside [0, 1] (NaN included).
+    """
+    if not 0.0 <= skill <= 1.0:
+        raise ValueError(f"skill must be in [0, 1], got {skill!r}")
+    return skill
+
+
+def mixed_demo(rng: random.Random, skill: float, best: Callable[[], str | None] | None,
+               legal: Callable[[], Sequence[str]]) -> str:
+    """A demonstration action by the mixing rule most demonstrators share: with probability ``skill`` the scripted
+    action ``best()``, else a uniformly random legal action.
+
+    Exactly: ``skill`` is checked (:func:`check_skill`); then, when ``best`` is given and ``skill > 0``, one
+    ``rng.random()`` is drawn, and when it is below ``skill`` the action is ``best()`` unless that is None (no
+    scripted action in this state); every other way it is ``rng.choice(legal())``. So ``skill=0``, or no ``best``,
+    draws exactly what a random-menu policy draws from ``info["legal_actions"]``, and a seeded ``rng`` gives the
+    same actions whichever env calls it. An env that mixes otherwise (another draw, another fallback) documents its
+    own rule and calls :func:`check_skill` alone.
+
+    Args:
+        rng: the demonstration's random stream (the only one drawn from).
+        skill: the probability of the scripted action, in [0, 1].
+        best: the scripted action now, or None when there is none; None: no script (random play at any skill).
+        legal: the legal actions now (called only when the action is drawn at random).
+
+    Raises:
+        ValueError: ``skill`` outside [0, 1].
+    """
+    check_skill(skill)
+    if best is not None and skill and rng.random() < skill:
+        action = best()
+        if action is not None:
+            return action
+    return rng.choice(legal())
 
 
 @runtime_checkable

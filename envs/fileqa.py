@@ -47,6 +47,7 @@ from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action, parse_action
 from envs.core import EnvInfraError, IllegalActionError, Outcome
+from envs.features import mixed_demo
 from envs.fileqa_questions import LOG_PATH, QUESTION_KINDS, corpus_facts, draw_question, load_corpus, normalize_answer
 from envs.sandboxed import SandboxedTextEnv, infra_errors
 from envs.tool_calls import function_tool
@@ -231,14 +232,15 @@ class FileQAEnv(SandboxedTextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            menu = self._question.get("menu") or []
-            if menu and parse_action(menu[0]).name not in self._calls:
-                return menu[0]
-            return self.oracle_action()
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self._scripted_action, self._legal_actions)
+
+    def _scripted_action(self) -> str:
+        """The scripted play's next action (:meth:`demo_action`): the question's informative tool when it has not run
+        in this episode, else :meth:`oracle_action`."""
+        menu = self._question.get("menu") or []
+        if menu and parse_action(menu[0]).name not in self._calls:
+            return menu[0]
+        return self.oracle_action()
 
     def oracle_action(self) -> str:
         """The right answer after the tool calls the gates require (uses the hidden answer: for tests)."""

@@ -50,16 +50,20 @@ class PluginGroup:
                 return
             self._state = "loading"
             try:
-                for ep in entry_points(group=self.group):
-                    try:
-                        self._add(ep.name, ep.load())  # type: ignore[misc]  # armed: _add is set
-                    except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal
-                        dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown package"
-                        self.plugin_errors[ep.name] = (f"the plugin {ep.name!r} of {self.group} ({ep.value}, from "
-                                                       f"{dist}) failed to load: {type(exc).__name__}: {exc}")
-                        _plugin_log.warning("%s", self.plugin_errors[ep.name])
+                if self.group is not None and self._add is not None:
+                    self._load(self.group, self._add)
             finally:
                 self._state = "loaded"
+
+    def _load(self, group: str, add: Callable[[str, Any], None]) -> None:
+        for ep in entry_points(group=group):
+            try:
+                add(ep.name, ep.load())
+            except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal
+                dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown package"
+                self.plugin_errors[ep.name] = (f"the plugin {ep.name!r} of {group} ({ep.value}, from {dist}) "
+                                               f"failed to load: {type(exc).__name__}: {exc}")
+                _plugin_log.warning("%s", self.plugin_errors[ep.name])
 
     def explain(self, name: str) -> str:
         """``""``, or ``"; "`` and why the plugin ``name`` failed to load: for the message of a failed lookup."""

@@ -35,6 +35,7 @@ from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
 MAX_PULLS = 100
@@ -271,16 +272,17 @@ class BanditEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            post = self._posterior_hi()
-            value = {n: post[n] * self.expected["hi"] + (1 - post[n]) * self.expected["lo"] for n in self._order}
-            a, b = self._order
-            if math.isclose(value[a], value[b]):
-                counts = {n: sum(p[0] == n for p in self._pulls) for n in self._order}
-                pick = a if counts[a] <= counts[b] else b
-            else:
-                pick = a if value[a] > value[b] else b
-            return format_action("pull", pick)
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self._best_pull, self._legal_actions)
+
+    def _best_pull(self) -> str:
+        """The scripted pull of :meth:`demo_action`: the arm of the higher expected payoff given what is known (an
+        even split: the arm pulled fewer times, the first listed on a tie)."""
+        post = self._posterior_hi()
+        value = {n: post[n] * self.expected["hi"] + (1 - post[n]) * self.expected["lo"] for n in self._order}
+        a, b = self._order
+        if math.isclose(value[a], value[b]):
+            counts = {n: sum(p[0] == n for p in self._pulls) for n in self._order}
+            pick = a if counts[a] <= counts[b] else b
+        else:
+            pick = a if value[a] > value[b] else b
+        return format_action("pull", pick)

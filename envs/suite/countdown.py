@@ -33,217 +33,45 @@ Two modes (``mode``):
     format score of a complete but wrong solution); running out of ``max_turns`` truncates it (0.0).
 
 The step that ends an episode carries ``info["episode_metrics"] = {"success": 0.0 or 1.0}``. :func:`solve`
-(a search over combinations) serves the demonstrator. Fork method ``state_codec``.
+(a search over combinations) serves the demonstrator. Fork method ``state_codec``. The arithmetic, the solver, the
+expression reader and the generator are :mod:`envs.suite.countdown_puzzle`; this module is the env.
 """
 
 from __future__ import annotations
 
-import ast
 import random
 from collections import Counter
-from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from envs.actions import ToolCall, bind_arguments, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import mixed_demo
+from envs.suite.countdown_puzzle import (
+    OPS,
+    PRECEDENCE,
+    ExpressionError,
+    combine,
+    evaluate,
+    expression_of,
+    generate_puzzle,
+    solve,
+    valid_combinations,
+)
 from envs.tool_calls import function_tool
+
+__all__ = ["CountdownEnv", "ExpressionError", "evaluate", "expression_of", "generate_puzzle", "solve"]
 
 #: RAGEN's scores: a right answer, and a well-formed answer (the numbers used as required) that misses.
 SCORE, FORMAT_SCORE = 1.0, 0.1
-OPS = ("+", "-", "*", "/")
 MODES = ("single", "multi")
 MIN_COUNT, MAX_COUNT = 3, 5
 MAX_NUMBER = 1000
 MAX_TARGET = 1_000_000
 MAX_TURNS = 64
-MAX_EXPRESSION_CHARS = 200
-_TARGET_TRIES = 200  # combinations drawn per puzzle before the smallest target seen is taken
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
-# --------------------------------------------------------------------------- arithmetic
-def combine(a: int, op: str, b: int) -> int | None:
-    """``a op b`` under the multi-turn rule (a positive integer result), else None.
-
-    Args:
-        a, b: positive ints.
-        op: one of ``+ - * /``.
-    """
-    if op == "+":
-        return a + b
-    if op == "*":
-        return a * b
-    if op == "-":
-        return a - b if a > b else None
-    if op == "/":
-        return a // b if b and a % b == 0 else None
-    return None
-
-
-def _moves(pool: tuple[int, ...]) -> list[tuple[int, str, int, int]]:
-    """Every valid combination of two numbers of ``pool``, larger first: ``(a, op, b, result)``, without repeats."""
-    out, seen = [], set()
-    for i in range(len(pool)):
-        for j in range(len(pool)):
-            a, b = pool[i], pool[j]
-            if i == j or a < b or (a == b and i > j):
-                continue
-            for op in OPS:
-                r = combine(a, op, b)
-                if r is not None and (a, op, b) not in seen:
-                    seen.add((a, op, b))
-                    out.append((a, op, b, r))
-    return out
-
-
-def _remove(pool: tuple[int, ...], a: int, b: int, result: int) -> tuple[int, ...]:
-    rest = list(pool)
-    rest.remove(a)
-    rest.remove(b)
-    return tuple(sorted(rest + [result]))
-
-
-@lru_cache(maxsize=50_000)
-def solve(pool: tuple[int, ...], target: int, use_all: bool = True) -> tuple[tuple[int, str, int], ...] | None:
-    """A sequence of combinations of ``pool`` that makes ``target``, or None (depth-first search with memo).
-
-    Args:
-        pool: the numbers (positive ints; at most 5 keep it fast: at most a few thousand pools).
-        target: the number to make.
-        use_all: True: the last number left must be the target; False: the target appearing in the pool ends it.
-
-    Returns:
-        ``((a, op, b), ...)`` in order (every intermediate a positive integer; ``()`` when the pool already holds
-        the target as required), or None when no sequence makes the target.
-    """
-    pool = tuple(sorted(pool))
-    if (len(pool) == 1 or not use_all) and target in pool:
-        return ()
-    for a, op, b, r in _moves(pool):
-        rest = solve(_remove(pool, a, b, r), target, use_all)
-        if rest is not None:
-            return ((a, op, b),) + rest
-    return None
-
-
-def expression_of(nums: tuple[int, ...] | list[int], steps: tuple[tuple[int, str, int], ...]) -> str:
-    """The expression text (minimal parentheses) of the last step of a combination sequence over ``nums``; with no
-    steps, the text of ``nums[0]``.
-
-    Raises:
-        ValueError: a step combines a number that is not in the pool at that point.
-    """
-    pool: list[tuple[int, str, int]] = [(n, str(n), 3) for n in nums]  # (value, text, precedence)
-    last = pool[0]
-    for a, op, b in steps:
-        left = next((p for p in pool if p[0] == a), None)
-        if left is None:
-            raise ValueError(f"{a} is not in the pool")
-        pool.remove(left)
-        right = next((p for p in pool if p[0] == b), None)
-        if right is None:
-            raise ValueError(f"{b} is not in the pool")
-        pool.remove(right)
-        prec = _PRECEDENCE[op]
-        lt = f"({left[1]})" if left[2] < prec else left[1]
-        rt = f"({right[1]})" if right[2] < prec or (right[2] == prec and op in "-/") else right[1]
-        value = combine(a, op, b)
-        if value is None:
-            raise ValueError(f"{a} {op} {b} is no positive integer")
-        last = (value, f"{lt} {op} {rt}", prec)
-        pool.append(last)
-    return last[1]
-
-
-class ExpressionError(ValueError):
-    """An answer that is not an arithmetic expression over integers with + - * / and parentheses."""
-
-
-def evaluate(expression: str) -> tuple[Fraction | None, list[int]]:
-    """The exact value of an arithmetic expression and the integers it uses, read with :mod:`ast` (never ``eval``).
-
-    Allowed: non-negative integer literals, binary ``+ - * /``, unary ``-`` and ``+``, parentheses.
-
-    Returns:
-        ``(value, numbers)``: ``value`` a :class:`fractions.Fraction`, or None on a division by zero; ``numbers``
-        the integer literals in order of appearance.
-
-    Raises:
-        ExpressionError: the text is longer than 200 characters, does not parse, or holds anything else
-            (names, calls, floats, ``**``, ...).
-    """
-    if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
-        raise ExpressionError(f"an expression is a string of at most {MAX_EXPRESSION_CHARS} characters")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise ExpressionError("the expression does not parse") from None
-    numbers: list[int] = []
-
-    def walk(node: ast.AST) -> Fraction | None:
-        if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0:
-            numbers.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            inner = walk(node.operand)
-            return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
-            left, right = walk(node.left), walk(node.right)
-            if left is None or right is None:
-                return None
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            return None if right == 0 else left / right
-        raise ExpressionError(f"{type(node).__name__} is not allowed: use integers, + - * / and parentheses")
-
-    try:
-        value = walk(tree.body)
-    except RecursionError:
-        raise ExpressionError("the expression is nested too deeply") from None
-    return value, numbers
-
-
-# --------------------------------------------------------------------------- puzzles
-def generate_puzzle(rng: np.random.Generator, num_count: int, min_number: int, max_number: int, max_target: int,
-                    use_all: bool) -> tuple[list[int], int]:
-    """A Countdown puzzle ``(nums, target)`` drawn from ``rng``, solvable by construction (module docstring).
-
-    Up to 200 draws of numbers and a random combination sequence; the first whose target is at most
-    ``max_target`` (and, with ``use_all=False``, not one of the numbers) is taken, else the drawn puzzle with the
-    smallest target (every draw is solvable).
-    """
-    best: tuple[list[int], int] | None = None
-    for _ in range(_TARGET_TRIES):
-        nums = [int(x) for x in rng.integers(min_number, max_number + 1, size=num_count)]
-        pool = list(nums)
-        steps = num_count - 1 if use_all else int(rng.integers(1, num_count))
-        value = pool[0]
-        for _ in range(steps):
-            i, j = (int(k) for k in rng.choice(len(pool), size=2, replace=False))
-            a, b = max(pool[i], pool[j]), min(pool[i], pool[j])
-            options = [op for op in OPS if combine(a, op, b) is not None]
-            op = options[int(rng.integers(len(options)))]
-            value = combine(a, op, b) or 0
-            pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [value]
-        trivial = not use_all and value in nums
-        if value <= max_target and not trivial:
-            return nums, value
-        if not trivial and (best is None or value < best[1]):
-            best = (nums, value)
-    if best is None:  # every draw was trivial (only with tiny number ranges): take the sum, never one of them
-        nums = [int(x) for x in rng.integers(min_number, max_number + 1, size=num_count)]
-        return nums, sum(nums)
-    return best
-
-
-# --------------------------------------------------------------------------- the env
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an int in {lo}..{hi}, got {value!r}")
@@ -328,7 +156,7 @@ class CountdownEnv(TextEnv):
             text = str(nums[0])
             for n in nums[1:]:
                 op = OPS[int(rng.integers(len(OPS)))]
-                text = f"({text}) {op} {n}" if _PRECEDENCE[op] == 2 and " " in text else f"{text} {op} {n}"
+                text = f"({text}) {op} {n}" if PRECEDENCE[op] == 2 and " " in text else f"{text} {op} {n}"
             value, _ = evaluate(text)
             if value != self._target:
                 menu.add(text)
@@ -346,7 +174,7 @@ class CountdownEnv(TextEnv):
     def _legal_actions(self) -> list[str]:
         if self.mode == "single":
             return list(self._menu)
-        return [format_action("combine", a, op, b) for a, op, b, _ in _moves(tuple(sorted(self._pool)))]
+        return [format_action("combine", a, op, b) for a, op, b, _ in valid_combinations(tuple(sorted(self._pool)))]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The mode's tool as a JSON-schema definition (:class:`envs.features.ToolSchemas`): ``answer(expression)``
@@ -452,12 +280,13 @@ class CountdownEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            plan = self.solution()
-            if plan is not None and self.mode == "single":
-                return format_action("answer", expression_of(self._pool, plan))
-            if plan:
-                return format_action("combine", *plan[0])
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self._solver_action, self._legal_actions)
+
+    def _solver_action(self) -> str | None:
+        """The solver's play of :meth:`demo_action`, or None when the pool has lost every solution."""
+        plan = self.solution()
+        if plan is not None and self.mode == "single":
+            return format_action("answer", expression_of(self._pool, plan))
+        if plan:
+            return format_action("combine", *plan[0])
+        return None

@@ -57,57 +57,36 @@ state (the pooled emulator stays for other envs of that game; :func:`release_emu
 
 **Demonstrator** (:meth:`HouseholdEnv.demo_action`): with probability ``skill`` the next command of TextWorld's
 winning policy from the current state (its quest tracker's ``winning_policy``, re-planned after every command: it
-knows where things are, like ALFWorld's expert), else a uniformly random admissible command.
+knows where things are, like ALFWorld's expert), else a uniformly random admissible command (with none, the
+episode over, ``command('look')``). It mixes as :func:`envs.features.mixed_demo` does, but for that fallback.
+
+**Modules.** This one is the env; the game sets (cache, generation, :data:`GENERATOR_VERSION`) are
+:mod:`envs.suite.household_games`, playing them (the emulator pool, :data:`EMULATOR_POOL_SIZE`, loaded games, the
+game state) :mod:`envs.suite.household_play`, and the emulator state's JSON codec :mod:`envs.suite.household_codec`.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
-import os
 import random
-import re
-import shutil
-import tempfile
-import threading
-import warnings
-import zlib
-from collections import OrderedDict
-from dataclasses import dataclass
-from functools import lru_cache
-from importlib.metadata import version as _package_version
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from envs.actions import ActionParseError, ToolCall, bind_arguments, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import check_skill
+from envs.suite.household_codec import decode_emulator_state, encode_emulator_state
+from envs.suite.household_games import SPLITS, GameSet, game_seed, household_cache_dir
+from envs.suite.household_play import LoadedGame, Progress, clean_output, copy_progression, load_game, release_emulators
 from envs.tool_calls import function_tool
 
-#: Bumped whenever the generation recipe changes: part of the cache folder's name, so old games are never reused.
-GENERATOR_VERSION = 1
+__all__ = ["GameSet", "HouseholdEnv", "decode_emulator_state", "encode_emulator_state", "game_seed",
+           "household_cache_dir", "release_emulators"]
+
 MAX_ROOMS = 8
 MAX_OBJECTS = 20
 MAX_QUEST_LENGTH = 6
 MAX_GAMES = 256
 MAX_TURNS = 200
-SPLITS = ("train", "test")
-#: Emulators kept open per process (one per game file, least recently used dropped first).
-EMULATOR_POOL_SIZE = 8
-#: Quest samples tried for one game before generation gives up (each with its own seed, in a fixed order).
-GENERATION_ATTEMPTS = 16
-#: Loaded games (TextWorld ``Game`` objects, intro text, initial emulator state) kept per process.
-LOADED_GAMES = 64
-
-_STACK_BYTES = 2048  # Jericho's Z-machine stack (1024 words), fixed by libfrotz
-_NARRATIVE_MAX = 8191  # libfrotz copies the last output into a char[8192]
-_SPLIT_BASE = {"train": 0, "test": 1_000_003}
-_WON_MARK = "*** The End ***"
-_LOST_MARK = "*** You lost! ***"
-_GOAL_FORMS = [(re.compile(r"^put (.+) on (.+)$"), "put the {} on the {}"),
-               (re.compile(r"^insert (.+) into (.+)$"), "put the {} in the {}")]
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
@@ -124,401 +103,6 @@ def _require_packages() -> None:
                 f"forkyard/Household-v0 needs the package {name} (pip install 'forkyard[suite]')", name=name)
 
 
-def household_cache_dir() -> Path:
-    """The folder the generated games live in: ``$FORKYARD_CACHE/household``, else
-    ``$XDG_CACHE_HOME/forkyard/household`` (default ``~/.cache/forkyard/household``)."""
-    root = os.environ.get("FORKYARD_CACHE")
-    if root:
-        return Path(root) / "household"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forkyard" / "household"
-
-
-@lru_cache(maxsize=1)
-def _textworld_version() -> str:
-    return _package_version("textworld")
-
-
-def game_seed(split: str, index: int, attempt: int = 0) -> int:
-    """TextWorld's generator seed (``GameOptions.seeds``, an int < 2**31) of game ``index`` of ``split``, at the
-    ``attempt``-th quest sample (attempts run 0, 1, ... until one gives a game that is kept)."""
-    return _SPLIT_BASE[split] + index * GENERATION_ATTEMPTS + attempt
-
-
-# ------------------------------------------------------------------------------------------ the game set
-@dataclass(frozen=True)
-class GameSet:
-    """The settings that determine a set of generated games; game ``k`` of the set is the same everywhere.
-
-    Attributes:
-        rooms: rooms of the house (TextWorld's ``nb_rooms``).
-        objects: things in the house (``nb_objects``; containers and supporters included; the quest's own count).
-        quest_length: actions of the winning walkthrough (``quest_length``), the last a ``put`` or ``insert``.
-        split: ``"train"`` or ``"test"`` (disjoint generator seeds, :func:`game_seed`).
-    """
-
-    rooms: int
-    objects: int
-    quest_length: int
-    split: str
-
-    @property
-    def folder(self) -> Path:
-        """Where this set's games are cached (named by the textworld version and :data:`GENERATOR_VERSION`)."""
-        name = (f"tw{_textworld_version()}-gen{GENERATOR_VERSION}-r{self.rooms}-o{self.objects}"
-                f"-q{self.quest_length}-{self.split}")
-        return household_cache_dir() / name
-
-    def path(self, index: int) -> Path:
-        """The ``.z8`` story file of game ``index`` (its TextWorld ``.json`` lies beside it)."""
-        return self.folder / f"game-{index:03d}.z8"
-
-    def ensure(self, index: int) -> Path:
-        """The story file of game ``index``, generated first when the cache lacks it (2 to 4 s on a busy 2-core CPU).
-
-        Raises:
-            RuntimeError: no quest of these settings could be generated in :data:`GENERATION_ATTEMPTS` tries.
-        """
-        path = self.path(index)
-        if not path.is_file():
-            with _generation_lock(str(path)):  # one generation per game in this process (others may race: harmless)
-                if not path.is_file():
-                    _generate(self, index, path)
-        return path
-
-
-_generation_locks: dict[str, threading.Lock] = {}
-_generation_guard = threading.Lock()
-
-
-def _generation_lock(path: str) -> threading.Lock:
-    with _generation_guard:
-        return _generation_locks.setdefault(path, threading.Lock())
-
-
-def _make_game(gs: GameSet, seed: int) -> Any:
-    """A TextWorld ``Game`` of ``gs``'s settings from ``seed`` (not compiled), or None when its quest sampler finds
-    no quest of that length. TextWorld's ``make_game`` with the final quest action restricted to ``put``/``insert``."""
-    from textworld import GameOptions
-    from textworld.generator import make_grammar, make_world
-    from textworld.generator.chaining import QuestGenerationError, sample_quest
-    from textworld.generator.game import Event, Game, Quest
-
-    options = GameOptions()
-    options.seeds = seed
-    options.nb_rooms, options.nb_objects = gs.rooms, gs.objects
-    options.quest_length, options.quest_breadth = gs.quest_length, 1
-    options.grammar.only_last_action = True  # the objective names the goal, not the walkthrough
-    rngs = options.rngs
-    world = make_world(options.nb_rooms, nb_objects=0, rngs=rngs)
-    rules = options.kb.rules
-    final = [rule for name, rule in rules.items() if name in ("put", "insert")]
-    before = rules.get_matching(".*", exclude=["examine.*", "look.*", "inventory.*", "eat.*", "drop.*", "close.*",
-                                               "lock.*", "put.*", "insert.*"])
-    options.chaining.rules_per_depth = [final] + [before] * (gs.quest_length - 1)
-    options.chaining.backward = True
-    options.chaining.create_variables = True
-    options.chaining.rng = rngs["quest"]
-    options.chaining.restricted_types = {"r", "d"}
-    try:
-        chain = sample_quest(world.state, options.chaining)
-    except QuestGenerationError:
-        return None
-    world.state = chain.initial_state  # backward chaining may have added the quest's objects
-    quests = [Quest(win_events=[Event(chain.actions)])]
-    missing = options.nb_objects - sum(1 for e in world.entities if e.type not in {"r", "d", "I", "P"})
-    if missing > 0:
-        world.populate(missing, rng=rngs["objects"])
-    game = Game(world, make_grammar(options.grammar, rng=rngs["grammar"]), quests)
-    game.metadata["uuid"] = options.uuid
-    return game
-
-
-def _generate(gs: GameSet, index: int, path: Path) -> None:
-    """Generate game ``index`` of ``gs`` into ``path`` (and its ``.json``), atomically (module docstring)."""
-    from textworld import GameOptions
-    from textworld.generator import compile_game
-
-    gs.folder.mkdir(parents=True, exist_ok=True)
-    for attempt in range(GENERATION_ATTEMPTS):
-        game = _make_game(gs, game_seed(gs.split, index, attempt))
-        if game is None or len(game.metadata.get("walkthrough") or ()) != gs.quest_length:
-            continue
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.stem}-", dir=gs.folder))
-        try:
-            options = GameOptions()
-            options.path = str(tmp / "game.z8")
-            options.force_recompile = True
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                story = Path(compile_game(game, options))
-            if not _walkthrough_wins(story, list(game.metadata["walkthrough"])):
-                continue
-            os.replace(story.with_suffix(".json"), path.with_suffix(".json"))
-            os.replace(story, path)
-            return
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    raise RuntimeError(
-        f"TextWorld generated no household game with rooms={gs.rooms}, objects={gs.objects}, "
-        f"quest_length={gs.quest_length} ({gs.split} game {index}, {GENERATION_ATTEMPTS} tries); "
-        "try fewer quest steps or more rooms and objects")
-
-
-def _walkthrough_wins(story: Path, walkthrough: list[str]) -> bool:
-    """Whether ``walkthrough`` wins the freshly compiled game ``story`` on the emulator and in TextWorld's logic."""
-    try:
-        loaded = _load_uncached(str(story))
-        state = _Progress.start(loaded)
-        for command in walkthrough:
-            if state.won or state.failed or command not in state.admissible(loaded):
-                return False
-            state = state.step(loaded, command)[0]
-        return state.won
-    finally:
-        _drop_emulator(str(story))
-
-
-# ------------------------------------------------------------------------------------------ emulators
-_pool: OrderedDict[str, tuple[Any, threading.Lock]] = OrderedDict()
-_pool_lock = threading.Lock()
-
-
-def _emulator(path: str) -> tuple[Any, threading.Lock]:
-    """The pooled Jericho ``FrotzEnv`` of story file ``path`` and its lock (opened on first use; module docstring)."""
-    with _pool_lock:
-        entry = _pool.get(path)
-        if entry is not None:
-            _pool.move_to_end(path)
-            return entry
-    import jericho
-
-    with warnings.catch_warnings():  # TextWorld's games are not in Jericho's list of "fully supported" games
-        warnings.simplefilter("ignore")
-        emulator = jericho.FrotzEnv(path)
-    with _pool_lock:
-        entry = _pool.setdefault(path, (emulator, threading.Lock()))
-        _pool.move_to_end(path)
-        while len(_pool) > EMULATOR_POOL_SIZE:
-            _pool.popitem(last=False)  # freed (libfrotz shut down and unloaded) once no step holds it
-    return entry
-
-
-def _drop_emulator(path: str) -> None:
-    with _pool_lock:
-        _pool.pop(path, None)
-
-
-def release_emulators() -> None:
-    """Close every pooled emulator of this process (envs stay usable: the next step reopens what it needs)."""
-    with _pool_lock:
-        _pool.clear()
-
-
-EmulatorState = tuple[Any, ...]  # Jericho's (ram, stack, pc, sp, fp, frame_count, opcode, rng, narrative)
-
-
-def _run(path: str, state: EmulatorState, command: str) -> tuple[str, EmulatorState]:
-    """Send ``command`` to the pooled emulator of ``path`` loaded with ``state``; (raw output, new state)."""
-    emulator, lock = _emulator(path)
-    with lock:
-        emulator.set_state(state)
-        raw = emulator.step(command)[0]
-        return raw, emulator.get_state()
-
-
-# ------------------------------------------------------------------------------------------ loaded games
-@dataclass(frozen=True)
-class _Loaded:
-    """A game as a process uses it: TextWorld's objects, its texts and its start state."""
-
-    path: str  # the .z8 story file
-    game: Any  # textworld.generator.game.Game
-    inform7: Any  # textworld.generator.inform7.Inform7Game
-    digest: str  # BLAKE2b of the .json (16 hex digits): the same game on every machine
-    goal: str  # "put the whisk on the stand"
-    intro: str  # the first room's description
-    start: EmulatorState  # after reset and ``tw-trace-actions``
-    progression: Any  # textworld GameProgression at the start (copied per episode)
-    story_size: int
-
-
-def _load_uncached(path: str) -> _Loaded:
-    from textworld.generator.game import Game, GameProgression
-    from textworld.generator.inform7 import Inform7Game
-
-    json_path = Path(path).with_suffix(".json")
-    data = json_path.read_bytes()
-    game = Game.load(str(json_path))
-    inform7 = Inform7Game(game)
-    emulator, lock = _emulator(path)
-    with lock:
-        intro = emulator.reset()[0]
-        emulator.step("tw-trace-actions")  # TextWorld's tracing of Inform 7 actions, read by _Progress.step
-        start = emulator.get_state()
-    last = game.quests[0].win_events[0].actions[-1]
-    command = inform7.gen_commands_from_actions([last])[0]
-    goal = command
-    for form, text in _GOAL_FORMS:
-        match = form.match(command)
-        if match:
-            goal = text.format(*match.groups())
-    where = intro.find(game.objective)
-    room = intro[where + len(game.objective):] if where >= 0 else intro[max(intro.find("-= "), 0):]
-    return _Loaded(path=path, game=game, inform7=inform7, digest=hashlib.blake2b(data, digest_size=8).hexdigest(),
-                   goal=goal, intro=_clean(room), start=start, progression=GameProgression(game),
-                   story_size=Path(path).stat().st_size)
-
-
-@lru_cache(maxsize=LOADED_GAMES)
-def _load(path: str) -> _Loaded:
-    return _load_uncached(path)
-
-
-def _clean(raw: str) -> str:
-    """Game output as an observation: Inform 7 trace tags, the prompt and status line dropped, blank runs squeezed."""
-    from textworld.envs.wrappers.tw_inform7 import _detect_i7_events_debug_tags
-
-    text = _detect_i7_events_debug_tags(raw)[1]
-    for mark in (_WON_MARK, _LOST_MARK):
-        if mark in text:
-            text = text[:text.index(mark)]
-    cut = text.rfind("\n>")
-    if cut >= 0:
-        text = text[:cut]
-    return re.sub(r"\n\s*\n+", "\n\n", text).strip()
-
-
-# ------------------------------------------------------------------------------------------ episode state
-@dataclass(frozen=True)
-class _Progress:
-    """One game state: the emulator's and TextWorld's logic. A step returns a new one.
-
-    ``emulator`` and ``log`` are values (never changed in place: forks share them). ``progression`` (TextWorld's
-    ``GameProgression``: facts, admissible actions, quest tracking) belongs to one env (a fork copies it, a step hands
-    it on updated); it is a cache rebuilt from ``log`` (the serialized logic actions taken, in order) when None: after
-    an unpickle or a restore."""
-
-    emulator: EmulatorState
-    log: tuple[dict[str, Any], ...]
-    won: bool
-    failed: bool
-    progression: Any
-
-    @classmethod
-    def start(cls, loaded: _Loaded) -> "_Progress":
-        return cls(loaded.start, (), False, False, copy_progression(loaded.progression))
-
-    def logic(self, loaded: _Loaded) -> Any:
-        """The logic progression (rebuilt from the log by replaying its actions when this state holds none)."""
-        if self.progression is not None:
-            return self.progression
-        from textworld.logic import Action
-
-        progression = copy_progression(loaded.progression)
-        for data in self.log:
-            progression.update(Action.deserialize(data))
-        object.__setattr__(self, "progression", progression)  # a cache of a value: still the same state
-        return progression
-
-    def admissible(self, loaded: _Loaded) -> list[str]:
-        """TextWorld's admissible commands now, sorted, without duplicates."""
-        return sorted(set(loaded.inform7.gen_commands_from_actions(self.logic(loaded).valid_actions)))
-
-    def step(self, loaded: _Loaded, command: str) -> tuple["_Progress", str]:
-        """The state after ``command`` and the game's raw output. Updates this state's logic progression in place
-        and hands it to the new state: a state that has stepped is spent (its env holds the new one; forks copy)."""
-        from textworld.envs.wrappers.tw_inform7 import _detect_i7_events_debug_tags
-
-        raw, emulator = _run(loaded.path, self.emulator, command)
-        logic = self.logic(loaded)
-        log = list(self.log)
-        for event in _detect_i7_events_debug_tags(raw)[0]:
-            action = loaded.inform7.detect_action(event, logic.valid_actions)
-            if action is not None:
-                logic.update(action)
-                log.append(action.serialize())
-        won = logic.completed or _WON_MARK in raw
-        failed = not won and (logic.failed or _LOST_MARK in raw)
-        return _Progress(emulator, tuple(log), won, failed, logic), raw
-
-    def policy(self, loaded: _Loaded) -> list[str]:
-        """The commands of TextWorld's winning policy from this state ([] when none: won or failed)."""
-        plan = self.logic(loaded).winning_policy
-        return list(loaded.inform7.gen_commands_from_actions(plan)) if plan else []
-
-
-def _inflate(text: Any, limit: int) -> bytes:
-    """base64 text of zlib data, inflated to at most ``limit`` bytes (ValueError past it: no decompression bomb)."""
-    if not isinstance(text, str):
-        raise ValueError("expected base64 text")
-    inflater = zlib.decompressobj()
-    out = inflater.decompress(base64.b64decode(text, validate=True), limit + 1)
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise ValueError(f"more than {limit} bytes")
-    return out
-
-
-def copy_progression(progression: Any) -> Any:
-    """An independent copy of a TextWorld ``GameProgression`` (world facts, admissible actions, quest trackers).
-
-    TextWorld's own ``GameProgression.copy`` first builds a progression of the game's start state (recomputing its
-    admissible actions: about 1.2 ms here) and then overwrites it; this copies the same members without that detour
-    (about 0.2 ms), and falls back to ``copy()`` when the members are not those of textworld 1.7."""
-    members = ("game", "state", "_valid_actions", "quest_progressions")
-    if not all(hasattr(progression, m) for m in members):
-        return progression.copy()
-    twin = object.__new__(type(progression))
-    twin.game = progression.game
-    twin.state = progression.state.copy()
-    twin._valid_actions = progression._valid_actions  # replaced, never changed in place, by update()
-    twin.quest_progressions = [quest.copy() for quest in progression.quest_progressions]
-    return twin
-
-
-def encode_emulator_state(state: EmulatorState) -> dict[str, Any]:
-    """Jericho's emulator state as plain JSON data: memory and stack zlib-compressed and base64-encoded, the last
-    output base64-encoded, the rest ints."""
-    ram, stack, pc, sp, fp, frames, opcode, rng, narrative = state
-    pack = lambda b: base64.b64encode(zlib.compress(bytes(b), 6)).decode("ascii")  # noqa: E731
-    return {"ram": pack(np.asarray(ram, dtype=np.uint8).tobytes()),
-            "stack": pack(np.asarray(stack, dtype=np.uint8).tobytes()),
-            "pc": int(pc), "sp": int(sp), "fp": int(fp), "frame_count": int(frames), "opcode": int(opcode),
-            "rng": [int(x) for x in rng], "narrative": base64.b64encode(bytes(narrative)).decode("ascii")}
-
-
-def decode_emulator_state(data: dict[str, Any], loaded: _Loaded) -> EmulatorState:
-    """Inverse of :func:`encode_emulator_state`, checked against the game (sizes and pointer ranges, so that a
-    malformed snapshot cannot make the C emulator read or write out of bounds).
-
-    Raises:
-        ValueError: on malformed data.
-    """
-    try:
-        ram = np.frombuffer(_inflate(data["ram"], len(loaded.start[0])), dtype=np.uint8).copy()
-        stack = np.frombuffer(_inflate(data["stack"], _STACK_BYTES), dtype=np.uint8).copy()
-        narrative = base64.b64decode(data["narrative"], validate=True)
-        ints = {k: data[k] for k in ("pc", "sp", "fp", "frame_count", "opcode")}
-        rng = data["rng"]
-    except (KeyError, TypeError, ValueError, zlib.error) as exc:
-        raise ValueError(f"malformed Household emulator state: {exc}") from None
-    if not all(type(v) is int for v in ints.values()) or not (
-            isinstance(rng, list) and len(rng) == 3 and all(type(v) is int for v in rng)):
-        raise ValueError("malformed Household emulator state: pc, sp, fp, frame_count, opcode and rng must be ints")
-    if len(ram) != len(loaded.start[0]) or len(stack) != _STACK_BYTES:
-        raise ValueError(f"malformed Household emulator state: memory of {len(ram)} bytes and stack of {len(stack)} "
-                         f"(the game has {len(loaded.start[0])} and {_STACK_BYTES})")
-    words = _STACK_BYTES // 2
-    if not (0 <= ints["pc"] < loaded.story_size and 0 <= ints["sp"] <= words and 0 <= ints["fp"] <= words
-            and 0 <= ints["frame_count"] < 1 << 16 and 0 <= ints["opcode"] < 1 << 16
-            and all(-(1 << 31) <= v < 1 << 31 for v in rng)):
-        raise ValueError("malformed Household emulator state: a pointer or counter out of range")
-    if len(narrative) > _NARRATIVE_MAX or b"\x00" in narrative:
-        raise ValueError("malformed Household emulator state: the last output is too long or holds a NUL")
-    return (ram, stack, ints["pc"], ints["sp"], ints["fp"], ints["frame_count"], ints["opcode"], tuple(rng),
-            narrative)
-
-
-# ------------------------------------------------------------------------------------------ the env
 class HouseholdEnv(TextEnv):
     """Household-v0 (see module docstring): put an object in or on something, in a TextWorld house.
 
@@ -561,7 +145,7 @@ class HouseholdEnv(TextEnv):
         self.n_games = n_games
         self._game: int | None = None
         self._game_path: str | None = None  # the story file of game self._game (known to exist)
-        self._state: _Progress | None = None
+        self._state: Progress | None = None
         self._admissible: list[str] = []
         self._reset_seed: int | None = None
 
@@ -593,20 +177,20 @@ class HouseholdEnv(TextEnv):
             index = drawn
         loaded = self._loaded(index)
         self._game, self._game_path = index, loaded.path
-        self._set_state(_Progress.start(loaded))
+        self._set_state(Progress.start(loaded))
         return f"Your task is to: {loaded.goal}.\n\n{loaded.intro}\n\n{self._prompt()}"
 
-    def _loaded(self, index: int | None = None) -> _Loaded:
+    def _loaded(self, index: int | None = None) -> LoadedGame:
         """The loaded game ``index`` (default: this episode's), generated first when the cache lacks it."""
         if index is None:
             if self._game_path is not None:
-                return _load(self._game_path)
+                return load_game(self._game_path)
             if self._game is None:
                 raise RuntimeError("no game yet: call reset() first")
             index = self._game
-        return _load(str(self.games.ensure(index)))
+        return load_game(str(self.games.ensure(index)))
 
-    def _set_state(self, state: _Progress) -> None:
+    def _set_state(self, state: Progress) -> None:
         self._state = state
         self._admissible = state.admissible(self._loaded()) if not (state.won or state.failed) else []
 
@@ -646,7 +230,7 @@ class HouseholdEnv(TextEnv):
         loaded = self._loaded()
         state, raw = self._state.step(loaded, command)
         self._set_state(state)
-        observation = _clean(raw) or "Nothing happens."
+        observation = clean_output(raw) or "Nothing happens."
         if state.won:
             return Outcome(f"{observation}\nYou completed the task: {loaded.goal}.", reward=1.0, terminated=True,
                            reason="answered")
@@ -689,8 +273,7 @@ class HouseholdEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
+        check_skill(skill)
         legal = self._legal_actions()
         if skill and rng.random() < skill:
             plan = self.winning_commands()
@@ -705,7 +288,7 @@ class HouseholdEnv(TextEnv):
             assert isinstance(child, HouseholdEnv)
             if self._state is not None:
                 progression = self._state.progression
-                child._state = _Progress(self._state.emulator, self._state.log, self._state.won, self._state.failed,
+                child._state = Progress(self._state.emulator, self._state.log, self._state.won, self._state.failed,
                                          None if progression is None else copy_progression(progression))
             child._admissible = list(self._admissible)
 
@@ -729,7 +312,7 @@ class HouseholdEnv(TextEnv):
         log = state.get("logic_actions")
         if not isinstance(log, list) or not all(isinstance(a, dict) for a in log):
             raise ValueError("malformed Household snapshot: logic_actions must be a list of objects")
-        progress = _Progress(decode_emulator_state(state.get("emulator") or {}, loaded), tuple(log),
+        progress = Progress(decode_emulator_state(state.get("emulator") or {}, loaded), tuple(log),
                              bool(state.get("won")), bool(state.get("failed")), None)
         try:
             progress.logic(loaded)
@@ -745,7 +328,7 @@ class HouseholdEnv(TextEnv):
         state["_game_path"] = None
         if self._state is not None:
             s = self._state
-            state["_state"] = _Progress(s.emulator, s.log, s.won, s.failed, None)
+            state["_state"] = Progress(s.emulator, s.log, s.won, s.failed, None)
         return state
 
     def close(self) -> None:

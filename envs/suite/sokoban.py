@@ -30,7 +30,8 @@ Rooms are generated at ``reset`` from ``self.np_random`` only (:func:`generate_r
 ``max_turns`` moves by construction: the boxes start on their targets and a *reverse play* pulls them away
 (the player walks, and may drag a box it steps away from); replayed backwards, the reverse moves are a
 solution of at most ``max_turns`` moves. :func:`solve` (A* over (player, boxes) states with a node cap) finds
-a shortest solution; the demonstrator and the tests use it.
+a shortest solution; the demonstrator and the tests use it. The puzzle itself (symbols, moves, generation, the
+solver) is :mod:`envs.suite.sokoban_puzzle`; this module is the env.
 
 Fork method ``state_codec``: the task state is the room's walls and targets, the box cells and the player cell
 (plain JSON lists).
@@ -38,21 +39,17 @@ Fork method ``state_codec``: the task state is the room's walls and targets, the
 
 from __future__ import annotations
 
-import heapq
 import random
-from collections import OrderedDict, deque
 from typing import Any
-
-import numpy as np
 
 from envs.actions import ToolCall, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import mixed_demo
+from envs.suite.sokoban_puzzle import MOVES, SOLVER_NODE_CAP, TARGET, apply_move, generate_room, render_room, solve
 from envs.tool_calls import function_tool
 
-#: RAGEN's grid symbols, by what they show.
-WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "√", "X", "P", "S"
-#: RAGEN's action names, in its order (1 Up, 2 Down, 3 Left, 4 Right), with their (row, column) steps.
-MOVES: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+__all__ = ["MOVES", "SokobanEnv", "generate_room", "render_room", "solve"]
+
 #: gym-sokoban's rewards, as RAGEN uses them.
 STEP_PENALTY, BOX_ON_TARGET_REWARD, BOX_OFF_TARGET_PENALTY, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
 
@@ -60,298 +57,8 @@ MIN_DIM, MAX_DIM = 5, 10
 MAX_BOXES = 3
 MAX_TURNS = 200
 MAX_SEARCH_DEPTH = 2000
-#: Node cap of the demonstrator's solver (states expanded); a room it cannot solve within it gets random moves.
-SOLVER_NODE_CAP = 100_000
-_LAYOUT_TRIES = 10  # carved layouts tried per reset before the open-room fallbacks
-_PULL_PROBABILITY = 0.85  # how often the reverse play drags a box it stands in front of
-_MOMENTUM = 0.5  # how often the reverse play repeats its last move when it can
-_RANKED, _RANK_NODE_CAP = 8, 1000  # generation: candidates ranked by their shortest solution, and its state cap
 
 
-# --------------------------------------------------------------------------- rooms
-def _carve_layout(rng: np.random.Generator, rows: int, cols: int, open_room: bool) -> list[bool]:
-    """Floor mask of a rows x cols room (row-major, True = floor) with walls all around: a random walk over the
-    interior carves the floor, widened now and then by a neighbouring cell; ``open_room`` makes all of it floor."""
-    floor = [False] * (rows * cols)
-    if open_room:
-        for r in range(1, rows - 1):
-            for c in range(1, cols - 1):
-                floor[r * cols + c] = True
-        return floor
-    r, c = int(rng.integers(1, rows - 1)), int(rng.integers(1, cols - 1))
-    steps = int(1.7 * (rows + cols))
-    dr, dc = list(MOVES.values())[int(rng.integers(4))]
-    for _ in range(steps):
-        floor[r * cols + c] = True
-        if rng.random() < 0.5:  # widen the corridor by one neighbour
-            nr, nc = r + int(rng.integers(-1, 2)), c + int(rng.integers(-1, 2))
-            if 1 <= nr < rows - 1 and 1 <= nc < cols - 1:
-                floor[nr * cols + nc] = True
-        if rng.random() < 0.35 or not (1 <= r + dr < rows - 1 and 1 <= c + dc < cols - 1):
-            dr, dc = list(MOVES.values())[int(rng.integers(4))]
-        if 1 <= r + dr < rows - 1 and 1 <= c + dc < cols - 1:
-            r, c = r + dr, c + dc
-    return floor
-
-
-def _reverse_play(rng: np.random.Generator, floor: list[bool], cols: int, targets: list[int], player: int,
-                  max_moves: int, budget: int) -> list[tuple[tuple[int, int, int], tuple[int, ...], int, list[int]]]:
-    """Random reverse plays from the solved position (boxes on ``targets``, the player at ``player``): each walk
-    of at most ``max_moves`` moves steps the player to a free neighbouring cell (repeating its last move with
-    probability 0.5) and, when it steps away from a box, drags that box along with probability 0.85. ``budget``
-    moves in all.
-
-    Returns:
-        The positions seen with a box off its target, best first, each ``(score, boxes, player, reverse_moves)``
-        (sorted box cells, the player cell, the reverse moves as cell offsets), each position once, reached by
-        its shortest reverse walk seen. Score: boxes off target, the boxes' summed Manhattan distance from their
-        own targets, the player's distance from the nearest box.
-    """
-    deltas = [dr * cols + dc for dr, dc in MOVES.values()]
-    target_set = set(targets)
-    seen: dict[tuple[tuple[int, ...], int], tuple[tuple[int, int, int], tuple[int, ...], int, list[int]]] = {}
-    spent = 0
-    while spent < budget:
-        boxes = list(targets)
-        at, walk = player, list[int]()
-        for _ in range(min(max_moves, budget - spent)):
-            spent += 1
-            options = [d for d in deltas if floor[at + d] and at + d not in boxes]
-            if not options:
-                break
-            if walk and walk[-1] in options and rng.random() < _MOMENTUM:
-                d = walk[-1]  # keep going: a dragged box travels further
-            else:
-                d = options[int(rng.integers(len(options)))]
-            behind = at - d
-            if behind in boxes and rng.random() < _PULL_PROBABILITY:
-                boxes[boxes.index(behind)] = at
-            at += d
-            walk.append(d)
-            off = sum(b not in target_set for b in boxes)
-            key = (tuple(sorted(boxes)), at)
-            if not off or (key in seen and len(seen[key][3]) <= len(walk)):
-                continue
-            spread = sum(abs(b // cols - o // cols) + abs(b % cols - o % cols)
-                         for b, o in zip(boxes, targets, strict=True))
-            near = min(abs(b // cols - at // cols) + abs(b % cols - at % cols) for b in boxes)
-            seen[key] = ((off, spread, near), key[0], at, list(walk))
-        if not walk:
-            break  # the player is walled in: no walk will move it
-    return sorted(seen.values(), key=lambda c: c[0], reverse=True)
-
-
-def generate_room(rng: np.random.Generator, rows: int, cols: int, num_boxes: int, max_moves: int,
-                  search_depth: int) -> tuple[tuple[str, ...], tuple[int, ...], int, tuple[str, ...]]:
-    """A Sokoban room drawn from ``rng``, solvable in at most ``max_moves`` moves by construction.
-
-    The reverse-play idea of gym-sokoban's generator and of Imagination-Augmented Agents (arXiv 1707.06203), in
-    our own implementation. Up to 10 layouts are carved (the last one an open room) until one gives a position
-    with a box off its target: on a layout, ``num_boxes`` targets are drawn, the player stands beside one (the
-    solved position: it just pushed the last box home), and :func:`_reverse_play` spends ``search_depth`` reverse
-    moves. Of the 8 best-scored positions found, the one whose shortest solution (:func:`solve`, capped at 1,000
-    states) is longest is the start: the hardest room the search saw. If no layout gives a position (only in
-    cramped settings), a fixed open-room position is used: one box a single push from its target, the others
-    on theirs.
-
-    Args:
-        rng: the env's ``numpy.random.Generator`` (the only source of randomness).
-        rows, cols: room size with its border walls, each 5..10.
-        num_boxes: boxes (= targets), 1..3.
-        max_moves: the solution-length bound (the env's ``max_turns``), >= 1.
-        search_depth: reverse-play moves per layout, >= 1.
-
-    Returns:
-        ``(layout, boxes, player, solution)``: the layout as ``rows`` strings of ``#``, ``_`` and ``O``; the box
-        cells and the player cell as row-major indices ``r * cols + c``; a solution as action names
-        (``len(solution) <= max_moves``: the reverse walk, replayed backwards).
-    """
-    names = {dr * cols + dc: name for name, (dr, dc) in MOVES.items()}
-    for attempt in range(_LAYOUT_TRIES):
-        floor = _carve_layout(rng, rows, cols, open_room=attempt == _LAYOUT_TRIES - 1)
-        cells = [i for i, f in enumerate(floor) if f]
-        if len(cells) < num_boxes + 1:
-            continue
-        picks = rng.choice(len(cells), size=num_boxes, replace=False)
-        targets = [cells[int(i)] for i in picks]
-        beside = [t + dr * cols + dc for t in targets for dr, dc in MOVES.values()]
-        beside = [c for c in beside if floor[c] and c not in targets]
-        if not beside:
-            continue
-        player = beside[int(rng.integers(len(beside)))]
-        found = _reverse_play(rng, floor, cols, targets, player, max_moves, search_depth)
-        if not found:
-            continue
-        layout = _layout_text(floor, set(targets), rows, cols)
-        best, best_len = found[0], -1
-        for cand in found[:_RANKED]:
-            plan = _astar(layout, cand[1], cand[2], _RANK_NODE_CAP)
-            length = len(cand[3]) if plan is None else len(plan)  # capped: at most its own walk
-            if length > best_len:
-                best, best_len = cand, length
-        _score, boxes, start, walk = best
-        return layout, boxes, start, tuple(names[-d] for d in reversed(walk))
-    # The fallback: seen only in cramped settings with tiny budgets (5x5 rooms with max_turns or search_depth of
-    # 1 or 2, in a few percent of seeds; never at the defaults); it keeps reset from ever failing.
-    floor = _carve_layout(rng, rows, cols, open_room=True)
-    targets = [1 * cols + 1 + k for k in range(num_boxes)]
-    boxes = tuple(sorted([2 * cols + 1] + targets[1:]))
-    return _layout_text(floor, set(targets), rows, cols), boxes, 3 * cols + 1, ("Up",)
-
-
-def _layout_text(floor: list[bool], targets: set[int], rows: int, cols: int) -> tuple[str, ...]:
-    return tuple("".join(TARGET if r * cols + c in targets else FLOOR if floor[r * cols + c] else WALL
-                         for c in range(cols)) for r in range(rows))
-
-
-def render_room(layout: tuple[str, ...] | list[str], boxes: tuple[int, ...] | list[int], player: int) -> str:
-    """The room as RAGEN's text grid: ``len(layout)`` lines of symbols (module docstring).
-
-    Args:
-        layout: rows of ``#`` (wall), ``_`` (floor) and ``O`` (target).
-        boxes: box cells, row-major indices.
-        player: the player's cell, a row-major index.
-    """
-    cols = len(layout[0])
-    flat = list("".join(layout))
-    for b in boxes:
-        flat[b] = BOX_ON_TARGET if flat[b] == TARGET else BOX
-    flat[player] = PLAYER_ON_TARGET if flat[player] == TARGET else PLAYER
-    return "\n".join("".join(flat[r * cols:(r + 1) * cols]) for r in range(len(layout)))
-
-
-# --------------------------------------------------------------------------- solver
-def _push_distances(floor: list[bool], targets: list[int], cols: int) -> list[int]:
-    """For every cell, the fewest pushes that bring a box standing there onto some target, other boxes ignored
-    (a breadth-first search of pulls from the targets); -1 where no push sequence reaches one (a dead cell)."""
-    dist = [-1] * len(floor)
-    queue = deque(targets)
-    for t in targets:
-        dist[t] = 0
-    deltas = [dr * cols + dc for dr, dc in MOVES.values()]
-    while queue:
-        cell = queue.popleft()
-        for d in deltas:  # a box at cell - d pushed by a player at cell - 2d lands on cell
-            prev, stand = cell - d, cell - 2 * d
-            if 0 <= stand < len(floor) and floor[prev] and floor[stand] and dist[prev] < 0:
-                dist[prev] = dist[cell] + 1
-                queue.append(prev)
-    return dist
-
-
-def solve(layout: tuple[str, ...], boxes: tuple[int, ...], player: int,
-          max_nodes: int = SOLVER_NODE_CAP) -> tuple[str, ...] | None:
-    """A shortest solution (fewest moves) of a Sokoban position, or None.
-
-    A* over (player cell, box cells) states, one move per edge, with an admissible and consistent heuristic (the
-    summed per-box push distance to the nearest target, other boxes ignored) and dead cells (from which no push
-    reaches a target) pruned.
-
-    Args:
-        layout: rows of ``#``, ``_`` and ``O``, walls all around.
-        boxes: box cells (row-major indices).
-        player: the player's cell.
-        max_nodes: cap on expanded states; past it the search gives up (None).
-
-    Returns:
-        The action names of a shortest solution (``()`` when every box is on a target already), or None when the
-        position is unsolvable (a box on a dead cell, or no solution) or the cap was reached first.
-    """
-    key = (tuple(layout), tuple(sorted(boxes)), int(player))
-    cached = _PLANS.get(key)
-    if cached is not None:
-        _PLANS.move_to_end(key)
-        return cached
-    plan = _astar(*key, max_nodes)
-    if plan is not None:  # every state along the plan gets its suffix: the demonstrator replays it cheaply
-        _remember_plan(key, plan)
-    return plan
-
-
-_PLANS: OrderedDict[tuple[tuple[str, ...], tuple[int, ...], int], tuple[str, ...]] = OrderedDict()
-_PLAN_CACHE_SIZE = 20_000
-
-
-def _remember_plan(key: tuple[tuple[str, ...], tuple[int, ...], int], plan: tuple[str, ...]) -> None:
-    layout, boxes, player = key
-    cols = len(layout[0])
-    for k in range(len(plan) + 1):
-        _PLANS[(layout, boxes, player)] = plan[k:]
-        if k < len(plan):
-            boxes, player, _ = _apply_move(layout, boxes, player, plan[k], cols)
-    while len(_PLANS) > _PLAN_CACHE_SIZE:
-        _PLANS.popitem(last=False)
-
-
-def _astar(layout: tuple[str, ...], boxes: tuple[int, ...], player: int, max_nodes: int) -> tuple[str, ...] | None:
-    cols = len(layout[0])
-    flat = "".join(layout)
-    floor = [ch != WALL for ch in flat]
-    targets = [i for i, ch in enumerate(flat) if ch == TARGET]
-    dist = _push_distances(floor, targets, cols)
-    if any(dist[b] < 0 for b in boxes):
-        return None
-    moves = [(name, dr * cols + dc) for name, (dr, dc) in MOVES.items()]
-    start = (player, boxes)
-    h0 = sum(dist[b] for b in boxes)
-    best_g = {start: 0}
-    parent: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, tuple[int, ...]], str] | None] = {start: None}
-    heap: list[tuple[int, int, int, int, tuple[int, ...]]] = [(h0, 0, 0, player, boxes)]
-    pushed = 0
-    expanded = 0
-    while heap:
-        _f, neg_g, _n, at, bx = heapq.heappop(heap)
-        g = -neg_g
-        if best_g.get((at, bx), -1) != g:
-            continue
-        if all(dist[b] == 0 for b in bx):
-            path = []
-            link = parent[(at, bx)]
-            while link is not None:
-                path.append(link[1])
-                link = parent[link[0]]
-            return tuple(reversed(path))
-        expanded += 1
-        if expanded > max_nodes:
-            return None
-        for name, d in moves:
-            nxt = at + d
-            if not floor[nxt]:
-                continue
-            if nxt in bx:
-                beyond = nxt + d
-                if not floor[beyond] or beyond in bx or dist[beyond] < 0:
-                    continue
-                nbx = tuple(sorted(beyond if b == nxt else b for b in bx))
-            else:
-                nbx = bx
-            state = (nxt, nbx)
-            if best_g.get(state, 1 << 30) <= g + 1:
-                continue
-            best_g[state] = g + 1
-            parent[state] = ((at, bx), name)
-            pushed += 1
-            heapq.heappush(heap, (g + 1 + sum(dist[b] for b in nbx), -(g + 1), pushed, nxt, nbx))
-    return None
-
-
-def _apply_move(layout: tuple[str, ...], boxes: tuple[int, ...], player: int, name: str,
-                cols: int) -> tuple[tuple[int, ...], int, str]:
-    """One move: ``(boxes, player, what)``, ``what`` one of ``moved``, ``pushed``, ``wall``, ``blocked``."""
-    dr, dc = MOVES[name]
-    d = dr * cols + dc
-    flat_at = layout[(player + d) // cols][(player + d) % cols]
-    if flat_at == WALL:
-        return boxes, player, "wall"
-    if player + d not in boxes:
-        return boxes, player + d, "moved"
-    beyond = player + 2 * d
-    if layout[beyond // cols][beyond % cols] == WALL or beyond in boxes:
-        return boxes, player, "blocked"
-    return tuple(sorted(beyond if b == player + d else b for b in boxes)), player + d, "pushed"
-
-
-# --------------------------------------------------------------------------- the env
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an int in {lo}..{hi}, got {value!r}")
@@ -447,7 +154,7 @@ class SokobanEnv(TextEnv):
         if call.args or call.kwargs:
             raise IllegalActionError(f"{call.name}() takes no arguments; got {call.text()}.")
         before = self._on_target(self._boxes)
-        self._boxes, self._player, what = _apply_move(self._layout, self._boxes, self._player, call.name, self.cols)
+        self._boxes, self._player, what = apply_move(self._layout, self._boxes, self._player, call.name, self.cols)
         after = self._on_target(self._boxes)
         reward = STEP_PENALTY
         if after > before:
@@ -505,10 +212,9 @@ class SokobanEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            plan = self.optimal_plan()
-            if plan:
-                return format_action(plan[0])
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self._first_move, self._legal_actions)
+
+    def _first_move(self) -> str | None:
+        """The first move of :meth:`optimal_plan`, or None when there is none (:meth:`demo_action` plays randomly)."""
+        plan = self.optimal_plan()
+        return format_action(plan[0]) if plan else None

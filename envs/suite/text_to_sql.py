@@ -48,6 +48,7 @@ from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
 from envs.core import EnvInfraError, IllegalActionError, Outcome
+from envs.features import mixed_demo
 from envs.sandboxed import SandboxedTextEnv
 from envs.suite.sql_tasks import DOMAINS, KINDS, KINDS_NEEDING_4, MAX_ROWS, MIN_ROWS, draw_task, same_result
 from envs.tool_calls import function_tool
@@ -226,11 +227,7 @@ class TextToSQLEnv(SandboxedTextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            return self.oracle_action()
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self.oracle_action, self._legal_actions)
 
     def oracle_action(self) -> str:
         """The scripted play: ``list_tables()``, ``describe`` of each table the gold query reads, ``query`` of the

@@ -50,7 +50,8 @@ Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` an
 (:meth:`TicketAPIEnv.demo_action`: lists, then makes the task's changes on the tickets it saw, then answers).
 The API state is plain JSON and forks with the episode (``fork_method = "state_codec"``); the tools touch nothing
 outside the env. ``info["episode_metrics"]`` at an episode's end: ``{"success": 0.0 or 1.0, "api_errors": n}``
-(success: reward 1).
+(success: reward 1). The simulated API and its tool schemas are :mod:`envs.suite.ticket_system`, the generated
+states and tasks :mod:`envs.suite.ticket_tasks`; this module is the env.
 """
 
 from __future__ import annotations
@@ -59,185 +60,24 @@ import json
 import random
 from typing import Any
 
-from envs.actions import ToolCall, bind_arguments, format_action, parse_action
+from envs.actions import ToolCall, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
-from envs.tool_calls import function_tool
+from envs.features import mixed_demo
+from envs.suite.ticket_system import PRIORITIES, TOOLS, ApiError, TicketApi, bind_call, copy_json, tool_schemas
+from envs.suite.ticket_tasks import KINDS, USERS, draw_state, draw_task, gold_state, plan_task
 
 __all__ = ["KINDS", "TicketAPIEnv"]
 
-#: The task kinds (module docstring), in the order ``kinds`` defaults to.
-KINDS = ("close", "reassign", "escalate", "resolve", "create", "count")
-USERS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")
-PRIORITIES = ("low", "medium", "high", "urgent")
-STATUSES = ("open", "in_progress", "resolved", "closed")
-ACTIVE = ("open", "in_progress")
-COMPONENTS = ("Login page", "VPN", "Printer", "Payroll export", "Email sync", "Build server", "Laptop battery",
-              "Wiki search", "Billing API", "Door badge", "Video calls", "Backup job", "Sales dashboard",
-              "Password reset", "Shared drive")
-PROBLEMS = ("times out", "crashes on start", "is slow", "shows wrong totals", "rejects valid input",
-            "fails overnight", "needs access for a new hire", "returns error 500", "drops the connection",
-            "has a broken link")
-RESOLUTIONS = ("restarted the service", "replaced the hardware", "granted access", "rolled back the update",
-               "cleared the cache")
 MAX_TICKETS = 40
 MAX_TURNS = 64
 #: Menu: at most this many seen tickets get calls in ``info["legal_actions"]``.
 MENU_TICKETS = 6
-_STATUS_WEIGHTS = (0.5, 0.2, 0.15, 0.15)
-#: Each tool's parameters: (name, JSON type, required). Order is the positional order.
-_TOOLS: dict[str, tuple[tuple[str, str, bool], ...]] = {
-    "list_tickets": (("status", "string", False), ("assignee", "string", False), ("priority", "string", False)),
-    "get_ticket": (("ticket_id", "integer", True),),
-    "create_ticket": (("title", "string", True), ("priority", "string", True), ("assignee", "string", True)),
-    "update_ticket": (("ticket_id", "integer", True), ("title", "string", False), ("priority", "string", False),
-                      ("assignee", "string", False)),
-    "add_comment": (("ticket_id", "integer", True), ("text", "string", True)),
-    "close_ticket": (("ticket_id", "integer", True),),
-    "resolve_ticket": (("ticket_id", "integer", True), ("resolution", "string", True)),
-    "answer": (("value", "string", True),),
-}
-
-
-_PARAM_TEXT = {
-    "status": "ticket status", "assignee": "a team member's name", "priority": "ticket priority",
-    "ticket_id": "the ticket's id", "title": "the ticket's title", "text": "the comment",
-    "resolution": "what resolved the ticket", "value": "the answer: a number as digits, or 'done'",
-}
-
-
-class ApiError(Exception):
-    """A well-typed call the simulated API refuses; its message is the ``error`` of the observation."""
-
-
-def _copy(data: Any) -> Any:
-    """A deep copy of plain JSON data (the state codec)."""
-    return json.loads(json.dumps(data))
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise ValueError(f"{name} must be an int in {lo}..{hi}, got {value!r}")
     return value
-
-
-class _Api:
-    """The simulated ticket system over a plain-JSON state ``{"tickets": [...], "next_id": int, "users": [...]}``.
-
-    Each public method is one tool; it changes ``state`` in place and returns a JSON-serialisable result, or raises
-    :class:`ApiError` with the state unchanged."""
-
-    def __init__(self, state: dict[str, Any]):
-        self.state = state
-
-    def _ticket(self, ticket_id: int) -> dict[str, Any]:
-        for t in self.state["tickets"]:
-            if t["id"] == ticket_id:
-                return t
-        raise ApiError(f"no ticket with id {ticket_id}")
-
-    def _open_ticket(self, ticket_id: int) -> dict[str, Any]:
-        t = self._ticket(ticket_id)
-        if t["status"] == "closed":
-            raise ApiError(f"ticket {ticket_id} is closed and cannot be changed")
-        return t
-
-    def _user(self, name: str) -> str:
-        if name not in self.state["users"]:
-            raise ApiError(f"no user {name!r}; users: {', '.join(self.state['users'])}")
-        return name
-
-    @staticmethod
-    def _choice(field: str, value: str, choices: tuple[str, ...]) -> str:
-        if value not in choices:
-            raise ApiError(f"{field} must be one of {', '.join(choices)}; got {value!r}")
-        return value
-
-    @staticmethod
-    def _text(field: str, value: str) -> str:
-        if not value.strip():
-            raise ApiError(f"{field} must not be empty")
-        return value.strip()
-
-    def list_tickets(self, status: str | None = None, assignee: str | None = None,
-                     priority: str | None = None) -> dict[str, Any]:
-        if status is not None:
-            self._choice("status", status, STATUSES)
-        if assignee is not None:
-            self._user(assignee)
-        if priority is not None:
-            self._choice("priority", priority, PRIORITIES)
-        rows = [{k: t[k] for k in ("id", "title", "assignee", "priority", "status")} for t in self.state["tickets"]
-                if (status is None or t["status"] == status) and (assignee is None or t["assignee"] == assignee)
-                and (priority is None or t["priority"] == priority)]
-        return {"tickets": rows}
-
-    def get_ticket(self, ticket_id: int) -> dict[str, Any]:
-        return _copy(self._ticket(ticket_id))
-
-    def create_ticket(self, title: str, priority: str, assignee: str) -> dict[str, Any]:
-        ticket = {"id": self.state["next_id"], "title": self._text("title", title), "description": "",
-                  "assignee": self._user(assignee), "priority": self._choice("priority", priority, PRIORITIES),
-                  "status": "open", "resolution": None, "comments": []}
-        self.state["tickets"].append(ticket)
-        self.state["next_id"] += 1
-        return {"created": ticket["id"]}
-
-    def update_ticket(self, ticket_id: int, title: str | None = None, priority: str | None = None,
-                      assignee: str | None = None) -> dict[str, Any]:
-        t = self._open_ticket(ticket_id)
-        if title is None and priority is None and assignee is None:
-            raise ApiError("update_ticket needs at least one of title, priority, assignee")
-        changes = {}
-        if title is not None:
-            changes["title"] = self._text("title", title)
-        if priority is not None:
-            changes["priority"] = self._choice("priority", priority, PRIORITIES)
-        if assignee is not None:
-            changes["assignee"] = self._user(assignee)
-        t.update(changes)
-        return {"updated": ticket_id, **changes}
-
-    def add_comment(self, ticket_id: int, text: str) -> dict[str, Any]:
-        t = self._open_ticket(ticket_id)
-        t["comments"].append(self._text("text", text))
-        return {"ticket_id": ticket_id, "comments": len(t["comments"])}
-
-    def close_ticket(self, ticket_id: int) -> dict[str, Any]:
-        t = self._open_ticket(ticket_id)
-        t["status"] = "closed"
-        return {"closed": ticket_id}
-
-    def resolve_ticket(self, ticket_id: int, resolution: str) -> dict[str, Any]:
-        t = self._open_ticket(ticket_id)
-        if t["status"] == "resolved":
-            raise ApiError(f"ticket {ticket_id} is already resolved")
-        text = self._text("resolution", resolution)
-        t["status"], t["resolution"] = "resolved", text
-        return {"resolved": ticket_id, "resolution": text}
-
-
-def _plan(kind: str, params: dict[str, Any], seen: dict[int, dict[str, Any]]) -> tuple[list[str], list[int]]:
-    """(the calls that do the task on the tickets ``seen``, in order; the ids of the tickets the task names)."""
-    active = [t for _, t in sorted(seen.items()) if t["status"] in ACTIVE]
-    if kind == "close":
-        ids = [t["id"] for t in active if t["assignee"] == params["user"] and t["priority"] == params["priority"]]
-        return [format_action("close_ticket", i) for i in ids], ids
-    if kind == "reassign":
-        ids = [t["id"] for t in active if t["assignee"] == params["user"]]
-        calls = []
-        for i in ids:
-            calls += [format_action("update_ticket", i, assignee=params["to"]),
-                      format_action("add_comment", i, params["comment"])]
-        return calls, ids
-    if kind == "escalate":
-        ids = [t["id"] for t in active if params["keyword"] in t["title"].lower() and t["priority"] != "urgent"]
-        return [format_action("update_ticket", i, priority="urgent") for i in ids], ids
-    if kind == "resolve":
-        ids = [t["id"] for t in active if t["title"] == params["title"]]
-        return [format_action("resolve_ticket", i, params["resolution"]) for i in ids], ids
-    if kind == "count":
-        return [], [t["id"] for t in active if t["assignee"] == params["user"] and t["priority"] in ("high", "urgent")]
-    return [format_action("create_ticket", params["title"], params["priority"], params["assignee"])], []
 
 
 class TicketAPIEnv(TextEnv):
@@ -278,100 +118,19 @@ class TicketAPIEnv(TextEnv):
         self._created: list[int] = []  # ids the agent's create_ticket calls returned
         self._api_errors = 0
 
-    # ----------------------------------------------------------------- task generation
-    def _draw_state(self) -> dict[str, Any]:
-        rng = self.np_random
-        users = sorted(str(u) for u in rng.choice(USERS, size=self.n_users, replace=False))
-        pairs = rng.choice(len(COMPONENTS) * len(PROBLEMS), size=self.n_tickets, replace=False)
-        base = int(rng.integers(1, 10)) * 100 + 1
-        tickets = []
-        for k, pair in enumerate(pairs):
-            comp, prob = COMPONENTS[int(pair) // len(PROBLEMS)], PROBLEMS[int(pair) % len(PROBLEMS)]
-            status = STATUSES[int(rng.choice(len(STATUSES), p=_STATUS_WEIGHTS))]
-            reporter = users[int(rng.integers(len(users)))]
-            tickets.append({
-                "id": base + k, "title": f"{comp} {prob}", "description": f"Reported by {reporter}: {comp} {prob}.",
-                "assignee": users[int(rng.integers(len(users)))], "priority": PRIORITIES[int(rng.integers(4))],
-                "status": status, "resolution": RESOLUTIONS[int(rng.integers(len(RESOLUTIONS)))]
-                if status == "resolved" else None, "comments": []})
-        return {"tickets": tickets, "next_id": base + self.n_tickets, "users": users}
-
-    def _draw_task(self, kind: str, state: dict[str, Any]) -> dict[str, Any] | None:
-        """The task of ``kind`` on ``state`` (params, instruction, answer), or None when the state has none."""
-        rng = self.np_random
-        users, tickets = state["users"], state["tickets"]
-        active = [t for t in tickets if t["status"] in ACTIVE]
-        seen = {t["id"]: t for t in tickets}
-        if kind == "close":
-            options = sorted({(t["assignee"], t["priority"]) for t in active})
-            options = [o for o in options if len(_plan(kind, {"user": o[0], "priority": o[1]}, seen)[1]) <= 4]
-            if not options:
-                return None
-            user, priority = options[int(rng.integers(len(options)))]
-            params = {"user": user, "priority": priority}
-            text = (f"Close every active ticket assigned to {user} with priority {priority}, then call answer with "
-                    "the number of tickets you closed.")
-        elif kind == "reassign":
-            leaving = [u for u in users if 1 <= len(_plan(kind, {"user": u, "to": u, "comment": ""}, seen)[1]) <= 3]
-            if not leaving:
-                return None
-            user = leaving[int(rng.integers(len(leaving)))]
-            others = [u for u in users if u != user]
-            to = others[int(rng.integers(len(others)))]
-            params = {"user": user, "to": to, "comment": f"handed over from {user}"}
-            text = (f"{user} is on leave: reassign every active ticket of {user} to {to}, and add the comment "
-                    f"'handed over from {user}' to each of them; then call answer('done').")
-        elif kind == "escalate":
-            keywords = sorted({c.lower() for c in COMPONENTS for t in active if c.lower() in t["title"].lower()})
-            keywords = [k for k in keywords if 1 <= len(_plan(kind, {"keyword": k}, seen)[1]) <= 3]
-            if not keywords:
-                return None
-            keyword = keywords[int(rng.integers(len(keywords)))]
-            params = {"keyword": keyword}
-            text = (f"Set the priority of every active ticket whose title mentions '{keyword}' to urgent; then "
-                    "call answer('done').")
-        elif kind == "resolve":
-            if not active:
-                return None
-            title = active[int(rng.integers(len(active)))]["title"]
-            resolution = RESOLUTIONS[int(rng.integers(len(RESOLUTIONS)))]
-            params = {"title": title, "resolution": resolution}
-            text = (f"Resolve the ticket titled '{title}' with the resolution '{resolution}'; then call "
-                    "answer('done').")
-        elif kind == "create":
-            titles = {t["title"] for t in tickets}
-            free = [f"{c} {p}" for c in COMPONENTS for p in PROBLEMS if f"{c} {p}" not in titles]
-            title = free[int(rng.integers(len(free)))]
-            params = {"title": title, "priority": PRIORITIES[int(rng.integers(4))],
-                      "assignee": users[int(rng.integers(len(users)))]}
-            text = (f"Create a ticket titled '{title}' with priority {params['priority']}, assigned to "
-                    f"{params['assignee']}; then call answer with the new ticket's id.")
-        else:  # count
-            user = users[int(rng.integers(len(users)))]
-            params = {"user": user}
-            text = (f"How many active tickets with priority high or urgent are assigned to {user}? Change "
-                    "nothing; call answer with the number.")
-        calls, ids = _plan(kind, params, seen)
-        answer = {"close": len(ids), "count": len(ids), "create": state["next_id"]}.get(kind)
-        return {"kind": kind, "params": params, "instruction": text, "calls": calls,
-                "answer": None if answer is None else str(answer)}
-
+    # ----------------------------------------------------------------- episode
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         if options:
             raise ValueError(f"unknown reset options {sorted(options)}; TicketAPI takes none")
         for _ in range(100):
-            state = self._draw_state()
+            state = draw_state(self.np_random, self.n_users, self.n_tickets)
             kind = self.kinds[int(self.np_random.integers(len(self.kinds)))]
-            task = self._draw_task(kind, state)
+            task = draw_task(self.np_random, kind, state)
             if task is not None:
                 break
         else:  # pragma: no cover - every kind has a task on most states; 100 misses in a row do not happen
             raise RuntimeError(f"no {kind} task found in 100 generated states")
-        gold = _copy(state)
-        api = _Api(gold)
-        for call_text in task.pop("calls"):  # the gold state: the task's calls made on a copy of the state
-            call = parse_action(call_text)
-            getattr(api, call.name)(**_bind(call))
+        gold = gold_state(state, task.pop("calls"))
         self._state, self._gold, self._task = state, gold, task
         self._seen, self._created, self._api_errors = {}, [], 0
         return (
@@ -390,12 +149,12 @@ class TicketAPIEnv(TextEnv):
 
     # ----------------------------------------------------------------- stepping
     def _act(self, call: ToolCall) -> Outcome:
-        if call.name not in _TOOLS:
-            raise IllegalActionError(f"unknown tool {call.name!r}; tools: {', '.join(_TOOLS)}.")
-        args = _bind(call)
+        if call.name not in TOOLS:
+            raise IllegalActionError(f"unknown tool {call.name!r}; tools: {', '.join(TOOLS)}.")
+        args = bind_call(call)
         if call.name == "answer":
             return self._answer(args["value"])
-        api = _Api(self._state)
+        api = TicketApi(self._state)
         try:
             result = getattr(api, call.name)(**args)
         except ApiError as exc:
@@ -431,7 +190,7 @@ class TicketAPIEnv(TextEnv):
 
     # ----------------------------------------------------------------- menu and demonstrator (visible state only)
     def _visible_plan(self) -> tuple[list[str], list[int]]:
-        return _plan(self._task["kind"], self._task["params"], self._seen)
+        return plan_task(self._task["kind"], self._task["params"], self._seen)
 
     def _legal_actions(self) -> list[str]:
         kind, params = self._task["kind"], self._task["params"]
@@ -490,45 +249,20 @@ class TicketAPIEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            return self._scripted_action()
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, self._scripted_action, self._legal_actions)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The eight tools as typed JSON-schema definitions (:class:`envs.features.ToolSchemas`)."""
-        enums = {"status": list(STATUSES), "priority": list(PRIORITIES)}
-        described = {
-            "list_tickets": "list tickets (id, title, assignee, priority, status), optionally filtered",
-            "get_ticket": "every field of one ticket, comments included",
-            "create_ticket": "create an open ticket; returns its id",
-            "update_ticket": "change the title, priority or assignee of a ticket that is not closed",
-            "add_comment": "append a comment to a ticket that is not closed",
-            "close_ticket": "close a ticket (closed tickets cannot be changed)",
-            "resolve_ticket": "mark a ticket resolved with a resolution text",
-            "answer": "end the episode with the value the task asks for (a number as digits, or 'done')",
-        }
-        tools = []
-        for name, params in _TOOLS.items():
-            props: dict[str, dict[str, Any]] = {}
-            for pname, ptype, required in params:
-                schema: dict[str, Any] = {"type": ptype}
-                if pname in enums:
-                    schema["enum"] = enums[pname]
-                schema["description"] = _PARAM_TEXT[pname] + ("" if required else " (optional)")
-                props[pname] = schema
-            tools.append(function_tool(name, described[name], props, [p for p, _, r in params if r]))
-        return tools
+        return tool_schemas()
 
     # ----------------------------------------------------------------- snapshot codec
     def _task_state(self) -> dict[str, Any]:
-        return _copy({"api": self._state, "gold": self._gold, "task": self._task,
-                      "seen": [self._seen[i] for i in sorted(self._seen)], "created": self._created,
-                      "api_errors": self._api_errors})
+        return copy_json({"api": self._state, "gold": self._gold, "task": self._task,
+                          "seen": [self._seen[i] for i in sorted(self._seen)], "created": self._created,
+                          "api_errors": self._api_errors})
 
     def _load_task_state(self, state: dict[str, Any]) -> None:
-        state = _copy(state)
+        state = copy_json(state)
         self._state, self._gold, self._task = state["api"], state["gold"], state["task"]
         self._seen = {int(t["id"]): t for t in state["seen"]}
         self._created = [int(i) for i in state["created"]]
@@ -540,33 +274,3 @@ class TicketAPIEnv(TextEnv):
         for child in children:
             assert isinstance(child, TicketAPIEnv)
             child._load_task_state(state)
-
-
-def _bind(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments by name, type-checked against its tool's schema.
-
-    Raises:
-        ActionParseError: too many positional arguments, an unknown or repeated one (:func:`bind_arguments`).
-        IllegalActionError: a missing argument, or a value of the wrong JSON type.
-    """
-    params = _TOOLS[call.name]
-    args = bind_arguments(call, [p for p, _, _ in params])  # ActionParseError: an invalid action too
-    signature = f"{call.name}({', '.join(p if r else p + '=None' for p, _, r in params)})"
-    for pname, ptype, required in params:
-        if pname not in args:
-            if required:
-                raise IllegalActionError(f"{call.name} needs the argument {pname!r}: {signature}.")
-            continue
-        value = args[pname]
-        if value is None and not required:
-            continue
-        if call.name == "answer":
-            ok = isinstance(value, (str, int)) and not isinstance(value, bool)
-        elif ptype == "integer":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            want = "a string or an int" if call.name == "answer" else ("an int" if ptype == "integer" else "a string")
-            raise IllegalActionError(f"argument {pname!r} of {call.name} must be {want}, got {value!r}: {signature}.")
-    return args

@@ -59,6 +59,7 @@ from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
 __all__ = ["WordleEnv", "feedback", "word_lists"]
@@ -327,11 +328,7 @@ class WordleEnv(TextEnv):
         Raises:
             ValueError: if ``skill`` is outside [0, 1].
         """
-        if not 0.0 <= skill <= 1.0:
-            raise ValueError(f"skill must be in [0, 1], got {skill!r}")
-        if skill and rng.random() < skill:
-            return format_action("guess", self._consistent()[1])
-        return rng.choice(self._legal_actions())
+        return mixed_demo(rng, skill, lambda: format_action("guess", self._consistent()[1]), self._legal_actions)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The one tool, ``guess``, as a JSON-schema definition (:class:`envs.features.ToolSchemas`)."""

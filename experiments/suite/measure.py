@@ -36,8 +36,10 @@ from typing import Any
 
 import gymnasium as gym
 
+from gymnasium.envs.registration import load_env_creator
+
 import envs
-from envs.catalog import forkyard_env_ids
+from envs.registry import env_spec, forkyard_specs
 
 G = 16
 
@@ -93,7 +95,7 @@ def singleton_share(groups: list[list[str]]) -> float:
 
 def measure(env_id: str, episodes: int, tasks: int) -> dict[str, Any]:
     """Every figure for one env (a JSON-able record)."""
-    kwargs = {"backend": "local"} if envs.env_class(env_id).uses_sandbox else {}
+    kwargs = {"backend": "local"} if load_env_creator(env_spec(env_id).entry_point).uses_sandbox else {}
     env = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
     try:
         rec: dict[str, Any] = {"env_id": env_id, "episodes": episodes, "tasks": tasks, "group": G}
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="env ids (default: every registered forkyard env)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("envs.json")))
     args = ap.parse_args(argv)
-    ids = args.only or forkyard_env_ids()
+    ids = args.only or list(forkyard_specs())
     out = Path(args.out)
     done = {r["env_id"]: r for r in json.loads(out.read_text())} if out.exists() else {}
     for env_id in ids:

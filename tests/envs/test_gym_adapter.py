@@ -1,4 +1,4 @@
-"""forkyard/Gym-v0 (envs/gym_adapter.py): Gymnasium envs as forkable text envs. Registration and Gymnasium's checker,
+"""forkyard/Gym-v0 (envs/gym_adapter/): Gymnasium envs as forkable text envs. Registration and Gymnasium's checker,
 the fork contract for each fork method (state codec, deepcopy, verified replay), a replay that diverges refused,
 snapshots restored in another process, the allow-list and bounded kwargs, tools and illegal actions, the
 terminated / truncated mapping, and the scripted demonstrator against random play per env."""

@@ -32,7 +32,7 @@ from envs.tool_calls import action_to_call
 from envs.trl import environment_factory
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread, bwrap_reason
-from tests.integrations.test_trl import check_run, demo_chats, grpo, tiny_policy
+from tests.integrations.test_trl import PROMPT, check_run, grpo, tiny_policy
 from tests.suite_support import SEED, id_params, plain, require_infra, scripted_episode, settings, suite_ids
 
 #: The two suite envs of the GRPO runs: fast ones, with short tool calls.
@@ -206,22 +206,44 @@ def test_the_skyrl_adapter_plays_the_episode_and_forks(env_id, episodes):
 
 
 # ------------------------------------------------------------------------------------ GRPO
+#: The GRPO runs' env settings: two-move episodes (fast rollouts, short completions).
+GRPO_SETTINGS = {"max_turns": 2}
+
+
+def first_call_chats(env_id: str, n: int) -> tuple[list[list[dict]], list[dict]]:
+    """``n`` one-turn chats of ``env_id`` (seeds 0..n-1): the first observation, then the tool call of the first
+    legal action; and the env's tools. What the SFT teaches is the tool-call form after a long prompt (a constant
+    call per env learns in a fraction of the steps whole demonstrations take, tests/integrations/test_trl.py)."""
+    env = gym.make(env_id, **{**settings(env_id), **GRPO_SETTINGS}).unwrapped
+    tools, chats = env.tool_schemas(), []
+    try:
+        for seed in range(n):
+            obs, info = env.reset(seed=seed)
+            call = action_to_call(info["legal_actions"][0], tools)
+            chats.append([{"role": "user", "content": PROMPT + obs},
+                          {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]}])
+    finally:
+        env.close()
+    return chats, tools
+
+
 @pytest.fixture(scope="module")
 def policy():
-    """A tiny Qwen3 SFT'd on demonstrations (``demo_action``) of both GRPO envs."""
+    """A tiny Qwen3 SFT'd to call the tools of both GRPO envs (each chat rendered with its env's tools)."""
     missing = [i for i in GRPO_ENVS if i not in envs.forkyard_specs()]
     assert not missing, f"the GRPO envs {missing} are not registered"
     chats, tools = [], []
     for env_id in GRPO_ENVS:
-        c, t = demo_chats(env_id, settings(env_id), 24)
-        chats, tools = chats + c, tools + t
-    return tiny_policy(chats, tools, steps=200, max_loss=1.0)
+        c, t = first_call_chats(env_id, 16)
+        chats, tools = chats + c, tools + [t] * len(c)
+    return tiny_policy(chats, tools, steps=150, max_loss=1.0)
 
 
 @pytest.mark.parametrize("env_id", GRPO_ENVS)
 def test_two_grpo_steps_in_trls_trainer(env_id, policy, tmp_path):
     model, tok = policy
-    trainer = grpo(tmp_path, model, tok, environment_factory(env_id, **settings(env_id)), list(range(4)))
+    factory = environment_factory(env_id, **{**settings(env_id), **GRPO_SETTINGS})
+    trainer = grpo(tmp_path, model, tok, factory, list(range(4)), max_completion_length=128)
     check_run(trainer, "".join(ch for ch in env_id.split("/")[1] if ch.isalnum()))
     del trainer
     gc.collect()

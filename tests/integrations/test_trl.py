@@ -66,7 +66,7 @@ def demo_chats(env_id: str, kwargs: dict, n: int) -> tuple[list[list[dict]], lis
     return chats, tools
 
 
-def tiny_policy(chats: list[list[dict]], tools: list[dict], steps: int = 300, batch: int = 8, lr: float = 3e-3,
+def tiny_policy(chats: list[list[dict]], tools: list, steps: int = 300, batch: int = 8, lr: float = 3e-3,
                 max_loss: float = 0.5):
     """A tiny Qwen3 (hidden 64, 2 layers) and its tokenizer, SFT'd on ``chats`` (``steps`` Adam steps of
     ``batch`` conversations, loss on the assistant turns only) until its loss is under ``max_loss``. ``tools``: the

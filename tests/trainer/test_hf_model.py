@@ -157,24 +157,36 @@ def test_forkyard_sft_and_train_with_hugging_face_folders(model, tmp_path):
     assert (tmp_path / "sft" / "sft" / "model.safetensors").is_file()  # a Hugging Face folder, not sft.pt
     # Greedy actions (log-probs recorded at temperature 1) on 16 seeds: some answers right, some wrong
     # (seeded: the same episodes every run).
-    def train(run: str, *extra: str) -> None:
-        r = subprocess.run([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
-                            "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations", "2",
-                            "--max-turns", "3", "--eval-samples", "8", *extra, "--run-dir", str(tmp_path / run)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
+    def train(run: str, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([forkyard, "train", "--policy", "lm", "--model", str(tmp_path / "sft" / "sft"),
+                                 "--estimator", "traj", "--group-size", "16", "--temperature", "0", "--iterations",
+                                 "2", "--max-turns", "3", "--eval-samples", "8", "--threads", "1", *extra,
+                                 "--run-dir", str(tmp_path / run)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def trained(run: str, proc: subprocess.Popen) -> None:
+        try:
+            _, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
         ms = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         updated = [m for m in ms if m["trained_tokens"]]
         assert updated and all(m["first_epoch_ratio_max_dev"] < 1e-4 for m in updated)
 
-    train("run")
+    # two runs from the same folder, each into its own, side by side (one thread each): plain, then the same run
+    # with LoRA adapters and gradient checkpointing; each checked below
+    runs = {"run": train("run"), "lora": train("lora", "--lora-rank", "4", "--gradient-checkpointing", "--lr", "1e-2")}
+    trained("run", runs["run"])
     before = load_checkpoint(str(tmp_path / "sft" / "sft"), device="cpu")
     after = load_checkpoint(str(tmp_path / "run" / "model"), device="cpu")
     assert isinstance(after, HFCausalLM)
     assert not torch.equal(after.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)
     # the same run with LoRA adapters and gradient checkpointing: the first epoch's ratio is still 1, the
     # embeddings stay frozen, the linear layers move (adapters merged into the saved folder)
-    train("lora", "--lora-rank", "4", "--gradient-checkpointing", "--lr", "1e-2")
+    trained("lora", runs["lora"])
     lora = load_checkpoint(str(tmp_path / "lora" / "model"), device="cpu")
     assert torch.equal(lora.hf.model.embed_tokens.weight, before.hf.model.embed_tokens.weight)
     q_after = lora.hf.model.layers[0].self_attn.q_proj.weight
@@ -373,8 +385,10 @@ def test_the_exact_gradient_under_lora_is_zero_on_frozen_weights(tok):
 
     torch.manual_seed(0)
     lora = configure_training(build_llama(SIZE, tok, device="cpu", seed=5), lora_rank=2)
-    # an untrained model writes a legal action with tiny probability: no pruning, so the paths are walked
-    _, grads = exact_policy_gradient(lora, TextTrainConfig(max_turns=2, max_new_tokens=8), min_path_prob=0.0)
+    # an untrained model writes a legal action with tiny probability: no pruning, so the paths are walked (from one
+    # of the env's eight targets, not all eight: every path goes through the same adapted and frozen layers)
+    _, grads = exact_policy_gradient(lora, TextTrainConfig(max_turns=2, max_new_tokens=8), resets=[(0, {"target": 5})],
+                                     min_path_prob=0.0)
     named = [(n, p.requires_grad) for n, p in lora.named_parameters()]
     assert all(not g.any() for (n, trainable), g in zip(named, grads, strict=True) if not trainable)
     # B starts at zero, so the gradient reaches B (not yet A)
