@@ -189,8 +189,8 @@ class ClueProbeEnv(TextEnv):
         On the answer turn, with probability ``skill`` the answer that fits the probed bits
         (:meth:`oracle_action`), else a uniformly random legal ``answer(c)``. ``skill=0`` (default) is
         uniformly random legal actions; ``0 < skill < 1`` is a deliberately weak scripted policy (the
-        warm start of the text-policy study, docs/results/text_policy.md). The demonstrator's success rate at bits=3, T=4 is about
-        ``0.58 * skill + (1 - skill) / 8``, against 1.0 for the oracle.
+        warm start of the text-policy study, docs/results/text_policy.md). The demonstrator's success rate at
+        bits=3, T=4 is about ``0.58 * skill + (1 - skill) / 8``, against 1.0 for the oracle.
 
         Raises:
             ValueError: if ``skill`` is outside [0, 1].

@@ -1,4 +1,4 @@
-"""Every command the README and docs/sandbox.md show is run, exactly as written, by this module or by CI.
+"""Every command the README and docs/ show is run, exactly as written, by this module or by CI.
 
 The commands are the lines of the fenced ```sh blocks (``\\`` continuations joined, trailing ``# comments``
 stripped) and the whole of each ```python block. ``TABLE`` says how each one is exercised; a documented
@@ -39,7 +39,8 @@ import pytest
 
 from tests.docker_support import IN_CI, ROOT, docker_reason
 
-DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md", "docs/integrations.md"]
+DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md", "docs/integrations.md",
+        "docs/envs.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
@@ -138,6 +139,13 @@ TABLE: dict[str, Entry] = {
         RUN, "30 s here", ("slow",), check=lambda out: "| 3 node(s) |" in out and "to another node" in out),
     "./scripts/ray-sim.sh 3 .venv/bin/python benchmarks/bench_ray.py --n-base 24 --repeats 5 --backend docker": Entry(
         RUN, "42 s here", ("slow", "docker"), check=lambda out: "| 3 node(s) |" in out and "docker backend" in out),
+    # docs/envs.md: the measured columns and the fork benchmark, for one env
+    ".venv/bin/python experiments/suite/measure.py --only forkyard/Sokoban-v0 --episodes 20 --tasks 4 "
+    "--out runs/suite-sokoban.json": Entry(
+        RUN, "about 1 s here", check=lambda out: "| `forkyard/Sokoban-v0` |" in out and "100% (" in out),
+    ".venv/bin/python benchmarks/bench_suite.py --only forkyard/Sokoban-v0 --reps 5": Entry(
+        RUN, "a loopback server of its own; about 4 s here",
+        check=lambda out: out.count("forkyard/Sokoban-v0") == 2 and "x |" in out),
     # README, first block
     "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
                       check=lambda out: "60 runs in" in out),
