@@ -3,10 +3,9 @@
 
 The operations over these that every transport shares (create, reset, step, ...): :mod:`sandbox_server.session_host`.
 
-* Env classes: every served env is an :class:`envs.core.TextEnv` subclass registered with
-  :func:`envs.register_env` (:func:`envs.env_spec` reads Gymnasium's registry); the server builds the class
-  itself (not through ``gymnasium.make``, whose wrappers the session would lose). A class that is not a
-  ``TextEnv`` is refused (422).
+* Env classes: every served env is an :class:`envs.core.TextEnv` subclass registered in Gymnasium's registry by
+  :func:`envs.register_env`; the server builds the class itself (not through ``gymnasium.make``, whose wrappers
+  the session would lose). A class that is not a ``TextEnv`` is refused (422).
 * Kwargs: a kwarg is either a parameter of the env's constructor, checked with strict types, or refused
   with 422 naming it: ``gymnasium.make`` keywords (:data:`GYM_MAKE_KEYWORDS`; use the env's own turn
   budget) and what the server decides (:data:`SERVER_DECIDED_KWARGS`) included.
@@ -302,10 +301,9 @@ async def reaper(sessions: EnvSessions, period_s: float | None = None) -> None:
 
 # ------------------------------------------------------------------------------------ classes, kwargs
 def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
-    """(env class, default kwargs) of a registered id: a forkyard id of Gymnasium's registry
-    (:func:`envs.env_spec`; plugins of ``forkyard.envs`` included), or Gymnasium's ``"module:Id"`` form when
-    ``module`` is already imported (:func:`import_env_modules` at start-up, or a plugin): then ``Id`` is looked
-    up. No module a client names is imported here (only the registered entry point's).
+    """(env class, default kwargs) of a registered forkyard id (:func:`envs.env_spec`, plugins included), or of
+    Gymnasium's ``"module:Id"`` form when ``module`` is already imported (:func:`import_env_modules` at start-up,
+    or a plugin): then ``Id`` is looked up. No module a client names is imported here.
 
     Raises:
         HTTPException: 404 for an id not registered (or a ``module:`` this server has not imported); 422 for
@@ -318,10 +316,9 @@ def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
                                  "the envs of the modules its operator names (--env-modules, FORKYARD_ENV_MODULES) "
                                  "and of installed plugins, and never imports a module a client names")
     try:
-        spec = envs.env_spec(name)
+        _, entry, defaults = envs.env_spec(name)
     except KeyError as exc:
         raise HTTPException(404, exc.args[0]) from None
-    entry, defaults = spec.entry_point, spec.kwargs
     module, _, name = entry.partition(":")
     cls = getattr(importlib.import_module(module), name)
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):

@@ -19,7 +19,7 @@ from envs.core import FORK_METHODS, Snapshot, TextEnv
 from envs.features import ToolSchemas
 from envs.suite import SUITE
 from envs.tool_calls import canonical_action
-from tests.suite_support import ACTIONS, SEED, SETTINGS, id_params, make_local, pick, plain, suite_ids
+from tests.suite_support import ACTIONS, SEED, SETTINGS, env_class, id_params, make_local, pick, plain, suite_ids
 
 
 # ------------------------------------------------------------------------------------ one registry, one catalog
@@ -63,7 +63,7 @@ def test_the_catalog_describes_each_env_as_it_is(env_id, cards):
     assert card.summary
     names = [s.name for s in card.settings]
     assert "max_turns" in names and len(set(names)) == len(names)
-    cls = type(make_local(env_id))
+    cls = env_class(env_id)
     assert card.sandboxed == cls.uses_sandbox and card.demonstrator == hasattr(cls, "demo_action")
     assert card.finite_actions == hasattr(cls, "action_vocabulary")
     assert card.evaluation_resets == hasattr(cls, "evaluation_resets")

@@ -13,6 +13,7 @@ does) and one model serve the whole module."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import time
@@ -236,13 +237,15 @@ def policy():
     for env_id in GRPO_ENVS:
         c, t = first_call_chats(env_id, 16)
         chats, tools = chats + c, tools + [t] * len(c)
-    return tiny_policy(chats, tools, steps=150, max_loss=1.0)
+    return tiny_policy(chats, tools, steps=150, batch=4, max_loss=1.0)  # 28 of 32 sampled replies parse (measured)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", GRPO_ENVS)
 def test_two_grpo_steps_in_trls_trainer(env_id, policy, tmp_path):
     model, tok = policy
     factory = environment_factory(env_id, **{**settings(env_id), **GRPO_SETTINGS})
+    model = copy.deepcopy(model)  # each run starts from the SFT'd weights (a run trains its model)
     trainer = grpo(tmp_path, model, tok, factory, list(range(4)), max_completion_length=128)
     check_run(trainer, "".join(ch for ch in env_id.split("/")[1] if ch.isalnum()))
     del trainer

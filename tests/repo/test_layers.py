@@ -8,6 +8,7 @@ Every ``import`` statement counts, including those inside functions (a lazy impo
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -43,6 +44,7 @@ def module_files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+@functools.cache  # the sources do not change during a session: parsed once for the module's tests (read only)
 def graph() -> dict[str, set[str]]:
     """``{module file (relative): imported modules}`` for every module of the packages."""
     return {str(p.relative_to(ROOT)): imports_of(p) for pkg in PACKAGES for p in module_files(pkg)}

@@ -143,3 +143,23 @@ def test_old_spellings_and_defaults():
         cli.build_parser("train").parse_args(["train", "--env-kwarg", "novalue"])
     with pytest.raises(SystemExit):  # a text-policy option is not a tabular one
         cli.build_parser("train").parse_args(["train", "--checkpoint", "x.pt"])
+
+
+def test_forkyard_envs_prints_the_catalog(capsys):
+    """``forkyard envs``: every registered id as a table (tools built from the defaults), ``--json`` the cards,
+    ids (``forkyard/`` optional) add their settings' descriptions, an unknown id is a usage error."""
+    import json
+
+    import envs
+
+    assert cli.main(["envs", "--json", "--no-tools"]) == 0
+    cards = json.loads(capsys.readouterr().out)
+    assert [c["env_id"] for c in cards] == list(envs.forkyard_specs())
+    assert all(c["tools"] is None for c in cards)  # --no-tools: no env built
+    assert cli.main(["envs", "ClueProbe-v0"]) == 0
+    out = capsys.readouterr().out
+    row = "| forkyard/ClueProbe-v0 | probe, answer | bits=3, turns=null | 5 | state_codec | no | yes | yes | yes |"
+    assert row in out
+    assert "  bits (default 3): number of target bits, 1..16" in out and "forkyard/FileQA-v0" not in out
+    assert cli.main(["envs", "Nope-v0"]) == 2
+    assert "unknown env id 'Nope-v0'" in capsys.readouterr().err
