@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     ids = args.only or list(forkyard_specs())
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     done = {r["env_id"]: r for r in json.loads(out.read_text())} if out.exists() else {}
     for env_id in ids:
         print(f"measuring {env_id} ...", file=sys.stderr, flush=True)
