@@ -95,6 +95,16 @@ class LoadedGame:
     story_size: int
 
 
+_GRAMMARS_PATH = re.compile(rb'"text_grammars_path": "(?:[^"\\]|\\.)*"')
+
+
+def portable_game_json(data: bytes) -> bytes:
+    """A game's TextWorld ``.json`` (bytes) with its one install-dependent value blanked: ``text_grammars_path``, the
+    absolute path of TextWorld's grammar folder in the venv that generated the game. Game digests (a snapshot's
+    ``game_digest``) are taken over this form, so the same game has the same digest on every install."""
+    return _GRAMMARS_PATH.sub(b'"text_grammars_path": ""', data)
+
+
 def load_game_uncached(path: str) -> LoadedGame:
     from textworld.generator.game import Game, GameProgression
     from textworld.generator.inform7 import Inform7Game
@@ -117,9 +127,10 @@ def load_game_uncached(path: str) -> LoadedGame:
             goal = text.format(*match.groups())
     where = intro.find(game.objective)
     room = intro[where + len(game.objective):] if where >= 0 else intro[max(intro.find("-= "), 0):]
-    return LoadedGame(path=path, game=game, inform7=inform7, digest=hashlib.blake2b(data, digest_size=8).hexdigest(),
-                   goal=goal, intro=clean_output(room), start=start, progression=GameProgression(game),
-                   story_size=Path(path).stat().st_size)
+    return LoadedGame(path=path, game=game, inform7=inform7,
+                      digest=hashlib.blake2b(portable_game_json(data), digest_size=8).hexdigest(),
+                      goal=goal, intro=clean_output(room), start=start, progression=GameProgression(game),
+                      story_size=Path(path).stat().st_size)
 
 
 @lru_cache(maxsize=LOADED_GAMES)
