@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import httpx
@@ -64,8 +64,10 @@ def _p50_ms(fn, reps: int) -> float:
     return statistics.median(times) * 1000
 
 
-def in_process(env_id: str, kwargs: dict[str, Any], k: int, reps: int, seed: int = 7) -> tuple[float, float]:
-    env = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
+def fork_against_replay(make: Callable[[], Any], k: int, reps: int, seed: int = 7) -> tuple[float, float]:
+    """p50 ms of ``fork(4)`` (children closed) and of its baseline, 4 envs from ``make()`` reset with ``seed`` and
+    stepped through the same k-action prefix (closed), each path warmed once first (imports, caches)."""
+    env = make()
     try:
         actions = _prefix(env, k, seed)
 
@@ -75,31 +77,7 @@ def in_process(env_id: str, kwargs: dict[str, Any], k: int, reps: int, seed: int
 
         def replay() -> None:
             for _ in range(4):
-                e = gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
-                e.reset(seed=seed)
-                for a in actions:
-                    e.step(a)
-                e.close()
-
-        fork()
-        replay()  # warm both paths (imports, caches)
-        return _p50_ms(fork, reps), _p50_ms(replay, reps)
-    finally:
-        env.close()
-
-
-def over_http(url: str, env_id: str, k: int, reps: int, seed: int = 7) -> tuple[float, float]:
-    env = envs.RemoteEnv(env_id, url)
-    try:
-        actions = _prefix(env, k, seed)
-
-        def fork() -> None:
-            for child in env.fork(4):
-                child.close()
-
-        def replay() -> None:
-            for _ in range(4):
-                e = envs.RemoteEnv(env_id, url)
+                e = make()
                 e.reset(seed=seed)
                 for a in actions:
                     e.step(a)
@@ -110,6 +88,16 @@ def over_http(url: str, env_id: str, k: int, reps: int, seed: int = 7) -> tuple[
         return _p50_ms(fork, reps), _p50_ms(replay, reps)
     finally:
         env.close()
+
+
+def in_process(env_id: str, kwargs: dict[str, Any], k: int, reps: int) -> tuple[float, float]:
+    """:func:`fork_against_replay` on bare envs made by ``gymnasium.make``."""
+    return fork_against_replay(lambda: gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped, k, reps)
+
+
+def over_http(url: str, env_id: str, k: int, reps: int) -> tuple[float, float]:
+    """:func:`fork_against_replay` on :class:`envs.RemoteEnv` sessions of the server at ``url``."""
+    return fork_against_replay(lambda: envs.RemoteEnv(env_id, url), k, reps)
 
 
 def main(argv: list[str] | None = None) -> None:
