@@ -41,23 +41,6 @@ def forkyard(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([FORKYARD, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def started(*args: str) -> subprocess.Popen:
-    """``forkyard args`` started in the background (the run left alone, while the test interrupts its twin in
-    another folder: the two runs share nothing but the CPU); :func:`finished` waits for it."""
-    return subprocess.Popen([FORKYARD, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finished(proc: subprocess.Popen, timeout: float = 120) -> subprocess.CompletedProcess:
-    """What :func:`forkyard` returns, for a run :func:`started` began."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -86,10 +69,9 @@ def interrupted(args: list[str], metrics: Path, after_rows: int, timeout: float 
 def test_a_tabular_run_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     args = [*TABULAR, "--iterations", "60"]
-    left_alone = started(*args, "--run-dir", str(whole))
+    r = forkyard(*args, "--run-dir", str(whole))
+    assert r.returncode == 0, r.stderr[-2000:]
     r = interrupted([*args, "--run-dir", str(cut)], cut / "metrics.jsonl", 10)
-    w = finished(left_alone)
-    assert w.returncode == 0, w.stderr[-2000:]
     assert r.returncode == 128 + signal.SIGTERM, (r.returncode, r.stderr[-2000:])
     assert "--resume" in r.stderr and not (cut / "summary.json").exists()
     state = torch.load(cut / "resume.pt", weights_only=True)
@@ -147,10 +129,9 @@ def test_a_new_run_never_replaces_a_runs_records(tmp_path):
     r = forkyard(*TABULAR, "--iterations", "5", "--run-dir", str(run))
     assert r.returncode == 0, r.stderr[-2000:]
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    again = [*TABULAR, "--iterations", "5", "--run-dir", str(run)]  # the same command again
-    lm = ["train", "--policy", "lm", *TINY, "--iterations", "1", "--run-dir", str(run)]
-    for proc in [started(*again), started(*lm)]:  # both at once: each is refused before it writes anything
-        r = finished(proc)
+    for argv in ([*TABULAR, "--iterations", "5", "--run-dir", str(run)],  # the same command again
+                 ["train", "--policy", "lm", *TINY, "--iterations", "1", "--run-dir", str(run)]):
+        r = forkyard(*argv)
         assert r.returncode == 2 and "--resume" in r.stderr and "holds a run" in r.stderr, r.stderr[-2000:]
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     # resuming a finished run with more iterations extends it, in the same file
@@ -177,9 +158,8 @@ def test_rows_past_the_saved_state_are_kept_aside_and_redone(tmp_path):
     metrics.discarded.jsonl, and the resumed run writes those iterations again, as the uninterrupted run."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     args = [*TABULAR, "--save-every", "4"]
-    left_alone = started(*args, "--iterations", "10", "--run-dir", str(whole))
+    assert forkyard(*args, "--iterations", "10", "--run-dir", str(whole)).returncode == 0
     assert forkyard(*args, "--iterations", "4", "--run-dir", str(cut)).returncode == 0
-    assert finished(left_alone).returncode == 0
     # as if killed during iteration 6: the state saved after iteration 3, rows 4 and 5 written since
     extra = (whole / "metrics.jsonl").read_text().splitlines()[4:6]
     with (cut / "metrics.jsonl").open("a") as f:
@@ -196,10 +176,9 @@ def test_sft_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path):
     alone (per-step losses and the weights of sft.pt)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     sft = ["sft", *TINY, *SFT, "--sft-steps", "24"]
-    left_alone = started(*sft, "--run-dir", str(whole))
+    r = forkyard(*sft, "--run-dir", str(whole))
+    assert r.returncode == 0, r.stderr[-2000:]
     r = interrupted([*sft, "--run-dir", str(cut)], cut / "sft_metrics.jsonl", 4)
-    w = finished(left_alone)
-    assert w.returncode == 0, w.stderr[-2000:]
     assert r.returncode == 128 + signal.SIGTERM, (r.returncode, r.stderr[-2000:])
     assert not (cut / "sft.pt").exists() and (cut / "sft_resume.pt").is_file()
     done = torch.load(cut / "sft_resume.pt", weights_only=True)["step"]
@@ -225,12 +204,11 @@ def test_train_lm_stopped_by_sigterm_resumes_into_the_uninterrupted_run(tmp_path
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     rl = ["train-lm", *TINY, "--model", str(tmp_path / "sft" / "sft.pt"), "--estimator", "traj", "--group-size", "6",
           "--iterations", "8", "--max-new-tokens", "8", "--eval-samples", "8", "--eval-every", "4", "--kl-coef", "0.1"]
-    left_alone = started(*rl, "--run-dir", str(whole))
-    r = interrupted([*rl, "--run-dir", str(cut)], cut / "metrics.jsonl", 2)
-    w = finished(left_alone)
-    assert w.returncode == 0, w.stderr[-2000:]
+    r = forkyard(*rl, "--run-dir", str(whole))
+    assert r.returncode == 0, r.stderr[-2000:]
     want = rows(whole / "metrics.jsonl")
     assert sum(m["trained_tokens"] > 0 for m in want) >= 3  # the policy learns: the comparison is not vacuous
+    r = interrupted([*rl, "--run-dir", str(cut)], cut / "metrics.jsonl", 2)
     assert r.returncode == 128 + signal.SIGTERM, (r.returncode, r.stderr[-2000:])
     assert not (cut / "model.pt").exists() and 2 <= torch.load(cut / "resume.pt", weights_only=True)["iteration"] < 8
     r = forkyard("train-lm", "--resume", str(cut))
