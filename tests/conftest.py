@@ -12,6 +12,7 @@ in-process providers label their sandboxes the same way.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 from tests.docker_support import (  # noqa: E402 - after the path set-up above
+    IN_CI,
     SERVER_NAME,
     close_all,
     docker_reason,
@@ -74,6 +76,54 @@ def docker_service(fixture_data: Path):
     return shared_service("docker", fixture_data)
 
 
+def _tests_run_by(cmd: str) -> list[str]:
+    """The test paths (relative to the repository root) a documented command runs in a pytest of its own:
+    ``make test-layer LAYER=X`` runs tests/X/, a ``python -m pytest`` command the paths it names."""
+    layer = re.fullmatch(r"make test-layer LAYER=(\w+)", cmd)
+    if layer:
+        return [f"tests/{layer.group(1)}/"]
+    if " -m pytest " in cmd:
+        return [arg for arg in cmd.split() if arg.startswith("tests/")]
+    return []
+
+
+_run_twice: dict[str, list[str]] = {}  # documented command -> the tests of this session it runs instead
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m / --deselect have chosen the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test runs once per session. Two documented commands that tests/repo/test_docs_commands.py runs as
+    written are pytest runs of this suite's own tests: ``make test-layer LAYER=envs`` (README: the whole envs
+    layer) and docs/reliability.md's ``python -m pytest ... test_reliability.py test_schema_fuzz.py``. When such a
+    command is among the items, the tests it runs are deselected here: they run, the same tests on the same
+    code, inside that command's pytest, whose failures fail the docs test with their summary lines. Without it
+    (a layer run alone, ``-m "not slow"``, or Docker missing for a command that needs it) they run here as usual.
+    ``FORKYARD_TESTS_RUN_TWICE=1`` keeps both runs."""
+    if os.environ.get("FORKYARD_TESTS_RUN_TWICE") == "1":
+        return
+    paths: dict[str, list[str]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        cmd = callspec.params.get("cmd") if callspec is not None else None
+        if getattr(item, "originalname", None) != "test_documented_command" or not isinstance(cmd, str):
+            continue
+        if item.get_closest_marker("docker") and not (IN_CI or docker_reason() is None):
+            continue  # that command would skip: its tests run here
+        if _tests_run_by(cmd):
+            paths[cmd] = _tests_run_by(cmd)
+    if not paths:
+        return
+    keep, dropped = [], []
+    for item in items:
+        owner = next((cmd for cmd, prefixes in paths.items() if item.nodeid.startswith(tuple(prefixes))), None)
+        (dropped if owner else keep).append(item)
+        if owner:
+            _run_twice.setdefault(owner, []).append(item.nodeid)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 _leaks: list[str] = []  # what the leak check found, shown in the terminal summary
 
 
@@ -89,7 +139,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """Names the containers the leak check found (the run has already failed)."""
+    """Says which tests a documented command ran instead of this session (:func:`pytest_collection_modifyitems`);
+    names the containers the leak check found (the run has already failed)."""
+    for cmd, nodeids in _run_twice.items():
+        terminalreporter.write_line(f"{len(nodeids)} test(s) deselected here: the documented command `{cmd[:100]}` "
+                                    f"runs them (tests/repo/test_docs_commands.py)")
     if _leaks:
         terminalreporter.write_sep("=", "container leak check failed", red=True, bold=True)
         terminalreporter.write_line(

@@ -184,6 +184,17 @@ def shared_service(kind: str, data: Path):
     return _cache[key]
 
 
+def once(key: str, make, still_good=None):
+    """``make()``'s result, made on the first call with ``key`` in this session and returned by every later one
+    (an expensive step two test modules both need, e.g. a documented command whose output another module reads:
+    ``tests.repo.test_docs_commands.run_before``); made again when ``still_good(result)`` says it is not."""
+    with _lock:
+        key = f"once:{key}"
+        if key not in _cache or (still_good is not None and not still_good(_cache[key])):
+            _cache[key] = make()
+        return _cache[key]
+
+
 def close_all() -> None:
     """Close every cached service and every in-process provider envs made by backend name (their
     containers are removed); a later :func:`shared_service` or ``shared_provider`` rebuilds them."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import random
 import re
 
@@ -212,18 +213,18 @@ def test_grpo_trains_on_clueprobe_over_http_and_leaves_no_session(tmp_path, clue
 def test_a_forkyard_checkpoint_trains_in_trls_tool_loop(tmp_path):
     """forkyard's own SFT (``--arch llama --tools json``) writes a folder TRL takes as it is: its chat template
     passes TRL's tool-calling check and is prefix-preserving, its tokenizer carries the response template TRL
-    parses tool calls with, and the model's calls reach the env."""
+    parses tool calls with, and the model's calls reach the env. The SFT is the README's command for TRL
+    (``TRL_SFT`` of tests/repo/test_docs_commands.py: 150 steps of 16 episodes, context 1024), run once per session
+    for this test and the docs test's TRL block, which trains the same folder."""
     from trl.chat_template_utils import is_chat_template_prefix_preserving
 
-    from trainer.text.hf import save_folder
-    from trainer.text.text_config import TextTrainConfig
-    from trainer.text.text_sft import sft
+    from tests.repo.test_docs_commands import ROOT, TRL_SFT, assert_ran, run_before
 
-    cfg = TextTrainConfig(max_turns=2, arch="llama", tools="json", vocab=400, d_model=64, n_heads=2, context=1024,
-                          sft_steps=150, sft_batch=16, device="cpu")
-    model, metrics = sft(cfg)
-    assert metrics[-1]["loss"] < 0.5
-    folder = str(save_folder(model, tmp_path / "ckpt"))
+    assert_ran(TRL_SFT, run_before(TRL_SFT))
+    run_dir = ROOT / TRL_SFT.split("--run-dir ")[1].split()[0]
+    metrics = [json.loads(line) for line in (run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 150 and metrics[-1]["loss"] < 0.5
+    folder = str(run_dir / "sft")
     tok = AutoTokenizer.from_pretrained(folder)
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
     assert tok.response_template is not None  # TRL's add_response_schema knows no forkyard template: not needed

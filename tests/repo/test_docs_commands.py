@@ -13,7 +13,7 @@ command without an entry fails, and so does an entry the docs no longer show. Ki
 * ``DETACHED``: like ``SERVER`` for a command that returns once its stack is up (compose): must exit 0, the
   stack is stopped with ``docker compose down`` (which sends the server SIGTERM);
 * ``BEFORE``: a command whose output a later block reads; the entry naming it in ``needs`` runs it first
-  (``bash -c CMD``, must exit 0);
+  (``bash -c CMD``, must exit 0), once per session (:func:`run_before`: another module may read its output too);
 * ``FOLLOW_UP``: run inside every ``SERVER`` / ``DETACHED`` test; ``SESSION`` is replaced with the
   ``session_id`` the create line printed (the only substitution);
 * ``TODO``: too slow to run as written in CI; fails until the docs show a cheaper command.
@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 import httpx
 import pytest
 
-from tests.docker_support import IN_CI, ROOT, docker_reason
+from tests.docker_support import IN_CI, ROOT, docker_reason, once
 
 DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md", "docs/integrations.md",
         "docs/envs.md"]
@@ -301,6 +301,14 @@ def run_shell(cmd: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def run_before(cmd: str) -> subprocess.CompletedProcess:
+    """:func:`run_shell` of a ``BEFORE`` entry, once per session (:func:`tests.docker_support.once`): a test of
+    another module that reads what it writes shares the run (tests/integrations/test_trl.py trains the model folder
+    of :data:`TRL_SFT` in TRL's tool loop). Run again if a ``--run-dir`` folder it names has gone meanwhile."""
+    dirs = [ROOT / p for p in re.findall(r"--run-dir\s+(\S+)", cmd)]
+    return once(f"documented command: {cmd}", lambda: run_shell(cmd), lambda _: all(d.is_dir() for d in dirs))
+
+
 def run_python(block: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([VENV_PYTHON, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                           env=user_env())
@@ -544,7 +552,7 @@ def test_documented_command(cmd: str):
         need_docker()
     if entry.needs:
         assert TABLE[entry.needs].how == BEFORE, f"`{entry.needs}` must be a BEFORE entry"
-        assert_ran(entry.needs, run_shell(entry.needs))
+        assert_ran(entry.needs, run_before(entry.needs))
     if entry.how == RUN:
         assert_ran(cmd, run_shell(cmd))
     elif entry.how == PYTHON:
