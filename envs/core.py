@@ -13,6 +13,12 @@ of :mod:`envs.actions`) and receives one observation (text). ``step`` returns th
     pair since. Two episodes share an anchor key exactly when the agent saw and did the same things,
     whatever their hidden state; the key is the same across processes and machines (BLAKE2b, not
     Python's ``hash``). Advantage estimators group steps by it (GiGPO's anchor states, arXiv:2505.10978).
+``state_key`` (str, 32 hex digits)
+    A stable hash of the current state alone, as GiGPO (arXiv:2505.10978) groups steps: the text
+    of :meth:`TextEnv._state_text` (default: the latest observation without the turn line :meth:`TextEnv._prompt`
+    appended to it; a board game's board). The same state reached by another path or at another turn has the
+    same key; where the observation does not show everything that matters (a probe's answer, a partial view),
+    steps that differ share it. Trainers group by it with ``--anchor-by state``.
 ``legal_actions`` (list[str])
     The canonical texts of the actions legal now, for envs with a finite action set (``[]`` at the end).
 ``invalid_action`` (bool)
@@ -227,6 +233,15 @@ class TextEnv(gym.Env):
         """One line telling the agent what it may do on the coming turn."""
         return f"Turn {self._turn + 1} of {self.max_turns}."
 
+    def _state_text(self) -> str:
+        """The text ``info["state_key"]`` hashes: the latest observation without the turn line
+        that :meth:`step` / the subclass's first observation append to it (the line of the turn now coming; an
+        observation cut by ``max_observation_length`` keeps its cut tail). Envs whose observations also echo the
+        last action (a board game's ``"Left: moved."``) override it with the state alone."""
+        text = self.last_observation
+        prompt = self._prompt()
+        return text.removesuffix("\n" + prompt).removesuffix(prompt)
+
     def _task_state(self) -> dict[str, Any]:
         return {}
 
@@ -302,7 +317,8 @@ class TextEnv(gym.Env):
         return obs, float(outcome.reward), bool(outcome.terminated), bool(outcome.truncated), info
 
     def _info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"turn": self._turn, "anchor_key": self._anchor}
+        info: dict[str, Any] = {"turn": self._turn, "anchor_key": self._anchor,
+                                "state_key": _digest("state\x1f" + self._state_text())}
         legal = [] if self._done else self._legal_actions()
         if legal is not None:
             info["legal_actions"] = legal
@@ -476,5 +492,6 @@ class TextEnv(gym.Env):
         self._load_task_state(st["task"])
 
     def current_info(self) -> dict[str, Any]:
-        """The ``info`` dict describing the current state (``turn``, ``anchor_key``, ``legal_actions``)."""
+        """The ``info`` dict describing the current state (``turn``, ``anchor_key``, ``state_key``,
+        ``legal_actions``)."""
         return self._info()

@@ -113,11 +113,15 @@ def _compare(args: argparse.Namespace) -> int:
     from trainer.compare import SweepConfig, markdown_table, run_sweep
     from trainer.config import from_args
 
-    sweep = from_args(SweepConfig, args)
-    t0 = time.perf_counter()
-    rows, summary, out = run_sweep(sweep)
+    try:
+        sweep = from_args(SweepConfig, args)
+        t0 = time.perf_counter()
+        rows, summary, out = run_sweep(sweep)
+    except ValueError as exc:  # bad settings, or an --out folder of another sweep: a usage error
+        print(f"forkyard compare: error: {exc}", file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
-    print(markdown_table(summary, sweep.bits))
+    print(markdown_table(summary, sweep.bits, sweep.env))
     print(f"\n{len(rows)} runs in {wall:.1f} s wall on {sweep.workers or os.cpu_count()} processes; "
           f"wrote {out}/results.csv, table.md, accuracy_vs_T.png, metrics/")
     return 0

@@ -177,12 +177,36 @@ def rloo(rollout: Rollout, cfg: Any) -> Scores:
     return episode_scores(rollout, adv.rloo_advantages(rollout.rewards, valid=rollout.valid))
 
 
+#: What ``cfg.anchor_by`` may name: the key anchor-grouping estimators bucket steps by (:func:`anchor_keys`).
+ANCHOR_BY = ("history", "state")
+
+
+def anchor_keys(steps: list[Step], anchor_by: str = "history") -> list[str]:
+    """The key of each step's anchor bucket: ``"history"``, the visible history (``Step.anchor_key``, the env's
+    ``info["anchor_key"]``); ``"state"``, the current state alone (``Step.state_key``, ``info["state_key"]``: GiGPO's
+    anchor states, Feng et al. 2025, arXiv:2505.10978).
+
+    Raises:
+        ValueError: an unknown ``anchor_by``, or ``"state"`` when a step has no state key (its policy's sessions
+            did not record ``info["state_key"]``, or its env does not report one).
+    """
+    if anchor_by == "history":
+        return [s.anchor_key for s in steps]
+    if anchor_by != "state":
+        raise ValueError(f"anchor_by must be one of {ANCHOR_BY}, got {anchor_by!r}")
+    if any(not s.state_key for s in steps):
+        raise ValueError("anchor_by='state' needs every step's state key (info['state_key']); this policy's "
+                         "sessions or this env did not record one")
+    return [s.state_key for s in steps]
+
+
 @register_estimator("anchor")
 def anchor(rollout: Rollout, cfg: Any) -> Scores:
     """Step-level advantage within anchor-state buckets (:func:`trainer.advantages.anchor_advantages`;
-    GiGPO's step term alone, Feng et al. 2025, arXiv:2505.10978). Each bucket is a filter group."""
+    GiGPO's step term alone, Feng et al. 2025, arXiv:2505.10978), keyed per ``cfg.anchor_by``
+    (:func:`anchor_keys`). Each bucket is a filter group."""
     rewards, valid, step_ep = rollout.rewards, rollout.valid, rollout.step_episode
-    keys = [s.anchor_key for s in rollout.steps]
+    keys = anchor_keys(rollout.steps, getattr(cfg, "anchor_by", "history"))
     step_valid = [valid[i] for i in step_ep]
     step_ret = [rewards[i] for i in step_ep]
     values = adv.anchor_advantages(keys, step_ret, valid=step_valid, std_floor=cfg.std_floor)
@@ -197,11 +221,12 @@ def anchor(rollout: Rollout, cfg: Any) -> Scores:
 @register_estimator("gigpo", aliases=("anchor_fallback",))
 def gigpo(rollout: Rollout, cfg: Any) -> Scores:
     """GiGPO's combined advantage ``A^E_i + omega * A^S_{i,t}`` (Feng et al. 2025, arXiv:2505.10978;
-    :func:`trainer.advantages.anchor_fallback_advantages`). One filter group: all valid episodes."""
+    :func:`trainer.advantages.anchor_fallback_advantages`), the step term keyed per ``cfg.anchor_by``
+    (:func:`anchor_keys`). One filter group: all valid episodes."""
     rewards, valid, step_ep = rollout.rewards, rollout.valid, rollout.step_episode
     values = adv.anchor_fallback_advantages(
-        [s.anchor_key for s in rollout.steps], [rewards[i] for i in step_ep], step_ep, rewards,
-        omega=cfg.omega, valid_episodes=valid, std_floor=cfg.std_floor,
+        anchor_keys(rollout.steps, getattr(cfg, "anchor_by", "history")), [rewards[i] for i in step_ep], step_ep,
+        rewards, omega=cfg.omega, valid_episodes=valid, std_floor=cfg.std_floor,
     )
     return Scores(values, [[r for r, ok in zip(rewards, valid, strict=True) if ok]], [0] * len(step_ep))
 
@@ -277,15 +302,21 @@ class Assigned:
 
 
 def anchor_stats(steps: list[Step]) -> dict[str, float]:
-    """Anchor buckets over ``steps``: count, mean size, and the fraction of size-1 buckets (degeneration)."""
+    """Anchor buckets over ``steps`` keyed by history: count, mean size, and the fraction of size-1 buckets
+    (degeneration); when every step has a state key, ``degeneration_state``: the same fraction keyed by state
+    (:func:`anchor_keys`)."""
     sizes = [len(v) for v in adv.bucket_by_anchor([s.anchor_key for s in steps]).values()]
     if not sizes:
         return {"anchors": 0, "mean_anchor_size": 0.0, "degeneration": 0.0}
-    return {
+    stats = {
         "anchors": len(sizes),
         "mean_anchor_size": sum(sizes) / len(sizes),
         "degeneration": sum(1 for s in sizes if s == 1) / len(sizes),
     }
+    if all(s.state_key for s in steps):
+        by_state = [len(v) for v in adv.bucket_by_anchor([s.state_key for s in steps]).values()]
+        stats["degeneration_state"] = sum(1 for s in by_state if s == 1) / len(by_state)
+    return stats
 
 
 def step_advantages(rollout: Rollout, cfg: Any) -> Assigned:

@@ -63,7 +63,7 @@ from envs.features import EvaluationResets
 from trainer import advantages as adv
 from trainer.collectors import Collector, InProcessCollector, get_collector
 from trainer.config import setting
-from trainer.estimators import Assigned, estimator_names, rollout_kind, step_advantages
+from trainer.estimators import ANCHOR_BY, Assigned, estimator_names, rollout_kind, step_advantages
 from trainer.rollout import FORK_SELECTIONS, Actor, EpisodeMetrics, Rollout
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,9 @@ class LoopConfig:
                                help="tree estimator: prefix turns valued by the base episode's return or its "
                                     "branches' mean")
     omega: float = setting(1.0, group="loop", help="gigpo / anchor_fallback: weight of the step-level (anchor) term")
+    anchor_by: str = setting("history", choices=ANCHOR_BY, group="loop",
+                             help="anchor and gigpo estimators: group steps by the visible history (info's "
+                                  "anchor_key) or by the current state alone (info's state_key, GiGPO's key)")
     std_floor: float = setting(adv.STD_FLOOR, group="loop", help="lower bound on a group's reward std in the advantage")
     drop_zero_variance: bool = setting(False, group="loop",
                                        help="DAPO dynamic sampling: drop groups whose rewards are all equal")

@@ -169,6 +169,7 @@ class OpenAISession:
     def __init__(self, policy: OpenAIPolicy, messages: list[dict[str, Any]], info: dict[str, Any]):
         self.policy, self.messages = policy, messages
         self.turn, self.anchor_key = info.get("turn", 0), info.get("anchor_key", "")
+        self.state_key = info.get("state_key", "")
         self._answers: list[tuple[str, str | None]] = []  # (tool_call_id, note; None: the observation)
 
     def act(self, rng: random.Random) -> Step:
@@ -192,7 +193,7 @@ class OpenAISession:
             action, record.parsed = record.text.strip(), True
         self.messages.append(reply)
         logp = math.fsum(record.token_logprobs) if record.token_logprobs is not None else float("nan")
-        return Step(self.turn, self.anchor_key, action, logp, 0.0, record)
+        return Step(self.turn, self.anchor_key, action, logp, 0.0, record, self.state_key)
 
     def observe(self, observation: str, info: dict[str, Any]) -> None:
         if self._answers:
@@ -202,6 +203,7 @@ class OpenAISession:
             self.messages.append({"role": "user", "content": observation})
         self._answers = []
         self.turn, self.anchor_key = info.get("turn", self.turn), info.get("anchor_key", "")
+        self.state_key = info.get("state_key", "")
 
     def fork(self) -> "OpenAISession":
         twin = copy.copy(self)

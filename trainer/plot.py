@@ -80,12 +80,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, compare: tuple 
     return str(path)
 
 
-def plot_sweep(summary: list[dict], path: str | Path, *, variants: Sequence[str], optimum: Callable[[int], float],
-               chance: float, title: str = "") -> None:
-    """``forkyard compare``'s figure: greedy accuracy against T, one line per variant of ``summary`` (in the
-    order of ``variants``, slightly offset in x) with error bars of the 95% interval half-width
-    (``acc_ci95``, none where it is NaN), ``optimum(T)`` (dashed) and ``chance`` (dotted). ``summary`` is
-    :func:`trainer.compare.summarize`'s output; saved as a PNG at ``path``."""
+def plot_sweep(summary: list[dict], path: str | Path, *, variants: Sequence[str],
+               optimum: Callable[[int], float] | None, chance: float | None, title: str = "",
+               ylabel: str = "greedy accuracy (exact over all targets)") -> None:
+    """``forkyard compare``'s figure: greedy accuracy (or success) against T, one line per variant of ``summary``
+    (in the order of ``variants``, slightly offset in x) with error bars of the 95% interval half-width
+    (``acc_ci95``, none where it is NaN), ``optimum(T)`` (dashed) and ``chance`` (dotted) where given. ``summary``
+    is :func:`trainer.compare.summarize`'s output; saved as a PNG at ``path``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     variants = [v for v in variants if any(s["variant"] == v for s in summary)]
@@ -95,10 +96,12 @@ def plot_sweep(summary: list[dict], path: str | Path, *, variants: Sequence[str]
         err = [0 if math.isnan(s["acc_ci95"]) else s["acc_ci95"] for s in ss]
         ax.errorbar(xs, [s["acc_mean"] for s in ss], yerr=err, marker="o", capsize=3, label=v)
     ts = sorted({s["turns"] for s in summary})
-    ax.plot(ts, [optimum(t) for t in ts], "k--", label="optimum")
-    ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
+    if optimum is not None:
+        ax.plot(ts, [optimum(t) for t in ts], "k--", label="optimum")
+    if chance is not None:
+        ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
     ax.set_xlabel("turns T")
-    ax.set_ylabel("greedy accuracy (exact over all targets)")
+    ax.set_ylabel(ylabel)
     ax.set_xticks(ts)
     ax.set_title(title or "ClueProbe: advantage granularity vs episode length")
     ax.legend(fontsize=8)

@@ -10,6 +10,8 @@ Used by ``forkyard compare`` (:mod:`trainer.compare`: mean greedy accuracy ± 95
 * :func:`mean_ci`: the mean and the half-width of its Student-t confidence interval;
 * :func:`paired_comparison`: ``a - b`` over paired observations: mean difference, t-interval, one-sided
   paired t-test and one-sided sign test (:class:`Paired`).
+* :func:`paired_p_two_sided`: the two-sided paired t-test's p-value; :func:`holm`: Holm's step-down adjustment
+  of a family of p-values (family-wise error control, any dependence between the tests).
 
 Everything is float64 numpy; scipy (a dependency of the ``train`` extra) is imported only by the functions
 that need a t or binomial distribution, and torch never. Inputs are 1-D sequences of numbers (lists,
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Paired", "mean_ci", "paired_comparison", "sample_sd", "standard_error"]
+__all__ = ["Paired", "holm", "mean_ci", "paired_comparison", "paired_p_two_sided", "sample_sd", "standard_error"]
 
 
 def sample_sd(values: Sequence[float] | np.ndarray, axis: int | None = None) -> float | np.ndarray:
@@ -138,3 +140,37 @@ def paired_comparison(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.n
     p_sign = float(stats.binomtest(wins, untied, 0.5, alternative="greater").pvalue) if untied else 1.0
     return Paired(n=n, mean=float(mean), sd=float(d.std(ddof=1)), lo=float(mean - half), hi=float(mean + half),
                   t=t, p_t=p_t, wins=wins, ties=n - untied, p_sign=p_sign)
+
+
+def paired_p_two_sided(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    """The two-sided paired t-test of ``a - b`` (``scipy.stats.ttest_1samp(d, 0)``): H0 mean difference = 0.
+
+    Every difference equal: 1.0 when it is 0 (no evidence either way), 0.0 when it is not (exact limits; scipy
+    would warn and give NaN). Raises ValueError on fewer than 2 pairs or unequal lengths.
+    """
+    from scipy import stats
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.ndim != 1 or d.size < 2:
+        raise ValueError(f"paired_p_two_sided needs two 1-D sequences of at least 2 pairs, got shape {d.shape}")
+    if np.all(d == d[0]):
+        return 1.0 if d[0] == 0 else 0.0
+    return float(stats.ttest_1samp(d, 0.0).pvalue)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
+    procedure"): sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``, returned in the
+    input's order. Rejecting where the adjusted value is at most alpha keeps the family-wise error rate at alpha.
+    NaN inputs are not allowed (ValueError)."""
+    p = np.asarray(pvalues, dtype=float)
+    if np.isnan(p).any():
+        raise ValueError("holm: a p-value is NaN")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()

@@ -24,21 +24,32 @@ from trainer.rollout import EpisodeMetrics, Rollout, Step
 from trainer.update import grad_norm, reinforce_loss, resolve_device
 
 
+#: What a :class:`TabularPolicy`'s rows may be keyed by.
+POLICY_KEYS = ("history", "state")
+
+
 class TabularPolicy:
-    """Softmax policy ``pi(a | anchor_key) = softmax(table[row(anchor_key)])[a]`` over the legal actions.
+    """Softmax policy ``pi(a | key) = softmax(table[row(key)])[a]`` over the legal actions, ``key`` the history's
+    anchor key (default) or the current state's key.
 
     Args:
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         capacity: initial number of rows (grows by doubling).
         lr: SGD step size of :meth:`update` (the trainer passes ``TrainConfig.lr``).
+        key_by: what a row is keyed by (:data:`POLICY_KEYS`): ``"history"``, the visible history
+            (``info["anchor_key"]``: the policy sees what a history-conditioned agent sees), or ``"state"``, the
+            current state alone (``info["state_key"]``: a Markov policy, for envs whose observation is their state).
 
     Raises:
-        ValueError: if one anchor key is seen with two different legal-action lists.
+        ValueError: if one key is seen with two different legal-action lists, or on an unknown ``key_by``.
     """
 
-    def __init__(self, device: str = "auto", capacity: int = 1024, lr: float = 0.1):
+    def __init__(self, device: str = "auto", capacity: int = 1024, lr: float = 0.1, key_by: str = "history"):
+        if key_by not in POLICY_KEYS:
+            raise ValueError(f"key_by must be one of {POLICY_KEYS}, got {key_by!r}")
         self.device = resolve_device(device)
         self.lr = lr
+        self.key_by = key_by
         self.table = torch.zeros(capacity, 1, device=self.device)
         self.mask = torch.zeros(capacity, 1, dtype=torch.bool, device=self.device)
         self.rows: dict[str, int] = {}
@@ -47,6 +58,10 @@ class TabularPolicy:
         self._entropy: list[float] = []
 
     # ------------------------------------------------------------------ table management
+    def row_key(self, info: dict[str, Any]) -> str:
+        """The key of the row that acts at the state ``info`` describes (per ``key_by``)."""
+        return info["anchor_key"] if self.key_by == "history" else info["state_key"]
+
     @property
     def n_rows(self) -> int:
         return len(self.legal)
@@ -69,7 +84,9 @@ class TabularPolicy:
             new_cap, new_width = max(cap, 2 * cap if r >= cap else cap), max(width, n)
             table = torch.zeros(new_cap, new_width, device=self.device)
             mask = torch.zeros(new_cap, new_width, dtype=torch.bool, device=self.device)
-            table[:cap, :width] = self.table
+            with torch.no_grad():  # a copy, not a step of the graph: the new table is a leaf like the old one
+                table[:cap, :width] = self.table
+            table.requires_grad_(self.table.requires_grad)
             mask[:cap, :width] = self.mask
             self.table, self.mask = table, mask
         self.mask[r, :n] = True
@@ -79,17 +96,23 @@ class TabularPolicy:
         self._entropy.append(math.log(n))
         return r
 
-    def refresh(self) -> None:
-        """Recompute the cached probabilities of every row from ``table`` (call after an update)."""
+    def refresh(self, rows: list[int] | None = None) -> None:
+        """Recompute the cached probabilities of ``rows`` (default: every row) from ``table`` (call after an
+        update; an update changes only the rows of the steps it trained on, and each row's softmax is its own)."""
         n = self.n_rows
         if n == 0:
             return
-        logits = self.table[:n].masked_fill(~self.mask[:n], float("-inf"))
+        idx = torch.arange(n, device=self.device) if rows is None else torch.tensor(rows, dtype=torch.long,
+                                                                                   device=self.device)
+        logits = self.table[idx].masked_fill(~self.mask[idx], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         ent = -(probs * torch.log_softmax(logits, dim=-1)).nan_to_num(0.0).sum(-1)
-        rows = probs.cpu().tolist()
-        self._probs = [row[: len(self.legal[i])] for i, row in enumerate(rows)]
-        self._entropy = ent.cpu().tolist()
+        if rows is None:
+            self._probs = [row[: len(self.legal[i])] for i, row in enumerate(probs.cpu().tolist())]
+            self._entropy = ent.cpu().tolist()
+            return
+        for r, row, e in zip(rows, probs.cpu().tolist(), ent.cpu().tolist(), strict=True):
+            self._probs[r], self._entropy[r] = row[: len(self.legal[r])], e
 
     # ------------------------------------------------------------------ acting
     def sample(self, anchor_key: str, legal_actions: list[str], rng: random.Random) -> tuple[int, float, float, int]:
@@ -131,7 +154,7 @@ class TabularPolicy:
     def behavior_copy(self) -> "TabularPolicy":
         """A CPU copy of the table for a Ray rollout worker (:mod:`ray_cluster.collector`). Rows it adds for new
         anchors are reported by :meth:`rollout_extras` and mapped to this policy's by :meth:`adopt`."""
-        twin = TabularPolicy(device="cpu", capacity=1, lr=self.lr)
+        twin = TabularPolicy(device="cpu", capacity=1, lr=self.lr, key_by=self.key_by)
         twin.table, twin.mask = self.table.detach().cpu().clone(), self.mask.cpu().clone()
         twin.rows, twin.legal = dict(self.rows), list(self.legal)
         twin._probs, twin._entropy = [list(p) for p in self._probs], list(self._entropy)
@@ -198,42 +221,45 @@ class TabularPolicy:
             a = torch.tensor(assigned.advantages, dtype=logp.dtype, device=logp.device)
             reinforce_loss(logp, a, assigned.n_episodes).backward()
             gnorm = grad_norm(self.parameters())
-            self.sgd_step(self.lr)
+            self.sgd_step(self.lr, sorted({s.data[0] for s in assigned.steps}))
         return {"grad_norm": gnorm}
 
     @torch.no_grad()
-    def sgd_step(self, lr: float) -> None:
-        """``table -= lr * table.grad``; clears the gradient and refreshes the cached probabilities."""
+    def sgd_step(self, lr: float, rows: list[int] | None = None) -> None:
+        """``table -= lr * table.grad``; clears the gradient and refreshes the cached probabilities of ``rows``
+        (default: all; the rows with a gradient are enough: the others did not change)."""
         if self.table.grad is not None:
             self.table -= lr * self.table.grad
             self.table.grad = None
-        self.refresh()
+        self.refresh(rows)
 
 
 class TabularSession:
     """The tabular policy's view of one episode branch: the current anchor key and legal actions."""
 
-    __slots__ = ("policy", "key", "legal", "turn")
+    __slots__ = ("policy", "key", "anchor", "state", "legal", "turn")
 
     def __init__(self, policy: TabularPolicy, info: dict[str, Any]):
         self.policy = policy
         self.observe("", info)
 
     def observe(self, observation: str, info: dict[str, Any]) -> None:
-        self.key = info["anchor_key"]
+        self.key = self.policy.row_key(info)
+        self.anchor, self.state = info["anchor_key"], info.get("state_key", "")
         self.legal = info["legal_actions"]
         self.turn = info["turn"]
 
     def act(self, rng: random.Random) -> Step:
         idx, logp, ent, row = self.policy.sample(self.key, self.legal, rng)
-        return Step(self.turn, self.key, self.legal[idx], logp, ent, (row, idx))
+        return Step(self.turn, self.anchor, self.legal[idx], logp, ent, (row, idx), self.state)
 
     def entropy(self) -> float:
         return self.policy.entropy_at(self.key, self.legal)
 
     def fork(self) -> "TabularSession":
         twin = object.__new__(TabularSession)
-        twin.policy, twin.key, twin.legal, twin.turn = self.policy, self.key, self.legal, self.turn
+        twin.policy, twin.key, twin.anchor, twin.state = self.policy, self.key, self.anchor, self.state
+        twin.legal, twin.turn = self.legal, self.turn
         return twin
 
 
@@ -249,7 +275,7 @@ def greedy_eval(policy: TabularPolicy, env, resets: list[tuple[int | None, dict 
     for seed, options in resets:
         obs, info = env.reset(seed=seed, options=options)
         while True:
-            obs, r, te, tr, info = env.step(policy.greedy(info["anchor_key"], info["legal_actions"]))
+            obs, r, te, tr, info = env.step(policy.greedy(policy.row_key(info), info["legal_actions"]))
             total += r
             if te or tr:
                 env_metrics.add_info(info)
@@ -267,6 +293,6 @@ def setup(cfg):
     from trainer.train import Trainee
 
     env = make_env(cfg.env_id, cfg.env_options(), cfg.server_url)
-    policy = TabularPolicy(device=cfg.device, lr=cfg.lr)
+    policy = TabularPolicy(device=cfg.device, lr=cfg.lr, key_by=cfg.policy_key)
     resets = evaluation_resets(cfg.env_id, cfg.env_options(), cfg.eval_episodes)
     return Trainee(policy, env, evaluate=lambda: greedy_eval(policy, env, resets))

@@ -20,6 +20,9 @@ class TrainConfig(LoopConfig):
     lr: float = setting(0.1, group="loop", help="SGD step size on the logit table")
     eval_episodes: int = setting(64, group="loop",
                                  help="greedy evaluation episodes on held-out seeds (ClueProbe: every target instead)")
+    policy_key: str = setting("history", choices=("history", "state"), group="loop",
+                              help="the table's rows keyed by the visible history (info's anchor_key) or by the "
+                                   "current state alone (info's state_key: a Markov policy)")
 
     def validate(self) -> None:
         """:meth:`LoopConfig.validate`, ``lr > 0``, and ``max_staleness == 0`` (REINFORCE on the table has no

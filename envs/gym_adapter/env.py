@@ -194,6 +194,12 @@ class GymTextEnv(TextEnv):
     def _legal_actions(self) -> list[str]:
         return list(self._action_set.menu)
 
+    def _state_text(self) -> str:
+        """The wrapped env's current observation (the digest of its value and its text form, the last entry of the
+        episode's trace), without the action echo and reward line of the step's observation."""
+        trace = getattr(self, "_trace", None)
+        return trace[-1][0] if trace else super()._state_text()
+
     def _action_text(self, action: Any) -> str:
         return self._action_set.action_text(action)
 

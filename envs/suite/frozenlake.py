@@ -9,7 +9,8 @@ symbols (``P`` the player, ``_`` frozen ice, ``O`` a hole, ``G`` the goal, ``X``
 with probability 1/3 and to either side of it with 1/3 each. Reward 1.0 on reaching the goal, else 0.0; the goal
 and the holes terminate the episode (``termination_reason="answered"``); the turn budget truncates it.
 
-Every ``reset`` draws a map with Gymnasium's ``generate_random_map(size, p, seed)`` (each cell frozen with
+Every ``reset`` (unless ``map_name`` names one of Gymnasium's two fixed maps, "4x4" or "8x8") draws a map with
+Gymnasium's ``generate_random_map(size, p, seed)`` (each cell frozen with
 probability ``p``, start top-left, goal bottom-right, redrawn until a path exists, so every map is solvable),
 its seed drawn from the env's ``np_random``: ``reset(seed=s)`` gives the same map and the same slips for ``s``.
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 
 from envs.gym_adapter import FROZENLAKE_PROFILE, LAKE_LEGEND, GymProfile, GymTextEnv, lake_grid, lake_rows
 
@@ -59,6 +60,9 @@ class FrozenLakeEnv(GymTextEnv):
         p: probability that a cell is frozen, 0.5..1 (default 0.8).
         is_slippery: whether moves may slip to the side (default True).
         max_turns: turn budget 1..200; None: ``10 * (size - 1)``.
+        map_name: ``None`` (a new map per episode) or one of Gymnasium's fixed maps, ``"4x4"`` or ``"8x8"``
+            (``gymnasium.envs.toy_text.frozen_lake.MAPS``, the maps of ``gymnasium.make("FrozenLake-v1")``): every
+            episode plays it, ``size`` is its side and ``p`` is not used.
         render_mode: ``None`` or ``"ansi"`` (the transcript).
 
     Raises:
@@ -68,7 +72,11 @@ class FrozenLakeEnv(GymTextEnv):
     own_profile: ClassVar[GymProfile | None] = RAGEN_FROZENLAKE_PROFILE
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, max_turns: int | None = None,
-                 render_mode: str | None = None):
+                 map_name: str | None = None, render_mode: str | None = None):
+        if map_name is not None:
+            if map_name not in MAPS:
+                raise ValueError(f"map_name must be None or one of {sorted(MAPS)}, got {map_name!r}")
+            size = len(MAPS[map_name])
         if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= MAX_SIZE:
             raise ValueError(f"size must be an int in 2..{MAX_SIZE}, got {size!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.5 <= p <= 1.0:
@@ -79,13 +87,18 @@ class FrozenLakeEnv(GymTextEnv):
             max_turns = 10 * (size - 1)
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS:
             raise ValueError(f"max_turns must be an int in 1..{MAX_TURNS} or None, got {max_turns!r}")
-        self.size, self.p, self.is_slippery = size, float(p), is_slippery
+        self.size, self.p, self.is_slippery, self.map_name = size, float(p), is_slippery, map_name
+        record = {"size": size, "p": float(p), "is_slippery": is_slippery, "max_turns": max_turns}
+        if map_name is not None:
+            record["map_name"] = map_name
         self._setup("FrozenLake-v1", RAGEN_FROZENLAKE_PROFILE, {"is_slippery": is_slippery}, max_turns,
-                    "state_codec", None, render_mode,
-                    record={"size": size, "p": float(p), "is_slippery": is_slippery, "max_turns": max_turns})
+                    "state_codec", None, render_mode, record=record)
 
     def _episode_gym_kwargs(self) -> dict[str, list[str]]:
-        """This episode's map: ``generate_random_map(size, p, seed)`` with a seed drawn from ``np_random``."""
+        """This episode's map: the fixed map ``map_name``, else ``generate_random_map(size, p, seed)`` with a seed
+        drawn from ``np_random``."""
+        if self.map_name is not None:
+            return {"desc": list(MAPS[self.map_name])}
         return {"desc": generate_random_map(self.size, self.p, seed=int(self.np_random.integers(2**31 - 1)))}
 
     def _rules(self) -> str:

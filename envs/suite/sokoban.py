@@ -42,6 +42,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
+
 from envs.actions import ToolCall, format_action
 from envs.core import IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
@@ -57,6 +59,7 @@ MIN_DIM, MAX_DIM = 5, 10
 MAX_BOXES = 3
 MAX_TURNS = 200
 MAX_SEARCH_DEPTH = 2000
+MAX_ROOMS = 10_000
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
@@ -76,6 +79,10 @@ class SokobanEnv(TextEnv):
         num_boxes: boxes and targets, 1..3 (default 1, as RAGEN's SimpleSokoban).
         search_depth: generation budget, 1..2000 reverse-play moves per layout tried (default 300, the default
             of RAGEN's config): more finds more scrambled rooms, and costs reset time linearly.
+        n_rooms: ``None`` (default: a new room per episode) or a pool size 1..10,000: the episode plays room
+            ``k`` of a fixed pool, ``k`` drawn from ``np_random`` (so ``reset(seed=s)`` always plays the same room of
+            the pool), the room generated from ``numpy.random.default_rng(k)``: a fixed set of tasks, as in
+            forkyard/Household-v0's ``n_games`` (a tabular policy can learn rooms that recur).
         render_mode: ``None`` or ``"ansi"``.
 
     Raises:
@@ -87,8 +94,10 @@ class SokobanEnv(TextEnv):
     fork_method = "state_codec"
 
     def __init__(self, max_turns: int = 10, dim: int | list[int] | tuple[int, int] = 6, num_boxes: int = 1,
-                 search_depth: int = 300, render_mode: str | None = None):
+                 search_depth: int = 300, n_rooms: int | None = None, render_mode: str | None = None):
         _int_in("max_turns", max_turns, 1, MAX_TURNS)
+        if n_rooms is not None:
+            _int_in("n_rooms", n_rooms, 1, MAX_ROOMS)
         if isinstance(dim, (list, tuple)):
             if len(dim) != 2:
                 raise ValueError(f"dim must be an int or [rows, cols], got {dim!r}")
@@ -100,9 +109,13 @@ class SokobanEnv(TextEnv):
             recorded = rows
         _int_in("num_boxes", num_boxes, 1, MAX_BOXES)
         _int_in("search_depth", search_depth, 1, MAX_SEARCH_DEPTH)
-        super().__init__(max_turns=max_turns, render_mode=render_mode, kwargs={
-            "max_turns": max_turns, "dim": recorded, "num_boxes": num_boxes, "search_depth": search_depth})
+        record: dict[str, Any] = {"max_turns": max_turns, "dim": recorded, "num_boxes": num_boxes,
+                                  "search_depth": search_depth}
+        if n_rooms is not None:
+            record["n_rooms"] = n_rooms
+        super().__init__(max_turns=max_turns, render_mode=render_mode, kwargs=record)
         self.rows, self.cols, self.num_boxes, self.search_depth = rows, cols, num_boxes, search_depth
+        self.n_rooms = n_rooms
         self._layout: tuple[str, ...] = ()
         self._boxes: tuple[int, ...] = ()
         self._player = 0
@@ -111,8 +124,11 @@ class SokobanEnv(TextEnv):
     def _reset_task(self, options: dict[str, Any] | None) -> str:
         if options:
             raise ValueError(f"Sokoban takes no reset options, got {sorted(options)}")
+        rng = self.np_random
+        if self.n_rooms is not None:
+            rng = np.random.default_rng(int(rng.integers(self.n_rooms)))
         self._layout, self._boxes, self._player, _ = generate_room(
-            self.np_random, self.rows, self.cols, self.num_boxes, self.max_turns, self.search_depth)
+            rng, self.rows, self.cols, self.num_boxes, self.max_turns, self.search_depth)
         return (
             "Sokoban: you are the player in a room; push every box onto a target. Symbols: # wall, _ empty, "
             "O target, √ box on target, X box, P player, S player on target. Up(), Down(), Left() and Right() "
@@ -125,6 +141,10 @@ class SokobanEnv(TextEnv):
     def grid(self) -> str:
         """The current room as RAGEN's text grid (module docstring), one row per line."""
         return render_room(self._layout, self._boxes, self._player)
+
+    def _state_text(self) -> str:
+        """The room alone (:meth:`grid`), without the step's ``"Left: moved."`` line."""
+        return self.grid() if self._layout else super()._state_text()
 
     def _on_target(self, boxes: tuple[int, ...]) -> int:
         return sum(self._layout[b // self.cols][b % self.cols] == TARGET for b in boxes)

@@ -283,6 +283,7 @@ class TextSession:
         self.mask = [0] * len(ids)
         self.turn = info.get("turn", 0)
         self.anchor_key = info.get("anchor_key", "")
+        self.state_key = info.get("state_key", "")
         self.legal_actions = info.get("legal_actions")
         self._past: KVCache | None = None  # covers ids[_ws : _ws + _cached]
         self._ws = 0
@@ -296,6 +297,7 @@ class TextSession:
         self.mask += [0] * len(delta)
         self.turn = info.get("turn", self.turn + 1)
         self.anchor_key = info.get("anchor_key", "")
+        self.state_key = info.get("state_key", "")
         self.legal_actions = info.get("legal_actions")
         self._next_logits = None
 
@@ -380,7 +382,8 @@ class TextSession:
         text = self.policy.to_action(tok.decode([i for i in gen if i != tok.eot_id]))
         legal = None if self.legal_actions is None else is_legal_action(text, self.legal_actions)
         record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal)
-        return Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record)
+        return Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record,
+                    self.state_key)
 
     # ------------------------------------------------------------------ internals
     def _temp(self) -> float:
