@@ -3,6 +3,7 @@
 Subcommands (each prints what it wrote; every number of the results page comes from their files)::
 
     python experiments/trl_fork/run.py train --arm factory|tree|control --seed S [--budget 6000] [--out DIR]
+    python experiments/trl_fork/run.py all [--budget 2000] [--eval-every 500] [--out DIR]
     python experiments/trl_fork/run.py report [--out DIR]
 
 ``train`` runs one GRPO run of TRL's ``GRPOTrainer`` on ClueProbe (T=4, JSON tools) from the shared warm start
@@ -16,7 +17,15 @@ It stops at the end of the first step at which the run's env calls (tool calls t
 ``--budget``, evaluating the policy every ``--eval-every`` env calls and at the end: the exact greedy success
 over ClueProbe's task distribution (every target once, ``envs.features.EvaluationResets``; a greedy policy
 is deterministic, so the mean over the 8 targets is its expected success). It writes
-``DIR/ARM-seedS.jsonl`` (one line per evaluation: env calls, sampled tokens, steps, success, wall seconds).
+``DIR/ARM-seedS.jsonl`` (one line per evaluation: env calls, sampled tokens, steps, success, wall seconds). The
+lines go to ``DIR/ARM-seedS.jsonl.partial`` while the run lasts, renamed to the ``.jsonl`` once the final policy's
+line is written: a run that was stopped leaves only a ``.partial`` (started afresh next time), never a run file.
+Torch runs on ``--threads`` CPU threads (default 1: one run per core; the runs of the plan all on the same count).
+
+``all`` runs every (arm, seed) of the plan in the plan's order (seed 0..11, for each factory, tree, control), each
+``train`` in its own process, skipping a run whose ``.jsonl`` exists and reached the budget; it can be stopped at
+any time (Ctrl-C, or ``kill`` of the driver's pid, which takes its running child down with it) and started again
+with the same command: the interrupted run starts afresh.
 ``report`` reads every run file and prints the pre-registered tests (``trainer.stats.paired_comparison``)
 and writes the curves' plot.
 """
@@ -25,6 +34,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,7 +90,50 @@ def greedy_success(model: Any, tok: Any) -> float:
     return total / len(resets)
 
 
+def run_path(out: str | Path, arm: str, seed: int) -> Path:
+    """The run file of one (arm, seed): present only once the run has ended (see :class:`RunLog`)."""
+    return Path(out) / f"{arm}-seed{seed}.jsonl"
+
+
+class RunLog:
+    """A run's lines, written to ``PATH.partial`` as they come and renamed to ``PATH`` by :meth:`commit`: a killed
+    run leaves a ``.partial`` (replaced by the next start), never a run file that reads as complete."""
+
+    def __init__(self, path: Path):
+        self.path, self.partial = path, path.with_name(path.name + ".partial")
+        self.file = self.partial.open("w")
+
+    def write(self, line: dict) -> None:
+        self.file.write(json.dumps(line) + "\n")
+        self.file.flush()
+
+    def commit(self) -> Path:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.partial, self.path)
+        return self.path
+
+
+def complete(path: Path, budget: int) -> bool:
+    """Whether ``path`` is a finished run of at least ``budget`` env calls.
+
+    Raises:
+        SystemExit: a finished run of a smaller budget (another study's file in this folder).
+    """
+    if not path.exists():
+        return False
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    if not lines or lines[-1]["env_calls"] < budget:
+        raise SystemExit(f"{path} is a run of {lines[-1]['env_calls'] if lines else 0} env calls, under the budget "
+                         f"{budget}: move it away (runs are never replaced)")
+    return True
+
+
 def train(args: argparse.Namespace) -> Path:
+    import torch
+
+    torch.set_num_threads(args.threads)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -88,7 +143,7 @@ def train(args: argparse.Namespace) -> Path:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.arm}-seed{args.seed}.jsonl"
+    path = run_path(out, args.arm, args.seed)
     if path.exists():
         raise SystemExit(f"{path} exists: a run's records are never replaced (delete it to rerun)")
     model = AutoModelForCausalLM.from_pretrained(args.model)
@@ -118,15 +173,14 @@ def train(args: argparse.Namespace) -> Path:
                         max_completion_length=MAX_NEW_TOKENS * ENV_KWARGS["max_turns"] * 2, temperature=1.0, beta=0.0,
                         max_tool_calling_iterations=ENV_KWARGS["max_turns"], logging_steps=10, report_to=[],
                         save_strategy="no", use_cpu=True, seed=args.seed, dataloader_num_workers=0, disable_tqdm=True)
-    t0, next_eval, last, log = time.monotonic(), 0, [-1], path.open("a")
+    t0, next_eval, last, log = time.monotonic(), 0, [-1], RunLog(path)
 
     def record(trainer: Any) -> None:
         n = last[0] = counter(trainer)
         line = {"arm": args.arm, "seed": args.seed, "env_calls": n, "step": trainer.state.global_step,
                 "sampled_tokens": int(trainer.state.num_input_tokens_seen or 0),
                 "success": greedy_success(trainer.model, tok), "wall_s": round(time.monotonic() - t0, 1)}
-        log.write(json.dumps(line) + "\n")
-        log.flush()
+        log.write(line)
         print(line, flush=True)
 
     class Budget(TrainerCallback):
@@ -147,8 +201,46 @@ def train(args: argparse.Namespace) -> Path:
     trainer.train()
     if counter(trainer) != last[0]:
         record(trainer)  # the final policy: the outcome
-    log.close()
-    return path
+    return log.commit()
+
+
+def plan_runs(seeds: list[int], arms: list[str]) -> list[tuple[str, int]]:
+    """The (arm, seed) runs in the plan's order: seed by seed, each seed's arms in turn."""
+    return [(arm, s) for s in seeds for arm in arms]
+
+
+def run_all(args: argparse.Namespace, launch: Any = None) -> list[Path]:
+    """Every run of the plan not yet complete, one ``train`` process after another (``launch(argv)`` runs one;
+    default: a child process of this script, whose failure stops the driver). Returns the run files."""
+    def child(argv: list[str]) -> None:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv])
+        if done.returncode:
+            raise SystemExit(f"run {argv} failed (exit {done.returncode}); fix it and start again")
+
+    if launch is None:
+        launch = child
+
+        def stop(signum: int, _frame: Any) -> None:  # kill DRIVER: subprocess.run kills the child on the way out
+            raise SystemExit(f"stopped by signal {signum}; start again with the same command")
+
+        signal.signal(signal.SIGTERM, stop)
+    runs = plan_runs(args.seeds, args.arms)
+    paths = []
+    for i, (arm, seed) in enumerate(runs, 1):
+        path = run_path(args.out, arm, seed)
+        if complete(path, args.budget):
+            print(f"[{i}/{len(runs)}] {path} complete, skipped", flush=True)
+        else:
+            print(f"[{i}/{len(runs)}] {arm} seed {seed} ...", flush=True)
+            t0 = time.monotonic()
+            launch(["train", "--arm", arm, "--seed", str(seed), "--budget", str(args.budget), "--eval-every",
+                    str(args.eval_every), "--model", args.model, "--lr", str(args.lr), "--out", str(args.out),
+                    "--threads", str(args.threads)])
+            if not complete(path, args.budget):
+                raise SystemExit(f"run {arm} seed {seed} ended without its file {path}")
+            print(f"[{i}/{len(runs)}] {path} written in {time.monotonic() - t0:.0f} s", flush=True)
+        paths.append(path)
+    return paths
 
 
 def report(args: argparse.Namespace) -> None:
@@ -178,16 +270,23 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("train", help="one run of one arm")
     t.add_argument("--arm", choices=ARMS, required=True)
     t.add_argument("--seed", type=int, required=True)
-    t.add_argument("--model", default="runs/trl-fork/sft/sft")
-    t.add_argument("--budget", type=int, default=6000, help="env calls per run")
-    t.add_argument("--eval-every", type=int, default=1000, help="env calls between evaluations")
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--out", default="runs/trl-fork")
+    a = sub.add_parser("all", help="every run of the plan not yet complete, in the plan's order (resumable)")
+    a.add_argument("--seeds", type=int, nargs="+", default=list(range(12)))
+    a.add_argument("--arms", choices=ARMS, nargs="+", default=list(ARMS))
+    for p, budget, every in ((t, 6000, 1000), (a, 2000, 500)):
+        p.add_argument("--model", default="runs/trl-fork/sft/sft")
+        p.add_argument("--budget", type=int, default=budget, help="env calls per run")
+        p.add_argument("--eval-every", type=int, default=every, help="env calls between evaluations")
+        p.add_argument("--lr", type=float, default=1e-4)
+        p.add_argument("--out", default="runs/trl-fork")
+        p.add_argument("--threads", type=int, default=1, help="torch CPU threads of a run")
     r = sub.add_parser("report", help="the pre-registered tests over every run file")
     r.add_argument("--out", default="runs/trl-fork")
     args = ap.parse_args(argv)
     if args.command == "train":
         print(train(args))
+    elif args.command == "all":
+        run_all(args)
     else:
         report(args)
 
