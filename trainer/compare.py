@@ -36,7 +36,7 @@ from trainer.config import setting
 from trainer.loop import env_id_arg
 from trainer.plot import plot_sweep
 from trainer.stats import mean_ci
-from trainer.tabular_config import TrainConfig
+from trainer.tabular_config import POLICY_KEYS, TrainConfig
 
 VARIANTS: dict[str, dict] = {
     "traj": {"estimator": "traj"},
@@ -87,7 +87,7 @@ class SweepConfig:
     bits: int = setting(3, help="ClueProbe target bits (ClueProbe only)")
     eval_episodes: int = setting(TrainConfig.eval_episodes,
                                  help="greedy evaluation episodes on held-out seeds (not ClueProbe: every target)")
-    policy_key: str = setting("history", choices=("history", "state"),
+    policy_key: str = setting("history", choices=POLICY_KEYS,
                               help="the tabular policy's rows keyed by the visible history or the current state")
     eval_every: int = setting(0, help="also evaluate every N iterations (the metrics files' eval_* figures: curves "
                                       "against env calls); 0: only at the end")
@@ -97,6 +97,9 @@ class SweepConfig:
 
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
         """Checks the settings every run shares (ValueError): ``--bits`` other than 3 is ClueProbe's only."""
         if self.env != CLUEPROBE and self.bits != 3:
             raise ValueError(f"--bits is a ClueProbe setting; give {self.env}'s own with --env-kwarg")

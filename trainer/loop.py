@@ -162,10 +162,12 @@ class LoopConfig:
 
     def validate(self) -> None:
         """Called by ``__post_init__``: every config is validated once, when made (call it again only after
-        changing a field). Raises ValueError on an unknown estimator, rollout or tree prefix, a tree-only
+        changing a field). Raises ValueError on an unknown estimator, rollout, tree prefix or anchor key, a tree-only
         estimator on a group rollout, or out-of-range sizes."""
         if self.tree_prefix not in adv.TREE_PREFIXES:
             raise ValueError(f"tree_prefix must be one of {adv.TREE_PREFIXES}, got {self.tree_prefix!r}")
+        if self.anchor_by not in ANCHOR_BY:
+            raise ValueError(f"anchor_by must be one of {ANCHOR_BY}, got {self.anchor_by!r}")
         rollout_kind(self.estimator, self.rollout)
         if min(self.group_size, self.n_base, self.branches, self.iterations) < 1:
             raise ValueError("group_size, n_base, branches and iterations must be >= 1")

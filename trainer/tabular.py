@@ -21,11 +21,8 @@ from typing import Any
 import torch
 
 from trainer.rollout import EpisodeMetrics, Rollout, Step
+from trainer.tabular_config import POLICY_KEYS
 from trainer.update import grad_norm, reinforce_loss, resolve_device
-
-
-#: What a :class:`TabularPolicy`'s rows may be keyed by.
-POLICY_KEYS = ("history", "state")
 
 
 class TabularPolicy:
