@@ -27,7 +27,7 @@ class ResetResponse(BaseModel):
 
     session_id: str
     observation: str
-    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions (finite action sets)")
+    info: dict[str, Any] = Field(description="turn, anchor_key, state_key, legal_actions (finite action sets)")
     observation_max_length: int = Field(description="max code points of an observation")
     action_max_length: int = Field(description="max code points of an action")
 
@@ -40,7 +40,8 @@ class StepResponse(BaseModel):
     reward: float
     terminated: bool
     truncated: bool
-    info: dict[str, Any] = Field(description="turn, anchor_key, legal_actions, termination_reason at the end")
+    info: dict[str, Any] = Field(description="turn, anchor_key, state_key, legal_actions, termination_reason at "
+                                             "the end")
 
 
 class ForkResponse(BaseModel):

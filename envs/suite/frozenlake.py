@@ -30,7 +30,7 @@ within the turns left on ice that does). ``info["episode_metrics"]`` at the end:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 
@@ -88,7 +88,7 @@ class FrozenLakeEnv(GymTextEnv):
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS:
             raise ValueError(f"max_turns must be an int in 1..{MAX_TURNS} or None, got {max_turns!r}")
         self.size, self.p, self.is_slippery, self.map_name = size, float(p), is_slippery, map_name
-        record = {"size": size, "p": float(p), "is_slippery": is_slippery, "max_turns": max_turns}
+        record: dict[str, Any] = {"size": size, "p": float(p), "is_slippery": is_slippery, "max_turns": max_turns}
         if map_name is not None:
             record["map_name"] = map_name
         self._setup("FrozenLake-v1", RAGEN_FROZENLAKE_PROFILE, {"is_slippery": is_slippery}, max_turns,

@@ -101,7 +101,7 @@ import gymnasium as gym
 import envs  # registers forkyard/* ids (or write gymnasium.make("envs:forkyard/ClueProbe-v0"))
 
 env = gym.make("forkyard/ClueProbe-v0", max_turns=5).unwrapped
-obs, info = env.reset(seed=0)                 # obs: str; info: turn, anchor_key, legal_actions
+obs, info = env.reset(seed=0)                 # obs: str; info: turn, anchor_key, state_key, legal_actions
 obs, reward, terminated, truncated, info = env.step("probe(0)")
 branches = env.fork(4)                        # 4 independent copies: same hidden target, same history
 for b, action in zip(branches, ["probe(1)", "probe(2)", "probe(0)", "answer(3)"]):
@@ -162,6 +162,10 @@ TABLE: dict[str, Entry] = {
         RUN, "250 tabular iterations, 2 s here", check=lambda out: "greedy evaluation" in out),
     ".venv/bin/forkyard compare --seeds 5": Entry(RUN, "100 runs, 19 s here on 2 cores", ("slow",),
                                                   check=lambda out: "100 runs in" in out),
+    (".venv/bin/forkyard compare --env forkyard/Sokoban-v0 --env-kwarg n_rooms=4 --max-turns 10 --lr 1.0 "
+     "--variants traj gigpo_state tree_entropy --seeds 2 --budget-iterations 20"): Entry(
+        RUN, "6 runs on a pool of 4 Sokoban rooms, about 15 s here",
+        check=lambda out: "| 10 | gigpo_state |" in out and "degeneration, state key" in out and "6 runs in" in out),
     # README, env sessions over HTTP: the catalog, then against every server below
     ".venv/bin/forkyard envs": Entry(
         RUN, "the catalog table: every registered id, ClueProbe's tools listed",
