@@ -16,7 +16,8 @@ Definitions (the same as the trainer's, so the figures read like the granularity
   grouped within its task; the figure is the share of anchor groups that hold one step (the trainer's
   ``degeneration``, :func:`trainer.estimators.anchor_stats`), averaged over tasks. Two keys: ``history``, the
   visible history (forkyard's ``info["anchor_key"]``, the reference article's key) and ``state``, the current
-  observation alone (GiGPO's anchor state, arXiv 2505.10978). Where states recur (the same observation reached by
+  state alone (``info["state_key"]``: the observation without its turn line, a board game's board; GiGPO's anchor
+  state, arXiv 2505.10978). Where states recur (the same observation reached by
   different paths), the ``state`` key groups more than the ``history`` key; a singleton share near 100% under
   both means only forks make siblings there.
 """
@@ -24,7 +25,6 @@ Definitions (the same as the trainer's, so the figures read like the granularity
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
@@ -67,21 +67,12 @@ def play(env: Any, seed: int, rng: random.Random, demo: bool) -> tuple[bool, lis
     obs, info = env.reset(seed=seed)
     keys, total, steps = [], 0.0, 0
     while not env.done:
-        keys.append((info["anchor_key"], state_key(env, obs)))
+        keys.append((info["anchor_key"], info["state_key"]))
         action = env.demo_action(rng, skill=1.0) if demo else rng.choice(info["legal_actions"])
         obs, r, _te, _tr, info = env.step(action)
         total += r
         steps += 1
     return _success(total, info), keys, steps
-
-
-def state_key(env: Any, obs: str) -> str:
-    """GiGPO's anchor state: the current observation without the turn prompt the env appends to it
-    (:meth:`envs.core.TextEnv._prompt`, e.g. ``Turn 3 of 5: ...``), so that the same state reached at another turn
-    or by another path has the same key. A BLAKE2b hex digest."""
-    prompt = env._prompt()
-    text = obs.removesuffix("\n" + prompt).removesuffix(prompt)
-    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).hexdigest()
 
 
 def singleton_share(groups: list[list[str]]) -> float:
