@@ -203,9 +203,9 @@ def _run_one(job: tuple[int, str, int, SweepConfig, str | None]) -> dict:
         "final_reward_mean": sum(m["reward_mean"] for m in ms[-20:]) / min(20, n),
         "wall_s": result.wall_s,
     }
-    if sweep.env != CLUEPROBE:  # columns ClueProbe's published tables do not have
+    row["degeneration_state"] = sum(m.get("degeneration_state", math.nan) for m in ms) / n
+    if sweep.env != CLUEPROBE:  # ClueProbe's accuracy is its mean return
         row["mean_return"] = ev["accuracy"]
-        row["degeneration_state"] = sum(m.get("degeneration_state", math.nan) for m in ms) / n
     return row
 
 

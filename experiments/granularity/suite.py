@@ -110,7 +110,7 @@ def export() -> None:
         if not (out / "results.csv").exists() or len(list((out / "rows").glob("*.json"))) < SEEDS * len(VARIANTS):
             print(f"{c.name}: not finished, left out")
             continue
-        (DATA / f"{c.name}.csv.gz").write_bytes(gzip.compress((out / "results.csv").read_bytes(), 9, mtime=0))
+        (DATA / f"{c.name}.csv.gz").write_bytes(gzip.compress(_with_state_share(out), 9, mtime=0))
         lines = []
         for path in sorted((out / "metrics").glob("*.jsonl")):
             for line in path.read_text().splitlines():
@@ -122,6 +122,23 @@ def export() -> None:
         (DATA / f"{c.name}.metrics.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9,
                                                                           mtime=0))
         print(f"{c.name}: wrote {DATA / (c.name + '.csv.gz')} and its metrics")
+
+
+def _with_state_share(out: Path) -> bytes:
+    """``out/results.csv``, with a ``degeneration_state`` column computed from the runs' metrics files where the
+    sweep did not write one (``forkyard compare`` wrote it only for envs other than ClueProbe before 2026-12-02):
+    the mean over iterations of each iteration's singleton share under the state key, as compare computes it."""
+    rows = list(csv.DictReader(io.StringIO((out / "results.csv").read_text())))
+    if rows and "degeneration_state" not in rows[0]:
+        for r in rows:
+            ms = [json.loads(x) for x in (out / "metrics" / f"T{r['turns']}_{r['variant']}_s{r['seed']}.jsonl")
+                  .read_text().splitlines()]
+            r["degeneration_state"] = repr(sum(m.get("degeneration_state", math.nan) for m in ms) / len(ms))
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\r\n")
+    w.writeheader()
+    w.writerows(rows)
+    return text.getvalue().encode()
 
 
 def load(name: str) -> list[dict]:
