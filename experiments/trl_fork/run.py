@@ -4,7 +4,8 @@ Subcommands (each prints what it wrote; every number of the results page comes f
 
     python experiments/trl_fork/run.py train --arm factory|tree|control --seed S [--budget 6000] [--out DIR]
     python experiments/trl_fork/run.py all [--budget 2000] [--eval-every 500] [--out DIR]
-    python experiments/trl_fork/run.py report [--out DIR]
+    python experiments/trl_fork/run.py report [--out DIR] [--md PATH] [--png PATH]
+    python experiments/trl_fork/run.py export [--out DIR] [--budget N] [--to DIR]
 
 ``train`` runs one GRPO run of TRL's ``GRPOTrainer`` on ClueProbe (T=4, JSON tools) from the shared warm start
 (``--model``, written by the ``forkyard sft`` command of the plan), with the arm's rollouts:
@@ -243,25 +244,83 @@ def run_all(args: argparse.Namespace, launch: Any = None) -> list[Path]:
     return paths
 
 
-def report(args: argparse.Namespace) -> None:
-    from trainer.stats import mean_ci, paired_comparison
-
+def load_runs(folder: str | Path) -> dict[str, dict[int, list[dict]]]:
+    """Every finished run file (``ARM-seedS.jsonl``) of ``folder``: ``{arm: {seed: [evaluation lines]}}``."""
     runs: dict[str, dict[int, list[dict]]] = {arm: {} for arm in ARMS}
-    for f in sorted(Path(args.out).glob("*-seed*.jsonl")):
+    for f in sorted(Path(folder).glob("*-seed*.jsonl")):
         lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         if lines:
             runs[lines[0]["arm"]][lines[0]["seed"]] = lines
+    return runs
+
+
+def report(args: argparse.Namespace) -> str:
+    """The plan's tables over the run files of ``args.out`` (markdown; also written to ``args.md``): per arm the
+    final greedy success (mean ± 95% t-interval), then the primary and secondary paired comparisons
+    (:func:`trainer.stats.paired_comparison`: mean difference, interval, one-sided paired t-test, sign test);
+    ``args.png`` gets the curves, success against env calls and against sampled tokens, every run drawn."""
+    from trainer.stats import mean_ci, paired_comparison
+
+    runs = load_runs(args.out)
     final = {arm: {s: lines[-1]["success"] for s, lines in by_seed.items()} for arm, by_seed in runs.items()}
+    out = ["| arm | runs | final greedy success, mean ± 95% CI | env calls per run (mean) |", "|---|---|---|---|"]
     for arm in ARMS:
         if final[arm]:
-            m, h = mean_ci(list(final[arm].values())) if len(final[arm]) > 1 else (next(iter(final[arm].values())), 0)
-            print(f"{arm}: {len(final[arm])} runs, final greedy success {m:.3f} +- {h:.3f} (95%)")
+            vals = list(final[arm].values())
+            m, h = mean_ci(vals) if len(vals) > 1 else (vals[0], float("nan"))
+            calls = sum(lines[-1]["env_calls"] for lines in runs[arm].values()) / len(runs[arm])
+            out.append(f"| {arm} | {len(vals)} | {m:.3f} ± {h:.3f} | {calls:.0f} |")
+    out += ["", "| comparison | role | paired seeds | mean difference | 95% interval | one-sided t-test p | "
+            "sign test p (wins / ties) |", "|---|---|---|---|---|---|---|"]
     for a, b, role in (("tree", "factory", "primary"), ("tree", "control", "secondary"),
                        ("control", "factory", "secondary")):
         seeds = sorted(set(final[a]) & set(final[b]))
         if len(seeds) >= 2:
             p = paired_comparison([final[a][s] for s in seeds], [final[b][s] for s in seeds])
-            print(f"{role}: {a} - {b} over {len(seeds)} paired seeds: {p}")
+            out.append(f"| {a} − {b} | {role} | {len(seeds)} | {p.mean:+.3f} | ({p.lo:+.3f}, {p.hi:+.3f}) | "
+                       f"{p.p_t:.3g} | {p.p_sign:.3g} ({p.wins} / {p.ties}) |")
+    text = "\n".join(out)
+    if getattr(args, "md", None):
+        Path(args.md).write_text(text + "\n")
+    if getattr(args, "png", None):
+        curves(runs, args.png)
+    return text
+
+
+def curves(runs: dict[str, dict[int, list[dict]]], png: str | Path) -> None:
+    """Greedy success against env calls (left) and against sampled tokens (right), every run one thin line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for k, arm in enumerate(ARMS):
+        for i, lines in enumerate(runs[arm].values()):
+            for ax, x in zip(axes, ("env_calls", "sampled_tokens"), strict=True):
+                jitter = (k - 1) * 0.004  # the arms apart where every run sits on the same value
+                ax.plot([ln[x] for ln in lines], [ln["success"] + jitter for ln in lines], color=f"C{k}", lw=0.7,
+                        alpha=0.6, label=arm if i == 0 else None)
+    for ax, x in zip(axes, ("env calls", "sampled tokens"), strict=True):
+        ax.set_xlabel(x)
+        ax.set_ylabel("greedy success (exact over the 8 targets)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def export(args: argparse.Namespace) -> list[Path]:
+    """Copy every run of ``args.out`` complete at ``args.budget`` into ``args.to`` (the committed data)."""
+    dest = Path(args.to)
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for arm, seed in plan_runs(list(range(12)), list(ARMS)):
+        path = run_path(args.out, arm, seed)
+        if complete(path, args.budget):
+            (dest / path.name).write_bytes(path.read_bytes())
+            copied.append(dest / path.name)
+    return copied
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -281,14 +340,23 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--out", default="runs/trl-fork")
         p.add_argument("--threads", type=int, default=1, help="torch CPU threads of a run")
     r = sub.add_parser("report", help="the pre-registered tests over every run file")
-    r.add_argument("--out", default="runs/trl-fork")
+    r.add_argument("--out", default="runs/trl-fork", help="the folder of the run files")
+    r.add_argument("--md", default=None, help="also write the tables here")
+    r.add_argument("--png", default=None, help="draw the curves here")
+    e = sub.add_parser("export", help="copy the complete runs into the committed data folder")
+    e.add_argument("--out", default="runs/trl-fork")
+    e.add_argument("--budget", type=int, default=2000)
+    e.add_argument("--to", default="experiments/trl_fork/data/budget2000")
     args = ap.parse_args(argv)
     if args.command == "train":
         print(train(args))
     elif args.command == "all":
         run_all(args)
+    elif args.command == "export":
+        for path in export(args):
+            print(path)
     else:
-        report(args)
+        print(report(args))
 
 
 if __name__ == "__main__":

@@ -69,12 +69,30 @@ def test_all_refuses_a_finished_run_of_a_smaller_budget(tmp_path):
         run.run_all(_args(tmp_path, seeds=[0], arms=["factory"], budget=2000), _fake_train(run, tmp_path, calls))
 
 
-def test_plan_order_and_report_ignores_partials(tmp_path, capsys):
+def test_plan_order_and_report_ignores_partials(tmp_path):
     run = _runner()
     assert run.plan_runs(list(range(12)), list(run.ARMS))[:4] == [("factory", 0), ("tree", 0), ("control", 0),
                                                                   ("factory", 1)]
     assert len(run.plan_runs(list(range(12)), list(run.ARMS))) == 36
     (tmp_path / "tree-seed0.jsonl.partial").write_text(json.dumps({"arm": "tree", "seed": 0, "env_calls": 0,
                                                                   "success": 0.5}) + "\n")
-    run.report(argparse.Namespace(out=str(tmp_path)))
-    assert "tree" not in capsys.readouterr().out
+    assert "| tree |" not in run.report(argparse.Namespace(out=str(tmp_path)))
+
+
+def test_export_copies_complete_runs_and_report_tests_the_pairs(tmp_path):
+    run = _runner()
+    src = tmp_path / "runs"
+    src.mkdir()
+    for arm, seed, final in (("factory", 0, 0.125), ("tree", 0, 0.25), ("factory", 1, 0.125), ("tree", 1, 0.5),
+                             ("control", 0, 0.125)):
+        lines = [{"arm": arm, "seed": seed, "env_calls": c, "sampled_tokens": 10 * c, "success": s}
+                 for c, s in ((0, 0.125), (2001, final))]
+        run.run_path(src, arm, seed).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (src / "tree-seed2.jsonl.partial").write_text(json.dumps({"arm": "tree", "seed": 2}) + "\n")
+    copied = run.export(argparse.Namespace(out=str(src), budget=2000, to=str(tmp_path / "data")))
+    assert sorted(p.name for p in copied) == ["control-seed0.jsonl", "factory-seed0.jsonl", "factory-seed1.jsonl",
+                                              "tree-seed0.jsonl", "tree-seed1.jsonl"]
+    text = run.report(argparse.Namespace(out=str(tmp_path / "data"), md=str(tmp_path / "t.md"),
+                                         png=str(tmp_path / "c.png")))
+    assert "| tree | 2 | 0.375 ± " in text and "| tree − factory | primary | 2 | +0.250 |" in text
+    assert (tmp_path / "t.md").read_text() == text + "\n" and (tmp_path / "c.png").stat().st_size > 10_000
