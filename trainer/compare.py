@@ -95,7 +95,6 @@ class SweepConfig:
     out: str | None = setting(None, help="output folder (default runs/compare-<time>)")
     progress: bool = setting(True, cli=False, help="a progress bar on stderr")
 
-
     def __post_init__(self) -> None:
         self.validate()
 
