@@ -53,8 +53,7 @@ class Step:
         logp: behavior log-prob of the action under the sampling policy (natural log).
         entropy: entropy of the policy's action distribution at that state (nats).
         data: policy-specific record (tabular: ``(row, action_index)``; text: token ids, log-probs).
-        state_key: ``info["state_key"]`` of that state (GiGPO's current-state key, :mod:`envs.core`); ``""`` when
-            the policy's sessions do not record it.
+        state_key: ``info["state_key"]`` of that state (GiGPO's key, :mod:`envs.core`); ``""`` if not recorded.
     """
 
     turn: int
