@@ -113,12 +113,14 @@ def export() -> None:
         (DATA / f"{c.name}.csv.gz").write_bytes(gzip.compress(_with_state_share(out), 9, mtime=0))
         lines = []
         for path in sorted((out / "metrics").glob("*.jsonl")):
+            spent = 0  # env calls of the run up to and including this iteration
             for line in path.read_text().splitlines():
                 m = json.loads(line)
-                keep = {k: m[k] for k in ("iteration", "env_calls", "wall_s") if k in m}
-                keep.update({k: v for k, v in m.items() if k.startswith("eval_")})
-                if len(keep) > 3 or m.get("iteration", 0) == 0:
-                    lines.append(json.dumps({"run": path.stem, **keep}))
+                spent += m.get("env_calls", 0)
+                evals = {k: v for k, v in m.items() if k.startswith("eval_")}
+                if evals:
+                    lines.append(json.dumps({"run": path.stem, "iteration": m.get("iteration"),
+                                             "env_calls_so_far": spent, **evals}))
         (DATA / f"{c.name}.metrics.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9,
                                                                           mtime=0))
         print(f"{c.name}: wrote {DATA / (c.name + '.csv.gz')} and its metrics")
@@ -205,20 +207,21 @@ def curves(done: list[tuple[Config, list[dict]]], png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(done), figsize=(4 * len(done), 3.6), squeeze=False)
+    cols = min(4, len(done))
+    rows = -(-len(done) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
     colors = {v: f"C{i}" for i, v in enumerate(VARIANTS)}
-    for ax, (c, _) in zip(axes[0], done, strict=True):
+    for ax in axes.flat[len(done):]:
+        ax.axis("off")
+    for ax, (c, _) in zip(axes.flat, done, strict=False):  # the grid may have spare panels
         path = DATA / f"{c.name}.metrics.jsonl.gz"
         if not path.exists():
             continue
         runs: dict[str, list[tuple[float, float]]] = {}
-        total: dict[str, float] = {}
         for line in gzip.decompress(path.read_bytes()).decode().splitlines():
             m = json.loads(line)
-            total[m["run"]] = total.get(m["run"], 0.0) + m.get("env_calls", 0)
             score = m.get("eval_success", m.get("eval_accuracy"))
-            if score is not None:
-                runs.setdefault(m["run"], []).append((total[m["run"]], score))
+            runs.setdefault(m["run"], []).append((m["env_calls_so_far"], score))
         for run_name, pts in runs.items():
             variant = run_name.split("_", 1)[1].rsplit("_s", 1)[0]
             xs, ys = zip(*pts, strict=True)
@@ -234,8 +237,9 @@ def curves(done: list[tuple[Config, list[dict]]], png: str) -> None:
                 ax.plot(xs, [sum(grid[x]) / len(grid[x]) for x in xs], color=colors[v], lw=1.5, label=v)
         ax.set_title(c.name, fontsize=9)
         ax.set_xlabel("env calls")
-    axes[0][0].set_ylabel("greedy success")
-    axes[0][-1].legend(fontsize=6)
+    for row in axes:
+        row[0].set_ylabel("greedy success")
+    axes.flat[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
