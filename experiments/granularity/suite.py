@@ -13,7 +13,8 @@ sweep (:func:`trainer.compare.run_sweep`) into ``runs/granularity-suite/<name>/`
 ``export`` writes each finished config's ``results.csv`` as ``experiments/granularity/suite/<name>.csv.gz`` (the
 committed data) and its metrics files as ``<name>.metrics.jsonl.gz`` (every iteration of every run: the curves).
 ``report`` reads the committed files and prints the plan's tables: per config the greedy success of each
-variant (mean ± 95% t-interval over seeds), the singleton-anchor share under each key, and the paired differences
+variant (mean ± 95% t-interval over seeds) and the singleton-anchor share under each key, the write-up's short
+table of the comparisons it reads (:data:`KEY`), and the paired differences
 of the plan's comparisons with their two-sided paired t-test p-values, Holm-adjusted over the whole family
 (:func:`trainer.stats.holm`); ``--png`` draws the success-against-env-calls curves, every run drawn.
 """
@@ -40,6 +41,9 @@ DATA = ROOT / "experiments" / "granularity" / "suite"
 VARIANTS = ("traj", "rloo", "anchor", "anchor_state", "anchor_fallback", "gigpo_state", "tree", "tree_entropy")
 #: the plan's comparisons within each config: (a, b) reads "a - b"
 COMPARISONS = tuple((v, "traj") for v in VARIANTS[1:]) + (("tree", "gigpo_state"), ("tree_entropy", "gigpo_state"))
+#: the comparisons of the write-up's short table (docs/results/granularity.md section 4), a subset of COMPARISONS
+KEY = (("tree", "traj"), ("tree_entropy", "traj"), ("gigpo_state", "traj"), ("anchor_state", "traj"),
+       ("tree_entropy", "gigpo_state"))
 SEEDS = 20
 ALPHA = 0.05
 
@@ -183,6 +187,15 @@ def report(md_path: str | None, png: str | None) -> str:
             pc = paired_comparison(xa, xb)
             tests.append((c.name, a, b, pc, paired_p_two_sided(xa, xb)))
     adjusted = holm([t[4] for t in tests]) if tests else []
+    cell = {(name, a, b): (pc, q) for (name, a, b, pc, _), q in zip(tests, adjusted, strict=True)}
+    out += ["", "| config | " + " | ".join(f"{a} − {b}" for a, b in KEY) + " |", "|---|" + "---|" * len(KEY)]
+    for c, _ in done:
+        cells = []
+        for a, b in KEY:
+            pc, q = cell[(c.name, a, b)]
+            mark = "**" if q <= ALPHA else ""
+            cells.append(f"{mark}{pc.mean:+.3f}{mark} ({pc.lo:+.3f}, {pc.hi:+.3f})")
+        out.append(f"| {c.name} | " + " | ".join(cells) + " |")
     out += ["", f"Paired differences over {SEEDS} seeds (mean, 95% t-interval; two-sided paired t-test p, "
             f"Holm-adjusted over all {len(tests)} tests of the family; **bold**: adjusted p <= {ALPHA}):", "",
             "| config | comparison | mean difference | 95% interval | p | Holm p | wins / ties / losses |",

@@ -23,6 +23,7 @@ def _module(path: Path):
     """The study script at ``path`` as a module (experiments/ is not a package)."""
     spec = importlib.util.spec_from_file_location(f"study_{path.parent.name}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the script looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -109,3 +110,21 @@ def test_two_sweeps_compared_cell_by_cell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| 2 | traj | 0.250 (n=4) | 0.250 (n=4) | +0.000 (+0.000, +0.000) | 1.00 |" in out
     assert "| 3 | tree | 0.375 (n=4) | 0.625 (n=4) | +0.250 (" in out and "1 of 2 intervals hold 0" in out
+
+
+def test_granularity_suite_tables_from_the_committed_runs(tmp_path):
+    """The suite study's page (docs/results/granularity/suite.md) is its report over the committed files, byte for
+    byte; section 4 of docs/results/granularity.md shows its first two tables as they are; every config of the
+    plan that has data has all its runs (8 variants x 20 seeds)."""
+    suite = _module(EXPERIMENTS / "granularity" / "suite.py")
+    text = suite.report(str(tmp_path / "suite.md"), str(tmp_path / "suite.png"))
+    assert (tmp_path / "suite.md").read_text() == (ROOT / "docs/results/granularity/suite.md").read_text()
+    assert (tmp_path / "suite.png").stat().st_size > 20_000
+    page = (ROOT / "docs/results/granularity.md").read_text()
+    for table in text.split("\n\n")[:2]:
+        assert table in page
+    for c in suite.CONFIGS:
+        rows = suite.load(c.name)
+        if rows:
+            assert sorted((r["variant"], int(r["seed"])) for r in rows) == sorted(
+                (v, s) for v in suite.VARIANTS for s in range(suite.SEEDS)), c.name
