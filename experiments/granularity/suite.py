@@ -63,6 +63,7 @@ class Config:
     note: str = ""
 
     def sweep(self, workers: int | None = None):
+        """The :class:`trainer.compare.SweepConfig` of this config (out: ``runs/granularity-suite/<name>``)."""
         from trainer.compare import SweepConfig
 
         return SweepConfig(env=self.env, env_kwargs=dict(self.env_kwargs), turns=(self.turns,), variants=VARIANTS,
