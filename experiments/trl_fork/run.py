@@ -298,12 +298,13 @@ def curves(runs: dict[str, dict[int, list[dict]]], png: str | Path) -> None:
     for k, arm in enumerate(ARMS):
         for i, lines in enumerate(runs[arm].values()):
             for ax, x in zip(axes, ("env_calls", "sampled_tokens"), strict=True):
-                jitter = (k - 1) * 0.004  # the arms apart where every run sits on the same value
-                ax.plot([ln[x] for ln in lines], [ln["success"] + jitter for ln in lines], color=f"C{k}", lw=0.7,
-                        alpha=0.6, label=arm if i == 0 else None)
-    for ax, x in zip(axes, ("env calls", "sampled tokens"), strict=True):
+                ax.plot([ln[x] for ln in lines], [ln["success"] for ln in lines], color=f"C{k}", lw=0.8 + 0.8 * k,
+                        ls=("-", "--", ":")[k], alpha=0.6, label=arm if i == 0 else None)
+    for ax, x in zip(axes, ("env calls", "sampled tokens (TRL's count of tokens seen)"), strict=True):
         ax.set_xlabel(x)
         ax.set_ylabel("greedy success (exact over the 8 targets)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.axhline(0.125, color="grey", lw=0.6, ls=":")  # chance: one target of eight
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

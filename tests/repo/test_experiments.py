@@ -128,3 +128,17 @@ def test_granularity_suite_tables_from_the_committed_runs(tmp_path):
         if rows:
             assert sorted((r["variant"], int(r["seed"])) for r in rows) == sorted(
                 (v, s) for v in suite.VARIANTS for s in range(suite.SEEDS)), c.name
+
+
+def test_trl_fork_table_from_the_committed_runs(tmp_path):
+    """docs/results/trl_fork.md shows the report of the committed runs (experiments/trl_fork/data/budget2000) as it
+    is, and every committed run spent its budget."""
+    import argparse
+
+    run = _module(EXPERIMENTS / "trl_fork" / "run.py")
+    data = EXPERIMENTS / "trl_fork" / "data" / "budget2000"
+    text = run.report(argparse.Namespace(out=str(data), md=None, png=str(tmp_path / "curves.png")))
+    assert text in (ROOT / "docs/results/trl_fork.md").read_text()
+    runs = run.load_runs(data)
+    assert sum(len(by_seed) for by_seed in runs.values()) >= 3
+    assert all(lines[-1]["env_calls"] >= 2000 for by_seed in runs.values() for lines in by_seed.values())
