@@ -305,17 +305,20 @@ def anchor_stats(steps: list[Step]) -> dict[str, float]:
     """Anchor buckets over ``steps`` keyed by history: count, mean size, and the fraction of size-1 buckets
     (degeneration); when every step has a state key, ``degeneration_state``: the same fraction keyed by state
     (:func:`anchor_keys`)."""
-    sizes = [len(v) for v in adv.bucket_by_anchor([s.anchor_key for s in steps]).values()]
-    if not sizes:
+    def sizes(anchor_by: str) -> list[int]:
+        return [len(v) for v in adv.bucket_by_anchor(anchor_keys(steps, anchor_by)).values()]
+
+    by_history = sizes("history")
+    if not by_history:
         return {"anchors": 0, "mean_anchor_size": 0.0, "degeneration": 0.0}
     stats = {
-        "anchors": len(sizes),
-        "mean_anchor_size": sum(sizes) / len(sizes),
-        "degeneration": sum(1 for s in sizes if s == 1) / len(sizes),
+        "anchors": len(by_history),
+        "mean_anchor_size": sum(by_history) / len(by_history),
+        "degeneration": sum(1 for n in by_history if n == 1) / len(by_history),
     }
     if all(s.state_key for s in steps):
-        by_state = [len(v) for v in adv.bucket_by_anchor([s.state_key for s in steps]).values()]
-        stats["degeneration_state"] = sum(1 for s in by_state if s == 1) / len(by_state)
+        by_state = sizes("state")
+        stats["degeneration_state"] = sum(1 for n in by_state if n == 1) / len(by_state)
     return stats
 
 
