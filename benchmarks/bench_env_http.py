@@ -243,7 +243,7 @@ async def _asgi_call(app, path: str, body: bytes) -> tuple[int, bytes]:
     """One POST through the ASGI app itself (no socket, no uvicorn): the app's own share of a request."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "state": {},
-             "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                          (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
     pending = [{"type": "http.request", "body": body, "more_body": False}]

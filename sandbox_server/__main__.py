@@ -32,7 +32,8 @@ PROG = "python -m sandbox_server"
 #: Settings that are also flags: ``{field: flag}``. A flag's text goes to the settings model unchanged, so a
 #: value is checked once, by the model, whichever way it arrives (field case S33).
 FLAGS = {"host": "--host", "port": "--port", "backend": "--backend", "log_level": "--log-level", "ray": "--ray",
-         "min_idle": "--min-idle", "max_total": "--max-total", "env_modules": "--env-modules"}
+         "min_idle": "--min-idle", "max_total": "--max-total", "env_modules": "--env-modules",
+         "allowed_hosts": "--allowed-hosts", "allowed_origins": "--allowed-origins"}
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -67,6 +68,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                     help="modules to import at start-up whose registered envs the server serves, also as "
                          "'module:Id' (default: FORKYARD_ENV_MODULES; a client's 'module:Id' never makes the "
                          "server import a module)")
+    ap.add_argument("--allowed-hosts", default=None, metavar="NAME[,NAME...]",
+                    help="host names served besides loopback ones (*.example.com, * for any): behind a proxy or "
+                         "a DNS name (default: FORKYARD_ALLOWED_HOSTS)")
+    ap.add_argument("--allowed-origins", default=None, metavar="ORIGIN[,ORIGIN...]",
+                    help="web origins (https://app.example.com, * for any) that may send requests and open "
+                         "WebSockets besides the server's own and loopback ones (default: FORKYARD_ALLOWED_ORIGINS)")
     return ap
 
 
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             # ray.init made SIGTERM exit with status 15; uvicorn re-raises the SIGTERM it stopped on once it
             # has shut down: a stop asked for is a clean stop (status 0, the cluster's sandboxes closed below).
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        app = create_app(config=config, sandboxes=False, sandbox_provider=provider, api_key=key)
+        app = create_app(config=config, sandboxes=False, sandbox_provider=provider, api_key=key, settings=settings)
     else:
         try:  # built here, before the server listens: no isolation means no server
             backend = make_backend(settings.backend, unsafe_no_isolation=ns.unsafe_no_isolation)
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             backend = settings.backend
         except ValueError as exc:  # unknown options, or --unsafe-no-isolation for an always isolated backend
             ap.error(str(exc).replace("unsafe_no_isolation", "--unsafe-no-isolation"))
-        app = create_app(backend, config, max_body_bytes=settings.max_body_bytes, api_key=key)
+        app = create_app(backend, config, api_key=key, settings=settings)
     try:
         # a stop (SIGTERM, as `docker stop` sends) drains within a bound: requests in flight are answered or cut
         # (503) within DRAIN_GRACE_S, then every sandbox is destroyed (field case S39)

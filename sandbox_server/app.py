@@ -56,6 +56,7 @@ from sandbox_server.service import SandboxService
 from sandbox_server.session_host import SessionHost
 from sandbox_server.settings import ServerSettings, ServiceConfig
 from sandbox_server.snapshot_tokens import SnapshotSealer
+from sandbox_server.web_guard import WebGuard, WebGuardMiddleware
 
 _DESCRIPTION = ("A pool of snapshot-cloneable sandboxes with a read-only tool whitelist and per-turn timeouts, and "
                 "env sessions (/v1/envs) for every registered forkyard env. Every error answer is an ErrorBody "
@@ -148,6 +149,39 @@ class DrainMiddleware:
             drain._cut.discard(task)
 
 
+#: What a request to an app whose lifespan never ran is told (field case S49).
+NOT_STARTED = ("this forkyard app was not started: its lifespan (the sandbox pool, the reaper of idle sessions, the "
+               "clean-up at shutdown) never ran, as happens when it is mounted inside another app. Run it inside "
+               "the parent's lifespan: `async with fy.router.lifespan_context(fy): yield` in the parent's "
+               "`lifespan`, or serve it on its own (`python -m sandbox_server`)")
+
+
+class StartedCheck:
+    """Pure-ASGI middleware: while the app's lifespan has not started (or has ended), every HTTP request and
+    WebSocket handshake is answered 500 ``not_started`` with :data:`NOT_STARTED` instead of reaching a
+    half-made server (field case S49). The lifespan sets ``state.started``."""
+
+    def __init__(self, app: Any, state: Any):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or self.state.started:
+            return await self.app(scope, receive, send)
+        if not self.state.not_started_logged:
+            self.state.not_started_logged = True
+            http_contract.log.error("%s", NOT_STARTED)
+        if scope["type"] == "http":
+            return await http_contract.error_response(500, NOT_STARTED, "not_started")(scope, receive, send)
+        body = http_contract.error_response(500, NOT_STARTED, "not_started")
+        await receive()  # websocket.connect
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": 500, "headers": body.raw_headers})
+            await send({"type": "websocket.http.response.body", "body": body.body})
+        else:
+            await send({"type": "websocket.close", "code": 1011, "reason": "not started"})
+
+
 class DrainingServer(uvicorn.Server):
     """A ``uvicorn.Server`` whose stop (SIGTERM, SIGINT) first starts the app's :class:`Drain`, and which
     cuts what is still open :data:`DRAIN_BACKSTOP_S` after the drain's grace: the whole stop is bounded by
@@ -169,13 +203,14 @@ class DrainingServer(uvicorn.Server):
 
 def create_app(backend: Backend | str | None = None, config: ServiceConfig | None = None, *,
                service: SandboxService | None = None, warm: bool = True, max_body_bytes: int | None = None,
-               sandboxes: bool = True, sandbox_provider: Any = None, api_key: str | None = None) -> FastAPI:
+               sandboxes: bool = True, sandbox_provider: Any = None, api_key: str | None = None,
+               settings: ServerSettings | None = None) -> FastAPI:
     """Build the FastAPI app. The service starts (orphan clean-up, pool warm-up) in the lifespan.
 
     Args:
         backend: a backend instance, or a registered backend name (:data:`sandbox_server.backends.BACKENDS`),
             built with :func:`~sandbox_server.backends.make_backend` when the app starts (default:
-            ``ServerSettings().backend``, i.e. ``FORKYARD_BACKEND`` or ``local``, read then).
+            ``settings.backend``).
         config: service limits, env-session TTL and cap (default: :meth:`ServiceConfig.from_env`, read now).
         service: use this already-built service instead (its config then applies; the app closes it at
             shutdown). Not together with ``backend`` or ``config``.
@@ -184,6 +219,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             ``ServerSettings().max_body_bytes``; with ``sandboxes=False``,
             :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`, the batched env routes' cap); other
             routes have smaller ones.
+        settings: how the server runs (body limit, env modules, snapshot key, allowed hosts and origins); default
+            :class:`~sandbox_server.settings.ServerSettings` read from ``FORKYARD_*`` now, once.
         sandboxes: False: a server of env sessions alone (``python -m sandbox_server --no-sandboxes``): no
             sandbox service, no sandbox routes; sandbox-backed envs (FileQA) are refused with a 422 unless
             ``sandbox_provider`` is given.
@@ -202,6 +239,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             or ``service``; ``sandbox_provider`` with ``sandboxes=True``; a limit that is not positive; a key
             :func:`envs.api_key.api_key` refuses; an env module of ``FORKYARD_ENV_MODULES`` that cannot be imported.
     """
+    settings = settings if settings is not None else ServerSettings()
     door_key = resolve_api_key(api_key)
     if service is not None and (backend is not None or config is not None):
         raise ValueError("pass either service, or backend and config, not both: a service has its own")
@@ -211,12 +249,12 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         raise ValueError("sandbox_provider is for sandboxes=False: a full server's env sessions use its own service")
     cfg = service.config if service is not None else (config or ServiceConfig.from_env())
     if max_body_bytes is None:
-        max_body_bytes = ServerSettings().max_body_bytes if sandboxes else ENV_BATCH_BODY_BYTES
+        max_body_bytes = settings.max_body_bytes if sandboxes else ENV_BATCH_BODY_BYTES
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
-    import_env_modules(ServerSettings().env_modules)  # the envs the operator named (ValueError if one fails)
+    import_env_modules(settings.env_modules)  # the envs the operator named (ValueError if one fails)
     sessions = EnvSessions(ttl_s=cfg.env_ttl_s, max_sessions=cfg.max_env_sessions, sandbox_provider=sandbox_provider)
-    key = ServerSettings().snapshot_key
+    key = settings.snapshot_key
     host = SessionHost(sessions, SnapshotSealer(key.get_secret_value() if key is not None else None))
     backend_error: list[str] = []
 
@@ -226,7 +264,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         b = backend
         if b is None or isinstance(b, str):
             try:
-                b = make_backend(b)
+                b = make_backend(b if b is not None else settings.backend)
             except ServiceUnavailable as exc:  # engine down, no isolation: a degraded server that says why
                 backend_error.append(str(exc))
                 return None
@@ -246,8 +284,10 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
                 sessions.sandbox_unavailable = (
                     None if svc is not None else f"no sandbox backend: {app.state.backend_error}")
             reaper_task = asyncio.create_task(reaper(sessions))
+            app.state.started = True
             yield
         finally:
+            app.state.started = False
             if reaper_task is not None:
                 reaper_task.cancel()
             await anyio.to_thread.run_sync(sessions.close_all)  # first: env sessions give their sandboxes back
@@ -282,11 +322,16 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.state.openenv_owners = {}  # session id -> the OpenEnv connection responsible for it (routes/openenv.py)
     http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable if sandboxes else None)
+    app.state.started, app.state.not_started_logged = False, False  # the lifespan sets it (field case S49)
+    app.add_middleware(StartedCheck, state=app.state)
     app.state.drain = Drain()  # a stop drains within a bound (DrainingServer starts it; field case S39)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.state.api_key_required = door_key is not None
-    if door_key is not None:  # outermost: before any route, body limit or body read
+    if door_key is not None:  # before any route, body limit or body read
         app.add_middleware(ApiKeyMiddleware, key=HiddenKey(door_key))
+    # outermost: a web page's request is refused before anything else (field cases S46, S47)
+    app.add_middleware(WebGuardMiddleware, guard=WebGuard(settings.allowed_hosts.split(","),
+                                                          settings.allowed_origins.split(",")))
     app.include_router(env_routes.router)
     app.include_router(openenv.router)
     if sandboxes:
@@ -320,5 +365,5 @@ def create_env_app(ttl_s: float | None = None, max_sessions: int | None = None, 
                       api_key=api_key)
 
 
-__all__ = ["DRAIN_BACKSTOP_S", "DRAIN_GRACE_S", "Drain", "DrainMiddleware", "DrainingServer", "create_app",
-           "create_env_app"]
+__all__ = ["DRAIN_BACKSTOP_S", "DRAIN_GRACE_S", "NOT_STARTED", "Drain", "DrainMiddleware", "DrainingServer",
+           "StartedCheck", "create_app", "create_env_app"]

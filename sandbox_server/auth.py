@@ -25,6 +25,8 @@ import hmac
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandbox_server.http_contract import route_path
+
 #: Paths served without a key.
 OPEN_PATHS = frozenset({"/healthz"})
 
@@ -68,7 +70,7 @@ class ApiKeyMiddleware:
         return hmac.compare_digest(value, self._key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.authorized(scope):
+        if scope["type"] not in ("http", "websocket") or route_path(scope) in OPEN_PATHS or self.authorized(scope):
             await self.app(scope, receive, send)
             return
         has_header = any(k == b"authorization" for k, _ in scope.get("headers", ()))

@@ -79,6 +79,14 @@ def error_response(
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 
+def route_path(scope: Any) -> str:
+    """The request's path inside this app: ``scope["path"]`` without the ``root_path`` of a mount (Starlette
+    keeps the mount's prefix in ``path``), so path rules hold whether the app is served or mounted (field case
+    S49)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
+
+
 def retry_after(seconds: float) -> dict[str, str]:
     """The ``Retry-After`` header for a delay in seconds (a whole number, at least 1)."""
     return {"Retry-After": str(max(1, math.ceil(seconds if math.isfinite(seconds) else 1)))}
@@ -252,7 +260,7 @@ class BodyLimit:
             return
         limit, hint = self.max_body_bytes, ""
         if self.route_limit is not None:
-            special = self.route_limit(scope["path"])
+            special = self.route_limit(route_path(scope))
             if special is not None and special[0] < limit:
                 limit, hint = max(special[0], MIN_ROUTE_LIMIT), special[1]
         if declared is not None:

@@ -110,7 +110,8 @@ def default_max_body_bytes() -> int:
 class ServerSettings(BaseSettings):
     """How a server runs: ``FORKYARD_HOST``, ``FORKYARD_PORT``, ``FORKYARD_BACKEND``, ``FORKYARD_SERVER_NAME``,
     ``FORKYARD_SANDBOX_IMAGE``, ``FORKYARD_MAX_BODY_BYTES``, ``FORKYARD_CORPUS``, ``FORKYARD_LOG_LEVEL``,
-    ``FORKYARD_RAY``, ``FORKYARD_SNAPSHOT_KEY``.
+    ``FORKYARD_RAY``, ``FORKYARD_SNAPSHOT_KEY``, ``FORKYARD_ENV_MODULES``, ``FORKYARD_ALLOWED_HOSTS``,
+    ``FORKYARD_ALLOWED_ORIGINS``.
 
     Raises ``pydantic.ValidationError`` on a value of the wrong type.
     """
@@ -148,6 +149,13 @@ class ServerSettings(BaseSettings):
     #: A client's ``"module:Id"`` may name only a module imported here or by an installed plugin: the server
     #: never imports a module a client names.
     env_modules: str = ""
+    #: Host names served besides loopback ones, comma-separated (``*`` any, ``*.example.com`` subdomains): on a
+    #: request that came through loopback, the only other names served (DNS rebinding); on another address, the
+    #: whole rule when set (:mod:`sandbox_server.web_guard`).
+    allowed_hosts: str = ""
+    #: Web origins (``https://app.example.com``, ``*`` any) that may send requests and open WebSockets besides
+    #: the server's own and loopback ones, comma-separated (:mod:`sandbox_server.web_guard`).
+    allowed_origins: str = ""
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -162,6 +170,15 @@ class ServerSettings(BaseSettings):
         if bad:
             raise ValueError(f"not module names: {bad}; give dotted module names, comma-separated")
         return ",".join(names)
+
+    @field_validator("allowed_hosts", "allowed_origins")
+    @classmethod
+    def _web_lists(cls, value: str, info: Any) -> str:
+        from sandbox_server.web_guard import WebGuard
+
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        WebGuard(**{info.field_name: items})  # ValueError naming the items that are not origins
+        return ",".join(items)
 
     @field_validator("snapshot_key")
     @classmethod

@@ -358,7 +358,7 @@ def _stream_chunked(port: int, path: str, total: int) -> tuple[int, int, bytes]:
         whole.set()
 
     reader = threading.Thread(target=read, daemon=True)
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  "Transfer-Encoding: chunked\r\n\r\n".encode())
     reader.start()
     t0 = time.monotonic()
@@ -401,7 +401,7 @@ def test_s16_huge_bodies_are_refused_before_they_are_read(tmp_path):
 
         # Declared: 64 MB announced, not one body byte sent: refused from the header alone.
         conn = RawConnection(port)
-        conn.sock.sendall(f"POST /v1/envs/{sid}/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        conn.sock.sendall(f"POST /v1/envs/{sid}/step HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           f"Content-Length: {64 << 20}\r\n\r\n".encode())
         t0 = time.monotonic()
         status, headers, body = conn.read_response()
@@ -784,7 +784,7 @@ def test_clients_that_hang_up_leave_nothing_behind_on_any_route():
                 blocker = c.post("/v1/sandboxes").json()["id"]  # the pool is full now
                 raw = _json.dumps(body).encode()
                 sock = socket.create_connection(("127.0.0.1", srv.port))
-                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                              f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
                 time.sleep(0.5)
                 sock.close()  # the client gives up while its request waits for a sandbox
