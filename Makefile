@@ -43,7 +43,7 @@ test: $(STAMP) lint
 	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # One layer's tests: make test-layer LAYER=envs (the folders of tests/: envs, sandbox_server, trainer, ray_cluster,
 # integrations, repo), with the set-up make test does but no lint stage.

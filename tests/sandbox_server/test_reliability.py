@@ -87,7 +87,10 @@ async def _round(url: str, statuses: Counter, creates: int = 64, calls: int = 25
 #: Descriptors a round may leave above the baseline (pooled engine connections; 5 rounds: a leak of one per
 #: round ends above it).
 FD_SLACK = 2
-THREAD_SLACK = 1  # threads a worker pool may keep past its warm-up size (not a leak: it does not grow)
+#: Threads worker pools may keep past their warm-up size after a round that overlapped more calls than the warm-up
+#: (not a leak: it does not grow). Seen on machines loaded by other jobs: 16 and 17 against a baseline of 15. A
+#: leak of one thread a round passes it by the fourth of the five rounds.
+THREAD_SLACK = 3
 
 
 def test_load_rounds_return_every_count_to_its_baseline():
@@ -114,9 +117,8 @@ def test_load_rounds_return_every_count_to_its_baseline():
             res = srv.resources()
             # The engine client's connection pool may keep one or two more connections after a round that ran
             # on a busier machine (seen once: 40 against 39 after 30 s); a leak grows every round and fails.
-            # A worker pool may also keep one more thread after a round that overlapped more calls than the
-            # warm-up did (seen once on a machine loaded by other jobs: 16 against 15); a leak of one thread a
-            # round passes that slack by the second round.
+            # Worker pools may also keep a few more threads after a round that overlapped more calls than the
+            # warm-up did (THREAD_SLACK).
             while ((res["fds"] > base["fds"] + FD_SLACK or res["threads"] > base["threads"] + THREAD_SLACK)
                    and time.monotonic() < deadline):
                 time.sleep(0.5)
