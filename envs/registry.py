@@ -125,7 +125,7 @@ def load_env_plugins() -> None:
     """Load the ``forkyard.envs`` plugins now (once). :mod:`envs` calls it last when imported: Gymnasium's
     registry, which ``gymnasium.make`` reads, cannot load on lookup, and a plugin's module imports :mod:`envs`."""
     if ENV_PLUGINS.group is None:
-        ENV_PLUGINS.load_from(ENV_PLUGIN_GROUP, _add_env_plugin)
+        ENV_PLUGINS.load_from(ENV_PLUGIN_GROUP, _add_env_plugin, registry)  # its ids: built-ins, kept (S52)
     ENV_PLUGINS.load_plugins()
 
 

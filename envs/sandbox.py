@@ -19,6 +19,8 @@ import functools
 import importlib.metadata
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from envs.plugins import load_entry_point
+
 
 class SandboxFailure(RuntimeError):
     """The sandbox or its service failed (engine down, pool exhausted, agent died); not the action's fault."""
@@ -84,8 +86,9 @@ def provider_for(backend: str | None, name: str = "default") -> SandboxProvider:
 
     Raises:
         SandboxFailure: the backend cannot start. ValueError: an unknown backend name.
-        ImportError: no factory of that name is installed (``pip install forkyard[server]``), or it cannot
-            be imported.
+        ImportError: no factory of that name is installed (``pip install forkyard[server]``), it cannot be
+            imported (any exception of its import, named with its distribution), or it is refused (several
+            packages declare the name and none is forkyard: :func:`envs.plugins.choose`).
     """
     return _factory(name)(backend)
 
@@ -93,12 +96,13 @@ def provider_for(backend: str | None, name: str = "default") -> SandboxProvider:
 @functools.cache
 def _factory(name: str):
     """The factory ``name`` of :data:`PROVIDER_GROUP`, looked up once per process (a scan of the installed
-    packages' entry points costs tens of milliseconds)."""
+    packages' entry points costs tens of milliseconds): forkyard's own wins over another package's of the same
+    name, whatever ``sys.path`` order (field case S52, :func:`envs.plugins.load_entry_point`)."""
     found = [ep for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == name]
     if not found:
         raise ImportError(f"no sandbox provider factory {name!r} in the entry-point group {PROVIDER_GROUP!r}: "
                           "install forkyard with its server extra (pip install 'forkyard[server]')")
-    return found[0].load()
+    return load_entry_point(PROVIDER_GROUP, found)
 
 
 __all__ = ["ExportingProvider", "PROVIDER_GROUP", "SandboxFailure", "SandboxProvider", "SandboxRefusal",
