@@ -35,6 +35,7 @@ from typing import Any
 from trainer.config import setting
 from trainer.loop import env_id_arg
 from trainer.plot import plot_sweep
+from trainer.runlog import write_atomic
 from trainer.stats import mean_ci
 from trainer.tabular_config import POLICY_KEYS, TrainConfig
 
@@ -299,7 +300,7 @@ def run_sweep(sweep: SweepConfig) -> tuple[list[dict], list[dict], Path]:
         raise ValueError(f"{out} holds a sweep with other settings ({out / 'sweep.json'}): give another --out")
     (out / "metrics").mkdir(parents=True, exist_ok=True)
     (out / "rows").mkdir(exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(shared, indent=1) + "\n")
+    write_atomic(out / "sweep.json", json.dumps(shared, indent=1) + "\n")  # a kill never leaves it torn
     turns = [t if t is not None else default_turns(sweep.env, sweep.env_kwargs_for(None))
              for t in sweep.turn_budgets()]
     for t in turns:  # every budget checked here, not in a worker: a bad env or kwarg is one clear error

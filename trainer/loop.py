@@ -26,7 +26,8 @@ Run folders (``cfg.run_dir``): ``config.json``, ``metrics.jsonl`` (a row per ite
 states, the env calls spent, the monitors), written every ``save_every`` iterations, at the last one, and after
 the iteration during which a SIGTERM / SIGINT arrived (the run then stops: :class:`TrainingInterrupted`).
 ``resume=RUN_DIR`` continues that run at the next iteration with that iteration's seeds and appends to its
-``metrics.jsonl``; resumed and uninterrupted runs are the same run. A new run never writes into a folder that
+``metrics.jsonl`` (a torn tail, from a kill mid-write or a power loss, cut off first: :mod:`trainer.runlog`,
+field case S57); resumed and uninterrupted runs are the same run. A new run never writes into a folder that
 holds a run's records (:func:`check_new_run_dir`). ``forkyard sft`` keeps its own records the same way
 (:func:`trainer.text.text_sft.sft`, with the helpers here).
 
@@ -65,6 +66,7 @@ from trainer.collectors import Collector, InProcessCollector, get_collector
 from trainer.config import setting
 from trainer.estimators import ANCHOR_BY, Assigned, estimator_names, rollout_kind, step_advantages
 from trainer.rollout import FORK_SELECTIONS, Actor, EpisodeMetrics, Rollout
+from trainer.runlog import DamagedLogError, read_json, read_log, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -390,8 +392,9 @@ def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
     when the command line gave it (:func:`trainer.config.given_fields`), else when it differs from its default.
 
     Raises:
-        RunDirError: no such config file; it is not a config of ``type(cfg)`` (another command's run); or a
-            given setting outside :data:`RESUME_MAY_CHANGE` differs from the run's.
+        RunDirError: no such config file; it cannot be read and the resume state holds no copy (a torn one is
+            repaired from that copy: :func:`_saved_config`); it is not a config of ``type(cfg)`` (another
+            command's run); or a given setting outside :data:`RESUME_MAY_CHANGE` differs from the run's.
     """
     from trainer.config import given_fields
 
@@ -399,7 +402,7 @@ def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
     path = run_dir / config_file
     if not path.is_file():
         raise RunDirError(f"--resume {run_dir}: no {config_file} there (no run of this command to continue)")
-    saved = json.loads(path.read_text())
+    saved = _saved_config(run_dir, config_file)
     names = {f.name: f for f in fields(cfg)}
     alien = sorted(set(saved) - set(names))
     if alien:
@@ -421,6 +424,26 @@ def resume_config(cfg: Any, config_file: str = "config.json") -> Any:
     values.update(resume=str(run_dir), run_dir=str(run_dir), progress=cfg.progress)
     out = type(cfg)(**{k: _typed(names[k], v) for k, v in values.items() if k in names and names[k].init})
     return out
+
+
+def _saved_config(run_dir: Path, config_file: str) -> dict[str, Any]:
+    """The settings in ``run_dir/config_file``; one that cannot be read (torn) is repaired from the copy in the
+    run's resume state (``resume.pt``; ``sft_resume.pt`` for ``sft_config.json``): :func:`trainer.runlog.read_json`.
+
+    Raises:
+        RunDirError: the file cannot be read and no resume state holds the settings.
+    """
+    state = run_dir / config_file.replace("config.json", "resume.pt")
+
+    def saved_in_state() -> Any:
+        import torch
+
+        return torch.load(state, map_location="cpu", weights_only=True).get("config") if state.is_file() else None
+
+    try:
+        return read_json(run_dir / config_file, fallback=saved_in_state, fallback_name=state.name)
+    except ValueError as exc:
+        raise RunDirError(f"--resume {run_dir}: {exc}") from exc
 
 
 def _default(f: Any) -> Any:
@@ -470,25 +493,35 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def continue_records(path: Path, done: int, key: str = "iteration") -> list[dict[str, Any]]:
     """The records of a resumed run: the rows of JSONL ``path`` with ``row[key] < done`` (those the saved
-    state includes). Rows past it (written after the last save, before a kill) are redone by the resumed run:
-    they move to ``<stem>.discarded.jsonl`` beside it (appended, never lost) and the file keeps the others.
-    Returns the rows kept."""
-    if not path.is_file():
-        return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = [json.loads(line) for line in lines]
-    keep = [line for line, row in zip(lines, rows, strict=True) if row.get(key, -1) < done]
-    extra = [line for line, row in zip(lines, rows, strict=True) if row.get(key, -1) >= done]
+    state includes). The log is read by :func:`trainer.runlog.read_log`, which cuts a torn tail off (a kill
+    mid-write, NUL padding after a power loss: field case S57) with a warning. Rows past ``done`` (written after
+    the last save, before a kill) are redone by the resumed run: they move to ``<stem>.discarded.jsonl`` beside
+    it (appended, never lost) and the file keeps the others. Rows the saved state covers but the log lost are
+    named in a warning. Returns the rows kept.
+
+    Raises:
+        RunDirError: the log is damaged before its last whole row (corruption, not a torn tail; file and line
+            named, the file unchanged).
+    """
+    try:
+        got = read_log(path, repair=True)
+    except DamagedLogError as exc:
+        raise RunDirError(f"--resume {path.parent}: {exc}") from exc
+    keep = [line for line, row in zip(got.lines, got.rows, strict=True) if row.get(key, -1) < done]
+    extra = [line for line, row in zip(got.lines, got.rows, strict=True) if row.get(key, -1) >= done]
     if extra:
         aside = path.with_name(path.stem + ".discarded.jsonl")
         with aside.open("a") as f:
             f.write("".join(line + "\n" for line in extra))
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in keep))
         log.warning("%s: %d rows past the saved state moved to %s (the resumed run redoes them)", path, len(extra),
                     aside)
-    return [row for row in rows if row.get(key, -1) < done]
+    kept = [row for row in got.rows if row.get(key, -1) < done]
+    missing = sorted(set(range(done)) - {row.get(key) for row in kept})
+    if missing:
+        log.warning("%s: no rows for %s %s..%s (%d rows), which the saved state covers; the resumed run goes on "
+                    "without them", path, key, missing[0], missing[-1], len(missing))
+    return kept
 
 
 def open_run_dir(cfg: Any) -> tuple[Path | None, Any, dict[str, Any] | None]:
@@ -511,23 +544,23 @@ def open_run_dir(cfg: Any) -> tuple[Path | None, Any, dict[str, Any] | None]:
         state = torch.load(out / "resume.pt", map_location="cpu", weights_only=True)
         state["metrics"] = continue_records(out / "metrics.jsonl", state["iteration"])
         config = json.dumps(asdict(cfg), indent=2)
-        if (out / "config.json").read_text() != config:
-            (out / "config.json").write_text(config)
+        if (out / "config.json").read_bytes() != config.encode():
+            write_atomic(out / "config.json", config)
         return out, (out / "metrics.jsonl").open("a"), state
     if not cfg.run_dir:
         return None, None, None
     check_new_run_dir(cfg.run_dir)
     out = Path(cfg.run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    write_atomic(out / "config.json", json.dumps(asdict(cfg), indent=2))
     return out, (out / "metrics.jsonl").open("x"), None
 
 
 def write_summary(out: Path | None, evaluation: dict[str, float], wall_s: float, warnings: list[str]) -> None:
     """``RUN_DIR/summary.json``: the final evaluation, wall seconds and warnings (nothing when ``out`` is None)."""
     if out:
-        (out / "summary.json").write_text(
-            json.dumps({"evaluation": evaluation, "wall_s": wall_s, "warnings": warnings}, indent=2))
+        write_atomic(out / "summary.json",
+                     json.dumps({"evaluation": evaluation, "wall_s": wall_s, "warnings": warnings}, indent=2))
 
 
 def collect(cfg: LoopConfig, env, policy: Actor, rng: random.Random, iteration: int,

@@ -17,7 +17,6 @@ matplotlib (``train`` extra) is imported by the functions that draw, so importin
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,9 +37,15 @@ def _pyplot():
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of ``RUN_DIR/metrics.jsonl``. Raises FileNotFoundError if it is missing."""
+    """The rows of ``RUN_DIR/metrics.jsonl`` (a torn tail of a killed run ignored with a warning:
+    :func:`trainer.runlog.read_log`). Raises FileNotFoundError if it is missing, DamagedLogError if a line before
+    the end is damaged."""
+    from trainer.runlog import read_log
+
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return read_log(path).rows
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, compare: tuple | list = ()) -> str:
