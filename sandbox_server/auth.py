@@ -13,7 +13,8 @@ Basic credentials whose password is ``KEY`` (what a WebSocket library sends for 
 
 The key comes from :func:`envs.api_key.api_key` (``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``), the
 reader the clients use too. ``/healthz`` stays open so that orchestrators (compose's health check,
-Kubernetes probes) need no secret; it reveals no session, sandbox nor setting beyond the pool's counts.
+Kubernetes probes) need no secret; it reveals no session id, sandbox nor setting: only counts (the pool's,
+and env sessions' by registered env id and transport).
 """
 
 from __future__ import annotations

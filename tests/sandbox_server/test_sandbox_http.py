@@ -161,12 +161,12 @@ def test_async_client_concurrent_calls(server):
 
 
 def test_engine_down_is_503_not_a_hang():
-    app = create_app(backend=None, config=ServiceConfig(min_idle=0))
     import os
 
     old = os.environ.get("DOCKER_HOST")
     os.environ["FORKYARD_BACKEND"], os.environ["DOCKER_HOST"] = "docker", "unix:///nonexistent/docker.sock"
-    try:
+    try:  # the settings are read once, by create_app; the engine is tried as the app starts
+        app = create_app(backend=None, config=ServiceConfig(min_idle=0))
         srv = UvicornThread(app).start()
     finally:
         os.environ.pop("FORKYARD_BACKEND")
