@@ -10,7 +10,13 @@ Clients that cannot add a header (OpenEnv's own ``GenericEnvClient``) put the ke
 server takes the key from the password.
 
 A key is visible ASCII without spaces (it travels in a header): anything else, an empty value, or both
-variables at once is a ValueError naming the variable, never echoing the value. Standard library only.
+variables at once is a ValueError naming the variable, never echoing the value.
+
+Rotation (field case S54): either variable may hold several keys, comma-separated, ``NEW,OLD`` (so a key
+never contains a comma). A server accepts each of them (:func:`api_keys`); a client sends the first
+(:func:`api_key`). To change the key without refusing anyone: give the server ``NEW,OLD`` and restart it,
+move the clients to ``NEW``, then give the server ``NEW`` alone. An empty item (a stray comma) or a key
+listed twice is refused like a bad key. Standard library only.
 """
 
 from __future__ import annotations
@@ -34,25 +40,54 @@ def check_key(key: str, source: str) -> str:
     return key
 
 
-def api_key(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The API key to require (server) or send (client): ``explicit`` when given, else ``FORKYARD_API_KEY``,
-    else the content of the file ``FORKYARD_API_KEY_FILE`` names, else None (no key).
+def api_keys(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Every key a server accepts: ``explicit`` when given, else ``FORKYARD_API_KEY``, else the content of the
+    file ``FORKYARD_API_KEY_FILE`` names, split at its commas (``NEW,OLD`` during a rotation, field case S54);
+    ``()`` when neither variable is set (no key).
 
     Raises:
-        ValueError: both variables set, an unreadable key file, or a key :func:`check_key` refuses.
+        ValueError: both variables set, an unreadable key file, an empty item, a key :func:`check_key`
+            refuses, or a key listed twice; the message names the variable (and the key's place in the list),
+            never a key.
     """
     if explicit is not None:
-        return check_key(explicit, "api_key")
+        return _split(explicit, "api_key")
     env = os.environ if environ is None else environ
     value, path = env.get(KEY_VAR), env.get(KEY_FILE_VAR)
     if value is not None and path is not None:
         raise ValueError(f"set {KEY_VAR} or {KEY_FILE_VAR}, not both")
     if path is not None:
         try:
-            return check_key(Path(path).read_text(encoding="utf-8").strip(), f"the content of {KEY_FILE_VAR}")
+            text = Path(path).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{KEY_FILE_VAR}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    return None if value is None else check_key(value, KEY_VAR)
+        return _split(text, f"the content of {KEY_FILE_VAR}")
+    return () if value is None else _split(value, KEY_VAR)
+
+
+def api_key(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key a client sends: the first of :func:`api_keys` (the newest during a rotation), else None.
+
+    Raises:
+        ValueError: as :func:`api_keys`.
+    """
+    keys = api_keys(explicit, environ)
+    return keys[0] if keys else None
+
+
+def _split(text: str, source: str) -> tuple[str, ...]:
+    """The keys of ``text`` (comma-separated), each checked by :func:`check_key`, none twice."""
+    items = text.split(",")
+    if len(items) == 1:
+        return (check_key(text, source),)
+    keys: list[str] = []
+    for i, item in enumerate(items, 1):
+        place = f"{source} (key {i} of {len(items)}, comma-separated)"
+        check_key(item, place)
+        if item in keys:
+            raise ValueError(f"{place} repeats key {keys.index(item) + 1}: list each key once")
+        keys.append(item)
+    return tuple(keys)
 
 
 def redact_url(url: str) -> str:
@@ -69,4 +104,4 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-__all__ = ["KEY_FILE_VAR", "KEY_VAR", "api_key", "auth_headers", "check_key", "redact_url"]
+__all__ = ["KEY_FILE_VAR", "KEY_VAR", "api_key", "api_keys", "auth_headers", "check_key", "redact_url"]

@@ -138,13 +138,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         import_env_modules(settings.env_modules)
     except ValueError as exc:
         ap.error(str(exc))
-    from envs.api_key import api_key
+    from envs.api_key import api_keys
     from sandbox_server.app import DrainingServer, create_app
     from sandbox_server.backends import make_backend
     from sandbox_server.errors import IsolationUnavailable, ServiceUnavailable
 
     try:
-        key = api_key()  # FORKYARD_API_KEY / FORKYARD_API_KEY_FILE: required on every route but /healthz
+        keys = api_keys()  # FORKYARD_API_KEY / FORKYARD_API_KEY_FILE: required on every route but /healthz
+        key = ",".join(keys) if keys else None  # any of them accepted (NEW,OLD during a rotation)
     except ValueError as exc:
         ap.error(str(exc))
     if key is None and not is_loopback(settings.host):

@@ -42,9 +42,9 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 
-from envs.api_key import api_key as resolve_api_key
+from envs.api_key import api_keys as resolve_api_keys
 from sandbox_server import http_contract
-from sandbox_server.auth import ApiKeyMiddleware, HiddenKey
+from sandbox_server.auth import ApiKeyMiddleware, HiddenKeys
 from sandbox_server.backends import Backend, make_backend
 from sandbox_server.env_sessions import EnvSessions, import_env_modules, reaper
 from sandbox_server.errors import ServiceUnavailable
@@ -226,9 +226,10 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             ``sandbox_provider`` is given.
         sandbox_provider: with ``sandboxes=False``, a started sandbox service (or client) the env sessions of
             sandbox-backed envs take their sandboxes from; the caller keeps it (it is not closed here).
-        api_key: the key every route and transport but ``/healthz`` requires (:mod:`sandbox_server.auth`);
-            default: :func:`envs.api_key.api_key` (``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``, read
-            now), None when neither is set: no key required.
+        api_key: the key every route and transport but ``/healthz`` requires (:mod:`sandbox_server.auth`), or
+            several, comma-separated, any of which is accepted (``NEW,OLD`` during a rotation); default:
+            :func:`envs.api_key.api_keys` (``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``, read now), none
+            when neither is set: no key required.
 
     If the backend cannot be built (engine down), the app still starts: ``/healthz`` says degraded and
     sandbox routes (and sandbox-backed env sessions) answer 503. Env sessions of sandbox-backed envs
@@ -240,7 +241,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             :func:`envs.api_key.api_key` refuses; an env module of ``FORKYARD_ENV_MODULES`` that cannot be imported.
     """
     settings = settings if settings is not None else ServerSettings()
-    door_key = resolve_api_key(api_key)
+    door_keys = resolve_api_keys(api_key)
     if service is not None and (backend is not None or config is not None):
         raise ValueError("pass either service, or backend and config, not both: a service has its own")
     if not sandboxes and (backend is not None or service is not None):
@@ -326,9 +327,9 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.add_middleware(StartedCheck, state=app.state)
     app.state.drain = Drain()  # a stop drains within a bound (DrainingServer starts it; field case S39)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
-    app.state.api_key_required = door_key is not None
-    if door_key is not None:  # before any route, body limit or body read
-        app.add_middleware(ApiKeyMiddleware, key=HiddenKey(door_key))
+    app.state.api_key_required = bool(door_keys)
+    if door_keys:  # before any route, body limit or body read
+        app.add_middleware(ApiKeyMiddleware, key=HiddenKeys(door_keys))
     # outermost: a web page's request is refused before anything else (field cases S46, S47)
     app.add_middleware(WebGuardMiddleware, guard=WebGuard(settings.allowed_hosts.split(","),
                                                           settings.allowed_origins.split(",")))

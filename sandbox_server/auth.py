@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+from collections.abc import Sequence
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -39,17 +40,26 @@ class HiddenKey(str):
         return "<hidden>"
 
 
+class HiddenKeys(tuple):
+    """The keys a server accepts (``NEW,OLD`` during a rotation), whose ``repr`` hides them."""
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+
 class ApiKeyMiddleware:
-    """Refuse (401) every HTTP request and WebSocket handshake that does not carry ``key`` (module docstring).
+    """Refuse (401) every HTTP request and WebSocket handshake that does not carry one of the keys (module
+    docstring).
 
     Args:
         app: the ASGI app to guard.
-        key: the key (checked by :func:`envs.api_key.check_key` before it gets here).
+        key: the key, or the keys accepted during a rotation (``NEW``, ``OLD``; field case S54), each checked by
+            :func:`envs.api_key.check_key` before it gets here.
     """
 
-    def __init__(self, app: ASGIApp, key: str):
+    def __init__(self, app: ASGIApp, key: str | Sequence[str]):
         self.app = app
-        self._key = key.encode("ascii")
+        self._keys = tuple(k.encode("ascii") for k in ((key,) if isinstance(key, str) else key))
 
     def __repr__(self) -> str:
         return f"ApiKeyMiddleware(app={self.app!r}, key=<hidden>)"
@@ -68,7 +78,10 @@ class ApiKeyMiddleware:
                 return False
         elif scheme != b"bearer":
             return False
-        return hmac.compare_digest(value, self._key)
+        matched = False
+        for key in self._keys:  # every key compared: the time taken does not say which one matched
+            matched |= hmac.compare_digest(value, key)
+        return matched
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or route_path(scope) in OPEN_PATHS or self.authorized(scope):
@@ -92,4 +105,4 @@ class ApiKeyMiddleware:
             await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
 
 
-__all__ = ["ApiKeyMiddleware", "HiddenKey", "OPEN_PATHS"]
+__all__ = ["ApiKeyMiddleware", "HiddenKey", "HiddenKeys", "OPEN_PATHS"]

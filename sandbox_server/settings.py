@@ -20,6 +20,7 @@ Folders the project caches into are computed by :func:`cache_dir` only.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
@@ -141,7 +142,8 @@ class ServerSettings(BaseSettings):
     #: A Ray cluster (``auto``, an address, ``local``) whose nodes hold the sandboxes of the server's env
     #: sessions (:class:`ray_cluster.sandboxes.RayProvider`); None: the server's own pool.
     ray: str | None = None
-    #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`); None:
+    #: Fernet key sealing the env snapshots handed to clients (:mod:`sandbox_server.snapshot_tokens`), or several,
+    #: comma-separated, to rotate it (``NEW,OLD``: the first seals, every one opens; :func:`snapshot_keys`); None:
     #: a key drawn per server process (tokens restore only on the server that made them, until it restarts).
     snapshot_key: SecretStr | None = None
     #: Modules the server imports at start-up, comma-separated (``my_pkg.envs,other.envs``), so that the envs
@@ -182,14 +184,50 @@ class ServerSettings(BaseSettings):
 
     @field_validator("snapshot_key")
     @classmethod
-    def _fernet_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None:
-            try:
-                Fernet(key.get_secret_value())
-            except ValueError:
-                raise ValueError("FORKYARD_SNAPSHOT_KEY must be a Fernet key: 32 random bytes in URL-safe base64 "
-                                 "(44 characters)") from None
-        return key
+    def _fernet_keys(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is None:
+            return None
+        return SecretStr(",".join(snapshot_keys(key.get_secret_value())))  # the list, read strictly (S54)
+
+
+#: A Fernet key as written: 32 bytes in URL-safe base64, exactly (Fernet's own decoder skips stray characters
+#: and stops at the padding, so ``"NEW,OLD"`` would read as NEW alone: field case S54).
+_FERNET_KEY = re.compile(r"[A-Za-z0-9_-]{43}=")
+
+
+def snapshot_keys(value: str, source: str = "FORKYARD_SNAPSHOT_KEY") -> tuple[str, ...]:
+    """The keys of a ``FORKYARD_SNAPSHOT_KEY`` value: one Fernet key, or several comma-separated for a rotation
+    (``NEW,OLD``: the first seals, every one opens; field case S54). Whitespace around a key is dropped.
+
+    Args:
+        value: the setting's text.
+        source: the name the errors give the value (the variable, or an argument's name).
+
+    Returns:
+        The keys, in order, each 44 characters of URL-safe base64.
+
+    Raises:
+        ValueError: an empty value or item (a stray comma), an item that is not a Fernet key (too short, not
+            URL-safe base64, two keys without a comma between them) or a key listed twice; the message names
+            ``source`` and the item's place, never the value.
+    """
+    rule = (f"{source} must be one Fernet key (32 random bytes in URL-safe base64: 44 characters) or several, "
+            "comma-separated, the sealing key first")
+    items = [item.strip() for item in value.split(",")]
+    if items == [""]:
+        raise ValueError(f"{rule}: it is empty (unset it for a key per server process)")
+    for i, item in enumerate(items, 1):
+        place = f"key {i} of {len(items)}"
+        if not item:
+            raise ValueError(f"{rule}: {place} is empty (a stray comma?)")
+        if any(c.isspace() for c in item):
+            raise ValueError(f"{rule}: {place} holds whitespace (separate keys with commas)")
+        if not _FERNET_KEY.fullmatch(item):
+            raise ValueError(f"{rule}: {place} is not a Fernet key")
+        Fernet(item)  # cannot fail once the pattern matched; kept as the library's own word
+        if item in items[:i - 1]:
+            raise ValueError(f"{rule}: {place} repeats key {items.index(item) + 1}")
+    return tuple(items)
 
 
 def _secret(model: type[BaseSettings], field: str) -> bool:

@@ -248,3 +248,24 @@ def test_the_server_command_refuses_a_bad_key_and_warns_without_one_beyond_loopb
         quiet.terminate()
         _, err = quiet.communicate(timeout=30)
     assert "WARNING" not in err
+
+
+def test_a_key_list_accepts_every_key_during_a_rotation(monkeypatch):
+    """``FORKYARD_API_KEY=NEW,OLD`` (field case S54): the server accepts both, clients send the first, any other
+    key is refused, and no key shows in the app's middleware records."""
+    new, old = "fy-new-0123456789abcdef", "fy-old-0123456789abcdef"
+    monkeypatch.setenv(KEY_VAR, f"{new},{old}")
+    app = create_env_app()
+    assert new not in repr(app.user_middleware) and old not in repr(app.user_middleware)
+    srv = UvicornThread(app).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            for key, status in ((new, 200), (old, 200), (f"{new},{old}", 401), ("fy-other-0123456789abcdef", 401)):
+                assert http.get("/v1/envs", headers={"Authorization": f"Bearer {key}"}).status_code == status, key
+        env = RemoteEnv(CLUE, server_url=srv.url)  # from FORKYARD_API_KEY: sends NEW
+        try:
+            assert "Turn 1 of" in env.reset(seed=0)[0]
+        finally:
+            env.close()
+    finally:
+        srv.stop()
