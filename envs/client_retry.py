@@ -18,6 +18,9 @@ Two cases, and only these, are retried:
   request once more on a new connection only when repeating it is safe (:func:`safe_to_repeat`): reads,
   deletes, resets and read-only tool calls, never a step, create or fork, which may have run on the server.
 
+Connections are never shared across ``os.fork`` either (field case S59): each process opens its own
+(:class:`envs.process_local.PerProcess`, re-exported here as part of the clients' one policy).
+
 Standard library only.
 """
 
@@ -26,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+
+from envs.process_local import InheritedConnectionError, PerProcess
 
 #: Seconds a client keeps retrying requests answered ``503 unavailable`` (default of ``busy_timeout_s``).
 BUSY_TIMEOUT_S = 30.0
@@ -93,5 +98,5 @@ class BusyWait:
         return True
 
 
-__all__ = ["BUSY_STATUS", "BUSY_TIMEOUT_S", "BusyWait", "KEEPALIVE_EXPIRY_S", "MIN_WAIT_S", "is_busy",
-           "retry_after_s", "safe_to_repeat"]
+__all__ = ["BUSY_STATUS", "BUSY_TIMEOUT_S", "BusyWait", "InheritedConnectionError", "KEEPALIVE_EXPIRY_S",
+           "MIN_WAIT_S", "PerProcess", "is_busy", "retry_after_s", "safe_to_repeat"]

@@ -12,7 +12,9 @@ under the server's keep-alive timeout), connect retries (``httpx.HTTPTransport(r
 each connect, write and read. What it adds: the API key's header (:mod:`envs.api_key`), a request sent once
 more when its connection closed with no answer and :func:`envs.client_retry.safe_to_repeat` allows it (never a
 step, a create or a fork, which may have run), and :class:`~envs.core.EnvInfraError` for every network failure,
-naming the server by :func:`envs.api_key.redact_url` (a key in the URL never shows).
+naming the server by :func:`envs.api_key.redact_url` (a key in the URL never shows). The ``httpx.Client`` is
+per process (:class:`envs.process_local.PerProcess`, field case S59): used in a fork child, it opens connections
+of the child's own and leaves the parent's untouched.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import httpx
 from envs.api_key import auth_headers, redact_url
 from envs.client_retry import KEEPALIVE_EXPIRY_S, safe_to_repeat
 from envs.core import EnvInfraError
+from envs.process_local import PerProcess
 
 try:  # a faster codec when the server extras are installed; plain JSON either way
     import orjson
@@ -68,11 +71,17 @@ class HttpConnections:
         if api_key is not None:  # the explicit key wins: httpx would send the user info as Basic over it
             base = base.copy_with(username=None, password=None)
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
-        self.client = httpx.Client(
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)}
+        self._clients = PerProcess(lambda: httpx.Client(
             base_url=base, timeout=timeout_s, transport=httpx.HTTPTransport(retries=retries),
             limits=httpx.Limits(max_keepalive_connections=32, max_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S),
-            headers={"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)})
+            headers=headers))
         self.closed = False
+
+    @property
+    def client(self) -> httpx.Client:
+        """This process's ``httpx.Client`` (a fork child opens its own on first use: field case S59)."""
+        return self._clients.get()
 
     @property
     def is_closed(self) -> bool:
@@ -110,9 +119,12 @@ class HttpConnections:
         return self.request("POST", path, body)
 
     def close(self) -> None:
-        """Close every connection; later requests raise EnvInfraError."""
+        """Close every connection of this process (in a fork child, the parent's are left untouched); later
+        requests raise EnvInfraError."""
         self.closed = True
-        self.client.close()
+        client = self._clients.owned()
+        if client is not None:
+            client.close()
 
 
 __all__ = ["HttpConnections", "dumps", "loads"]

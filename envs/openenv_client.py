@@ -21,18 +21,33 @@ Every method raises ``RuntimeError("Server error: ... (code: ...)")`` on an erro
 client does. The server's API key (``api_key=``, else ``FORKYARD_API_KEY``: :mod:`envs.api_key`) goes in
 the WebSocket handshake's ``Authorization`` header. OpenEnv's own clients, which send no header, carry it in
 the URL's user info instead: ``http://forkyard:KEY@HOST:PORT/openenv/{env_id}``.
+
+The session lives on the connection. A connection that closed (the server restarted or dropped it) or failed
+in the middle of a message (a late answer could be read as the next one's) is dropped: the message raises
+:class:`~envs.core.EnvInfraError` (a ``RuntimeError``), never sent again, and a ``reset`` (which needs nothing
+of the lost episode) opens a new connection (field case S61). Used in a fork child, the client never touches
+the parent's connection (field case S59): ``reset`` and ``attach`` open one of the child's own; anything else
+raises :class:`~envs.process_local.InheritedConnectionError`, and ``close`` leaves the parent's connection open.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from openenv.core.client_types import StepResult
 from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, WebSocketException
+from websockets.protocol import State
 
 from envs.api_key import api_key as resolve_api_key
 from envs.api_key import auth_headers, redact_url
+from envs.core import EnvInfraError
+from envs.process_local import inherited_error, keep_inherited
+
+#: Messages that start a session on a connection (so they may open a new one: field cases S59, S61).
+_OPENERS = ("reset", "attach")
 
 
 class ForkyardEnvClient(GenericEnvClient):
@@ -52,16 +67,55 @@ class ForkyardEnvClient(GenericEnvClient):
     def __init__(self, base_url: str, *, api_key: str | None = None, **kwargs: Any):
         super().__init__(base_url=base_url, **kwargs)
         self._headers = auth_headers(resolve_api_key(api_key))
+        self._ws_pid = os.getpid()
+
+    def _parents(self, kind: str | None) -> None:
+        """In a fork child, leave the parent's connection untouched; refuse ``kind`` unless it opens a session."""
+        if self._ws is not None and self._ws_pid != os.getpid():
+            keep_inherited(self._ws)
+            self._ws, pid = None, self._ws_pid
+            if kind is not None and kind not in _OPENERS:
+                raise inherited_error("this ForkyardEnvClient's WebSocket session", pid, f"{kind!r} is refused: "
+                                      "reset() here opens a session of this process, or make the client here.")
+
+    def _drop(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None and ws.state is not State.CLOSED:
+            ws.transport.abort()  # no close handshake: the connection's answers cannot be trusted
 
     async def connect(self) -> "ForkyardEnvClient":
         """Open the WebSocket (once), sending the API key's header; ConnectionError when it cannot."""
+        self._parents(None)
         if self._ws is None:
             try:
                 self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
                                             max_size=self._max_message_size, additional_headers=self._headers)
             except Exception as exc:  # noqa: BLE001 - as OpenEnv's client: any failure to open is a ConnectionError
                 raise ConnectionError(f"Failed to connect to {redact_url(self._ws_url)}: {exc}") from exc
+            self._ws_pid = os.getpid()
         return self
+
+    async def disconnect(self) -> None:
+        """Close the WebSocket (in a fork child, only one this process opened)."""
+        self._parents(None)
+        await super().disconnect()
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        """OpenEnv's exchange, plus the module docstring's rules for lost connections and fork children."""
+        kind = str(message.get("type"))
+        self._parents(kind)
+        if kind in _OPENERS and self._ws is not None and self._ws.state is State.CLOSED:
+            self._ws = None  # its session ended with it: a reset needs nothing of it
+        await self._ensure_connected()  # ConnectionError when it cannot, as OpenEnv's client
+        try:
+            return await super()._send_and_receive(message)
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            self._drop()
+            if kind in _OPENERS and isinstance(exc, ConnectionClosed):  # closed as it was sent: open a new one
+                await self._ensure_connected()
+                return await super()._send_and_receive(message)
+            raise EnvInfraError(f"{kind} over {redact_url(self._ws_url)} failed: {exc!r}; the connection is "
+                                "closed and its session ended: reset() opens a new one") from exc
 
     async def fork(self, n: int = 1) -> list[str]:
         """``n`` new sessions at this session's state: their ids (deleted when this connection closes unless

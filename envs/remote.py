@@ -27,6 +27,12 @@ A missing or wrong API key raises ``PermissionError``. Server and network failur
 :class:`~envs.core.EnvInfraError` (trainers drop such episodes); a
 step after the episode ended raises :class:`~envs.core.EpisodeFinishedError`; a value the server refuses
 raises ``ValueError``.
+
+A session lost on the server (it restarted, or the session expired) fails its episode's next step with
+:class:`~envs.core.EnvInfraError` (never replayed), and ``reset`` opens a new session (field case S61). An env
+used in a fork child (a ``fork`` multiprocessing pool, a DataLoader worker) opens connections of its own there;
+the session opened before the fork stays the parent's: ``reset`` in the child opens the child's own, anything
+else on the parent's raises :class:`~envs.process_local.InheritedConnectionError` (field case S59).
 """
 
 from __future__ import annotations

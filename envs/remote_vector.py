@@ -22,7 +22,11 @@ sub-env is marked in the result instead, as an episode that ended by ``infra_err
 reward 0, ``truncated`` True, ``infos["termination_reason"]`` ``"infra_error"``, ``infos["error"]`` the
 failure as a dict) and the next ``step`` resets it (in a new session if its session was lost), which is how
 trainers already treat infrastructure failures. Client errors (409 ended episode, 413 action too long, 422
-invalid item) always raise; a missing or wrong API key raises ``PermissionError``.
+invalid item) always raise; a missing or wrong API key raises ``PermissionError``. A reset of a sub-env whose
+session was lost (404: the server restarted, the session expired) opens a new session for it (field case S61).
+Used in a fork child, the vector env opens connections of its own; the sessions opened before the fork stay the
+parent's: ``reset`` opens the child's own, ``step`` and ``fork`` on the parent's raise
+:class:`~envs.process_local.InheritedConnectionError` (field case S59).
 
 Transport: :class:`envs.http_connections.HttpConnections` (one ``httpx.Client``), the HTTP connections of
 every forkyard env client: keep-alive connections, a timeout per request, retries on connection errors (a
@@ -39,6 +43,7 @@ batched routes), read together.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -51,6 +56,7 @@ from envs.api_key import api_key as resolve_api_key
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
 from envs.http_connections import HttpConnections, dumps, loads
+from envs.process_local import inherited_error
 from envs.text_space import TextSpace
 
 
@@ -192,6 +198,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._client = HttpConnections(self.server_url, timeout_s, connect_retries, resolve_api_key(api_key))
         self._client_refs = [1]  # shared with forks: the connection closes when the last vector env using it closes
         self.session_ids: list[str | None] = [None] * num_envs
+        self._pid = os.getpid()  # the process the sessions belong to (field case S59)
         #: For a vector env made by :meth:`fork`, the index of each sub-env's parent in the forked vector env.
         self.parents: list[int] | None = None
         self._autoreset = np.zeros(num_envs, dtype=np.bool_)
@@ -250,6 +257,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         err = res.get("error") or {}
         return ItemFailure(res["status_code"], err.get("status"), err.get("detail", ""), res.get("retry_after_s"))
 
+    def _parents_sessions(self, what: str) -> None:
+        """In a fork child: refuse ``what`` (``"step"``, ``"fork"``) on the parent's sessions, or for a reset
+        or a close (``what`` None) leave them to the parent (field case S59)."""
+        if self._pid == os.getpid():
+            return
+        if what is not None and any(s is not None for s in self.session_ids):
+            raise inherited_error("the sessions of this RemoteVectorEnv", self._pid, f"{what} is refused: call "
+                                  "reset() here to open sessions of this process, or make the vector env here.")
+        self.session_ids, self._pid = [None] * self.num_envs, os.getpid()
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+
     def _raise_or_mark(self, what: str, failures: dict[int, ItemFailure], partial: Any) -> None:
         if not failures:
             return
@@ -266,6 +284,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         new = [k for k, i in enumerate(idx) if self.session_ids[i] is None]
         old = [k for k, i in enumerate(idx) if self.session_ids[i] is not None]
         answers: dict[int, dict[str, Any]] = {}
+        if old:
+            done = self._batch("reset", [{"session_id": self.session_ids[idx[k]], "seed": seeds[k],
+                                          "options": options} for k in old])
+            answers.update(zip(old, done, strict=True))
+            new += [k for k in old if answers[k].get("status_code") == 404]  # lost: made anew (field case S61)
         if new:
             made = self._batch("create", [{"env_id": self.env_id, "kwargs": self.kwargs, "seed": seeds[k],
                                            "options": options} for k in new])
@@ -273,10 +296,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             lost = [r for r in made if r.get("status_code") == 404]  # a create has no session to lose:
             if lost:  # its 404 is an env id the server does not serve, a configuration error
                 raise ValueError(f"the server does not serve {self.env_id!r}: {self._failure(lost[0]).detail}")
-        if old:
-            done = self._batch("reset", [{"session_id": self.session_ids[idx[k]], "seed": seeds[k],
-                                          "options": options} for k in old])
-            answers.update(zip(old, done, strict=True))
         for k, i in enumerate(idx):
             res = answers[k]
             if "result" in res:
@@ -324,6 +343,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-envs")
         idx = [i for i in range(self.num_envs) if mask is None or mask[i]]
+        self._parents_sessions(None)
         infos: list[tuple[int, dict]] = []
         failures: dict[int, ItemFailure] = {}
         obs = list(self._last_obs)
@@ -347,7 +367,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         actions = list(actions)
         if len(actions) != self.num_envs:
             raise ValueError(f"{len(actions)} actions for {self.num_envs} sub-envs")
-        if all(s is None for s in self.session_ids):
+        self._parents_sessions("step")
+        if all(s is None for s in self.session_ids) and not self._autoreset.any():  # (marked lost ones: reset now)
             raise gym.error.ResetNeeded("call reset() before step()")
         n = self.num_envs
         infos: list[tuple[int, dict]] = []
@@ -400,6 +421,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if len(counts) != self.num_envs or any(c < 0 for c in counts) or not any(counts):
             raise ValueError(f"fork needs a count >= 0 per sub-env (not all 0), got {n!r}")
         idx = [i for i, c in enumerate(counts) if c]
+        self._parents_sessions("fork")
         if any(self.session_ids[i] is None for i in idx):
             raise gym.error.ResetNeeded("call reset() before fork()")
         answers = self._batch("fork", [{"session_id": self.session_ids[i], "n": counts[i]} for i in idx])
@@ -435,6 +457,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self._parents_sessions(None)
         self._delete([s for s in self.session_ids if s is not None])
         self.session_ids = [None] * self.num_envs
         self._client_refs[0] -= 1

@@ -14,6 +14,11 @@ one session over a transport and decodes errors the one way every forkyard clien
   (trainers drop such episodes);
 * any other 4xx (and a 404 of a create or restore: an env id the server does not serve): ``ValueError``.
 
+A reset of a lost session (404: the server restarted, the session expired, its WebSocket closed) opens a new
+one (field case S61); a step of the lost episode raises EnvInfraError and is never sent again. A session is its
+process's (field case S59, :mod:`envs.process_local`): in a fork child a reset opens the child's own, anything
+else raises ``InheritedConnectionError``, and the transports open the child's own connections.
+
 Transports:
 
 * :class:`HttpTransport`: ``/v1/envs`` over :class:`envs.http_connections.HttpConnections` (one
@@ -31,15 +36,17 @@ HTTP connections under :class:`HttpTransport` are their own module, :mod:`envs.h
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
-from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from envs.api_key import auth_headers, redact_url
 from envs.client_retry import BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError, EpisodeFinishedError
 from envs.http_connections import HttpConnections, dumps, loads
+from envs.process_local import inherited_error, keep_inherited
 from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse, decode
 
 
@@ -178,7 +185,9 @@ def _reset_answer(data: dict[str, Any]) -> ResetResponse:
 class WsTransport:
     """Env sessions over the OpenEnv WebSocket transport of one env id (module docstring): one connection
     per session, opened by ``create`` and ``restore`` (and by ``fork`` for each child, which it attaches),
-    closed by ``delete`` (the server then deletes the session).
+    closed by ``delete`` (the server then deletes the session). A connection that closed, or failed in the
+    middle of a message (its answers could no longer be paired with its messages), is dropped: its session
+    is lost (404). In a fork child the parent's connections are left untouched (field case S59).
 
     Args:
         url: the server's base URL (``http(s)://`` or ``ws(s)://``).
@@ -199,7 +208,13 @@ class WsTransport:
         self.ws_url, self.where = f"{base}/openenv/{env_id}/ws", f"ws /openenv/{env_id}/ws"
         self.sockets: dict[str, ClientConnection] = {}
         self._http: HttpTransport | None = None  # for tools
-        self.refs, self.closed = 1, False
+        self.refs, self.closed, self.pid = 1, False, os.getpid()
+
+    def _here(self) -> None:
+        """In a fork child, forget (untouched) the parent's connections: their sessions are the parent's."""
+        if self.pid != os.getpid():
+            keep_inherited(*self.sockets.values())
+            self.sockets, self.pid = {}, os.getpid()
 
     @property
     def is_closed(self) -> bool:
@@ -211,6 +226,7 @@ class WsTransport:
     def _open(self, kind: str) -> ClientConnection:
         if self.closed:
             raise EnvInfraError("the transport was closed (close() was called)")
+        self._here()
         try:
             return connect(self.ws_url, open_timeout=self.timeout_s, max_size=None,
                            additional_headers=auth_headers(self.api_key)).__enter__()  # closed by delete()
@@ -223,12 +239,17 @@ class WsTransport:
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise self._failed(kind, exc) from exc
 
-    def _ask(self, sock: ClientConnection, kind: str, data: dict[str, Any]) -> dict[str, Any]:
-        """One message and its answer's data; Refusal for an error answer."""
+    def _ask(self, sock: ClientConnection, kind: str, data: dict[str, Any], session: bool = True) -> dict[str, Any]:
+        """One message and its answer's data; Refusal for an error answer, and a 404 when the connection of a
+        ``session`` closed (the session ended with it)."""
         try:
             sock.send(dumps({"type": kind, "data": data}).decode())
             answer = loads(sock.recv(timeout=self.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
+            self._drop(sock)  # closed, or a late answer may still come: no later message may read it
+            if session and isinstance(exc, ConnectionClosed):
+                raise Refusal(404, ErrorBody(detail=f"the connection closed ({exc}): its session ended with it",
+                                             status="not_found"), self.where) from None
             raise self._failed(kind, exc) from exc
         if answer.get("type") != "error":
             return answer["data"]
@@ -237,11 +258,20 @@ class WsTransport:
                       self.where, code=err.get("code"), retry_after_s=err.get("retry_after_s"))
 
     def _socket(self, sid: str) -> ClientConnection:
+        self._here()
         sock = self.sockets.get(sid)
         if sock is None:
-            raise Refusal(404, ErrorBody(detail=f"no connection drives session {sid!r}", status="not_found"),
-                          self.where)
+            raise Refusal(404, ErrorBody(detail=f"no connection drives session {sid!r} (closed or lost: the session "
+                                         "ended with it)", status="not_found"), self.where)
         return sock
+
+    def _drop(self, sock: ClientConnection) -> None:
+        for sid in [s for s, k in self.sockets.items() if k is sock]:
+            del self.sockets[sid]
+        try:
+            sock.close()
+        except (OSError, WebSocketException):
+            pass
 
     def _adopt(self, sock: ClientConnection, answer: ResetResponse, old: str | None = None) -> ResetResponse:
         if old is not None and old != answer.session_id:
@@ -252,7 +282,7 @@ class WsTransport:
     def _new_session(self, kind: str, data: dict[str, Any]) -> ResetResponse:
         sock = self._open(kind)
         try:
-            return self._adopt(sock, _reset_answer(self._ask(sock, kind, data)))
+            return self._adopt(sock, _reset_answer(self._ask(sock, kind, data, session=False)))
         except BaseException:
             sock.close()
             raise
@@ -295,12 +325,10 @@ class WsTransport:
         return self._new_session("reset", {"snapshot": token})
 
     def delete(self, sid) -> None:
+        self._here()
         sock = self.sockets.pop(sid, None)
         if sock is not None:  # the server deletes the session with its connection
-            try:
-                sock.close()
-            except (OSError, WebSocketException):
-                pass
+            self._drop(sock)
 
     def tools(self, sid) -> list[dict[str, Any]]:
         if self._http is None:
@@ -309,6 +337,7 @@ class WsTransport:
 
     def close(self) -> None:
         self.closed = True
+        self._here()
         for sid in list(self.sockets):
             self.delete(sid)
         if self._http is not None:
@@ -348,6 +377,7 @@ class SessionClient:
         BusyWait(busy_timeout_s)  # validates it
         self.transport, self.env_id, self.kwargs = transport, env_id, dict(kwargs or {})
         self.busy_timeout_s, self.session_id, self.closed = float(busy_timeout_s), session_id, False
+        self.pid = os.getpid()  # the process the session belongs to (field case S59)
 
     def _do(self, op: str, fn: Any, *args: Any) -> Any:
         busy = None
@@ -359,21 +389,30 @@ class SessionClient:
                     busy = busy or BusyWait(self.busy_timeout_s)
                     if busy.wait(retry_after_s(refusal.retry_after_s)):
                         continue
+                if op == "reset" and refusal.http_status == 404:
+                    return None  # the session was lost: reset() opens a new one (field case S61)
                 raise error_for(op, refusal) from None
 
     def _sid(self, op: str) -> str:
         if self.session_id is None:
             raise RuntimeError(f"{op} needs a session: reset first")
+        if self.pid != os.getpid():
+            raise inherited_error(f"env session {self.session_id!r} of {self.env_id!r}", self.pid,
+                                  "Call reset() here to open a session of this process, or make the env here.")
         return self.session_id
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResponse:
-        """Reset the session (the first call creates it): the first observation. RuntimeError once closed."""
+        """Reset the session: the first observation. Creates it on the first call, after it was lost, and in a
+        fork child (the parent keeps its own): module docstring. RuntimeError once closed."""
         if self.closed:
             raise RuntimeError(f"this client of {self.env_id!r} is closed (its session ended): make a new one")
-        if self.session_id is None:
-            out = self._do("create", self.transport.create, self.env_id, self.kwargs, seed, options)
-        else:
+        if self.pid != os.getpid():
+            self.session_id, self.pid = None, os.getpid()
+        out = None
+        if self.session_id is not None:
             out = self._do("reset", self.transport.reset, self.session_id, seed, options)
+        if out is None:
+            out = self._do("create", self.transport.create, self.env_id, self.kwargs, seed, options)
         self.session_id = out.session_id
         return out
 
@@ -396,6 +435,8 @@ class SessionClient:
         its observation."""
         out = self._do("restore", self.transport.restore, token)
         old, self.session_id = self.session_id, out.session_id
+        if self.pid != os.getpid():
+            old, self.pid = None, os.getpid()  # the parent's session: left to it
         if old is not None:
             self._delete(old)
         return out
@@ -416,9 +457,9 @@ class SessionClient:
         if self.closed:
             return
         self.closed = True
-        if self.session_id is not None:
+        if self.session_id is not None and self.pid == os.getpid():  # in a fork child: the parent's, left to it
             self._delete(self.session_id)
-            self.session_id = None
+        self.session_id = None
         self.transport.refs -= 1
         if self.transport.refs <= 0:
             self.transport.close()

@@ -19,6 +19,11 @@ the same errors: :class:`ToolRefused` (422), :class:`SandboxNotFound` (404), :cl
 :class:`SandboxError` (anything else unexpected), ``PermissionError`` (401: a missing or wrong API key;
 the key is ``api_key=``, else ``FORKYARD_API_KEY``). Error bodies are the server's ``ErrorBody``
 ``{"detail": str, "status": str}``.
+
+Each process has its own connections (field case S59): a client made before ``os.fork`` opens a new
+``httpx`` client in the child on first use and never touches (nor closes) the parent's
+(:class:`envs.client_retry.PerProcess`); a client given ``http=`` cannot make another and raises
+:class:`~envs.client_retry.InheritedConnectionError` in the child.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from pydantic import BaseModel
 
 from envs.api_key import api_key as resolve_api_key
 from envs.api_key import auth_headers
-from envs.client_retry import BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, is_busy, retry_after_s, safe_to_repeat
+from envs.client_retry import (
+    BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, PerProcess, is_busy, retry_after_s, safe_to_repeat,
+)
 
 from sandbox_server.errors import LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
@@ -327,16 +334,24 @@ class SandboxClient(_ClientBase):
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.Client | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        self.http: httpx.Client = http or httpx.Client(
-            base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        headers = None if http else _headers(api_key)
+        self._http = PerProcess(None if http else lambda: httpx.Client(
+            base_url=base_url, timeout=timeout_s, headers=headers,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)), http, "this SandboxClient's http= client")
         self.timeout_s = timeout_s
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = busy_timeout_s
 
+    @property
+    def http(self) -> httpx.Client:
+        """This process's ``httpx.Client`` (module docstring: a fork child opens its own)."""
+        return self._http.get()
+
     def close(self) -> None:
-        """Close the HTTP connections."""
-        self.http.close()
+        """Close this process's HTTP connections (in a fork child, the parent's are left untouched)."""
+        http = self._http.owned()
+        if http is not None:
+            http.close()
 
     def __enter__(self) -> "SandboxClient":
         return self
@@ -439,16 +454,24 @@ class AsyncSandboxClient(_ClientBase):
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        self.http: httpx.AsyncClient = http or httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, headers=_headers(api_key),
-            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+        headers = None if http else _headers(api_key)
+        self._http = PerProcess(None if http else lambda: httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=headers,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)), http, "this AsyncSandboxClient's http= client")
         self.timeout_s = timeout_s
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = busy_timeout_s
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """This process's ``httpx.AsyncClient`` (module docstring: a fork child opens its own)."""
+        return self._http.get()
+
     async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self.http.aclose()
+        """Close this process's HTTP connections (in a fork child, the parent's are left untouched)."""
+        http = self._http.owned()
+        if http is not None:
+            await http.aclose()
 
     async def __aenter__(self) -> "AsyncSandboxClient":
         return self
