@@ -123,7 +123,8 @@ def canonical_text(text: str) -> str:
 
     ``ｐｒｏｂｅ(0)``, ``probe( 0 )``, ``probe(0x0)`` and ``probe((0))`` all give ``probe(0)`` (Python's reading of
     identifiers and literals), while ``probe(True)``, ``probe(0.0)`` and ``probe(k=0)`` stay distinct
-    (``repr`` keeps the type and the keyword), as they are to :meth:`envs.core.TextEnv.step`.
+    (``repr`` keeps the type and the keyword). An env's ``step`` binds a keyword of a declared tool to its
+    parameter first (:func:`envs.action_input.read_action`: ``probe(k=0)`` runs as ``probe(0)``).
 
     Raises:
         ActionParseError: ``text`` is not an action (:func:`parse_action`).
@@ -132,9 +133,10 @@ def canonical_text(text: str) -> str:
 
 
 def is_legal_action(action: str, legal_actions: list[str] | tuple[str, ...]) -> bool:
-    """Whether ``action`` means one of ``legal_actions`` (``info["legal_actions"]``) to the env: their
-    :func:`canonical_text` forms are compared, never the strings (field case S43). Text that is no action is
-    not legal; an entry of ``legal_actions`` that is no action matches nothing."""
+    """Whether the action text ``action`` means one of ``legal_actions`` (``info["legal_actions"]``) to the env:
+    their :func:`canonical_text` forms are compared, never the strings (field case S43). Text that is no action
+    is not legal; an entry of ``legal_actions`` that is no action matches nothing. A model's reply or a keyword
+    call is read first as the env's ``step`` reads it by :func:`envs.action_input.is_legal` (field case S62)."""
     try:
         key = canonical_text(action)
     except ActionParseError:

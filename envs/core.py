@@ -26,6 +26,8 @@ of :mod:`envs.actions`) and receives one observation (text). ``step`` returns th
 ``termination_reason`` (str, only at episode end)
     One of :data:`TERMINATION_REASONS`.
 
+Actions are read by :func:`envs.action_input.read_action` (field case S62): the env's syntax with positional
+or keyword arguments of a declared tool, and a model's tool call in the forms serving stacks write.
 Invalid actions never raise: the observation says what was wrong and how to write a correct call,
 the turn is consumed, and the reward is ``invalid_action_reward`` (0.0 by default). An answer *terminates*
 an episode; an exhausted turn budget *truncates* it (``"max_turns"``, or ``"invalid"`` after a refused action).
@@ -43,6 +45,7 @@ import numpy as np
 from gymnasium.error import ResetNeeded
 from pydantic import BaseModel
 
+from envs.action_input import action_record, read_action
 from envs.actions import MAX_ACTION_CHARS, ActionParseError, ToolCall, parse_action
 from envs.text_space import TextSpace, fit_text
 
@@ -284,14 +287,27 @@ class TextEnv(gym.Env):
         self._anchor = _digest("reset\x1f" + obs)
         return obs, self._info()
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str | dict[str, Any] | list[Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One turn: ``(observation, reward, terminated, truncated, info)`` (module docstring).
+
+        ``action`` is read by :func:`envs.action_input.read_action` against the env's tool schemas: the env's
+        ``name(args)`` syntax with positional or keyword arguments, a model's reply in the forms serving stacks
+        write (``<tool_call>`` blocks, bare JSON calls, reasoning around them), or a JSON call object. The history
+        and anchor key record the action read (an unreadable one as written). What cannot be read, or is not
+        allowed now, is refused in the observation (``info["invalid_action"]``), never raised.
+
+        Raises:
+            gymnasium.error.ResetNeeded: before the first ``reset``.
+            EpisodeFinishedError: the episode has ended.
+        """
         if self._needs_reset:
             raise ResetNeeded("call reset() before step()")
         if self._done:
             raise EpisodeFinishedError("the episode has ended; call reset() (or fork before the end)")
-        invalid = False
+        invalid, read = False, None
         try:
-            outcome = self._act(parse_action(action))
+            read = read_action(action, self._declared_tools)  # the one reader of every door (field case S62)
+            outcome = self._act(parse_action(read))
         except ActionParseError as exc:
             invalid = True
             outcome = Outcome(observation=f"Invalid action: {exc}", reward=self.invalid_action_reward)
@@ -306,7 +322,7 @@ class TextEnv(gym.Env):
         elif outcome.reason == "max_turns" or (invalid and self._done):
             text = f"{text}\nNo turns left: the episode is over."
         obs = fit_text(text, self.max_observation_length)
-        action_text = action if isinstance(action, str) else repr(action)
+        action_text = read if read is not None else action_record(action)
         self._anchor = _digest(f"{self._anchor}\x1f{action_text}\x1e{obs}")
         self._history.append((action_text, obs))
         info = self._info()
@@ -315,6 +331,11 @@ class TextEnv(gym.Env):
             info["termination_reason"] = outcome.reason or ("answered" if outcome.terminated else "max_turns")
         info.update(outcome.info)
         return obs, float(outcome.reward), bool(outcome.terminated), bool(outcome.truncated), info
+
+    def _declared_tools(self) -> list[dict[str, Any]] | None:
+        """The env's tool schemas (the :class:`envs.features.ToolSchemas` feature), None without it."""
+        schemas = getattr(self, "tool_schemas", None)
+        return schemas() if callable(schemas) else None
 
     def _info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"turn": self._turn, "anchor_key": self._anchor,

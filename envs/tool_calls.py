@@ -27,9 +27,11 @@ finds every call of a turn, in order, in the forms serving stacks produce:
   end of the output (a stop string cut it) is accepted;
 * otherwise, bare calls making up the whole visible output, separated by whitespace or ``;``: JSON call
   objects ``{"name": ..., "arguments": {...}}`` (``"parameters"`` for ``"arguments"``, as Llama 3 writes it,
-  and ``arguments`` as a JSON string, as the OpenAI API returns it, are accepted too; a JSON array of them
-  too) and forkyard ``name(args)`` calls, each delimited by its grammar (the JSON decoder, Python's
-  tokenizer), so tags inside their strings are text. ``name(args)`` is read by the env's own parser
+  and ``arguments`` as a JSON string, as the OpenAI API returns it, are accepted too, and so are an OpenAI
+  ``tool_calls`` entry ``{"type": "function", "function": {...}}`` and OpenEnv's ``CallToolAction``
+  ``{"type": "call_tool", "tool_name": ..., "arguments": {...}}``; a JSON array of them too) and forkyard
+  ``name(args)`` calls, each delimited by its grammar (the JSON decoder, Python's tokenizer), so tags inside
+  their strings are text. ``name(args)`` is read by the env's own parser
   (:mod:`envs.actions`): ``ｐｒｏｂｅ(0)``, ``probe( 0 )`` and ``probe(0x0)`` mean ``probe(0)``, as to the env.
 
 Reasoning is never a call (field case S36): text inside ``<think>...</think>``, after an unclosed ``<think>``,
@@ -38,15 +40,16 @@ skipped, drafted ``<tool_call>`` blocks in it included (their JSON is skipped by
 ``</think>`` inside a drafted string does not end the reasoning). Tool and argument names are read as Python
 reads identifiers (NFKC: ``ｐｒｏｂｅ`` is ``probe``) and stripped of surrounding spaces.
 
-One action per env turn: :func:`parse_model_output` gives the action of an output that holds exactly one call
-and raises otherwise (several calls: "write exactly one tool call per turn"), so the text policy, the SkyRL
-and TRL adapters and the OpenAI client read the same text alike. Structured ``tool_calls`` carry ids the chat
-API wants answered: the OpenAI client (:mod:`trainer.openai_rollout`) runs the first and answers the others
-"not executed" (field case S34). :func:`calls_from_openai` reads the structured ``tool_calls`` of a chat
-answer the same way. Whether an action text means one of ``legal_actions`` is decided by the env's parser
-(:func:`envs.actions.is_legal_action`: canonical forms, never string equality; field case S43). Text that
-holds no call goes to the env as written, which answers with its invalid-action observation. Standard library
-only.
+One action per env turn: :func:`parse_model_output` (:func:`one_action`) gives the action of an output that
+holds exactly one call and raises otherwise (several calls: "write exactly one tool call per turn"), so the text
+policy, the SkyRL and TRL adapters and the OpenAI client read the same text alike. Structured ``tool_calls``
+carry ids the chat API wants answered: the OpenAI client (:mod:`trainer.openai_rollout`) runs the first and
+answers the others "not executed" (field case S34). :func:`calls_from_openai` reads the structured
+``tool_calls`` of a chat answer the same way. Whether an action text means one of ``legal_actions`` is decided
+by the env's parser (:func:`envs.action_input.is_legal`: canonical forms, never string equality; field case
+S43). Text that holds no call goes to the env as written, which answers with its invalid-action observation.
+Every env's ``step`` reads what it is handed with this reader too (:func:`envs.action_input.read_action`, field
+case S62), so every door (in-process, REST, batched, OpenEnv) takes the same forms. Standard library only.
 
 Why one file: the schema mapping and the model-output reader keep one invariant together: every form of a
 call, in text or structured, reads to the canonical action text the env's own parser gives; split, one form
@@ -168,6 +171,12 @@ def _json_call(obj: Any) -> dict[str, Any]:
     """A decoded JSON value as a call ``{"name", "arguments"}`` (arguments still unchecked). Raises ActionParseError."""
     if not isinstance(obj, dict):
         raise ActionParseError('a tool call is a JSON object {"name": ..., "arguments": {...}}.')
+    if isinstance(obj.get("function"), dict) and set(obj) <= {"id", "type", "function"} \
+            and obj.get("type", "function") == "function":  # an OpenAI tool_calls entry
+        obj = obj["function"]
+    elif "tool_name" in obj and set(obj) <= {"type", "tool_name", "arguments", "metadata"} \
+            and obj.get("type", "call_tool") == "call_tool":  # OpenEnv's CallToolAction, as model_dump() gives it
+        obj = {"name": obj["tool_name"], "arguments": obj.get("arguments", {})}
     extra = set(obj) - {"name", "arguments", "parameters"}
     if extra or ("arguments" in obj and "parameters" in obj):
         raise ActionParseError(f'a tool call has the keys "name" and "arguments"; got {sorted(obj)}.')
@@ -397,7 +406,16 @@ def parse_model_output(text: str, tools: list[dict[str, Any]]) -> str:
         ActionParseError: no call outside reasoning, more than one call, or a call that does not map (the
             message says why).
     """
-    calls = read_calls(text, tools)
+    return one_action(read_calls(text, tools))
+
+
+def one_action(calls: list[ReadCall]) -> str:
+    """The canonical action of the one call in ``calls`` (what :func:`read_calls` or :func:`calls_from_openai`
+    found in one turn): the rule of one action per env turn.
+
+    Raises:
+        ActionParseError: no call, more than one, or a call that does not map (the message says why).
+    """
     if not calls:
         raise ActionParseError("no tool call: the output is empty outside the reasoning (<think>...</think>).")
     if len(calls) > 1:
@@ -415,5 +433,5 @@ def format_tool_call(call: dict[str, Any]) -> str:
 
 
 __all__ = ["CALL_CLOSE", "CALL_OPEN", "THINK_CLOSE", "THINK_OPEN", "ReadCall", "action_to_call", "call_to_action",
-           "calls_from_openai", "canonical_action", "format_tool_call", "function_tool", "param_names",
-           "parse_model_output", "read_calls"]
+           "calls_from_openai", "canonical_action", "format_tool_call", "function_tool", "one_action",
+           "param_names", "parse_model_output", "read_calls"]

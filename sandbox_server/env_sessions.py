@@ -3,12 +3,9 @@
 
 The operations over these that every transport shares (create, reset, step, ...): :mod:`sandbox_server.session_host`.
 
-* Env classes: every served env is an :class:`envs.core.TextEnv` subclass registered in Gymnasium's registry by
-  :func:`envs.register_env`; the server builds the class itself (not through ``gymnasium.make``, whose wrappers
-  the session would lose). A class that is not a ``TextEnv`` is refused (422).
-* Kwargs: a kwarg is either a parameter of the env's constructor, checked with strict types, or refused
-  with 422 naming it: ``gymnasium.make`` keywords (:data:`GYM_MAKE_KEYWORDS`; use the env's own turn
-  budget) and what the server decides (:data:`SERVER_DECIDED_KWARGS`) included.
+* Env classes and kwargs (``TextEnv`` subclasses of the registry; kwargs checked strictly, ``gymnasium.make``
+  keywords and server-decided ones refused): :mod:`sandbox_server.env_classes`, whose names this module
+  re-exports.
 * ``TextEnv.uses_sandbox`` (FileQA): the env gets the server's own sandbox service as ``sandbox_provider``;
   a server without one refuses it (422, or 503 when its sandbox backend is down).
 * ``TextEnv.blocking`` (sandbox-backed envs): reset / step / fork run in a worker thread, so the event loop
@@ -17,39 +14,33 @@ The operations over these that every transport shares (create, reset, step, ...)
 * Work of blocking envs that may wait for the sandbox pool (make + reset, reset, fork, restore) runs in
   threads of a limiter of its own (:meth:`EnvSessions.pool_threads`), so resets waiting on a full pool never
   hold the threads other sessions' steps need (field case S38).
-* Sessions idle for longer than ``ttl_s`` seconds are closed (:func:`reaper`, and any lookup after expiry).
+* Sessions idle for longer than ``ttl_s`` seconds are closed (:func:`reaper`, and any lookup after expiry). What
+  holds a session is activity, never idleness (field case S48): a call running on it (its lock; the idle clock
+  restarts when the call ends), an open connection holding it (:meth:`EnvSessions.pin`: an OpenEnv WebSocket's
+  session and forks) and, for its sandboxes, the session itself (:mod:`sandbox_server.held_sandboxes`).
+* Counts by env id and transport, expiries and refusals at the cap: :meth:`EnvSessions.census` (field case S63).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
-import sys
 import threading
 import time
-import typing
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import anyio
-import gymnasium as gym
-import pydantic
 from fastapi import HTTPException
-from pydantic import BaseModel
 
-import envs
 from envs.core import EnvInfraError, TextEnv
+from sandbox_server.env_classes import (GYM_MAKE_KEYWORDS, SERVER_DECIDED_KWARGS, check_kwargs, env_class,
+                                        import_env_modules)
 from sandbox_server.errors import CapacityReached, ServiceUnavailable
+from sandbox_server.held_sandboxes import HeldSandboxes, hold_sandboxes, provider_ttl_s
+from sandbox_server.session_census import TRANSPORT, Census, env_label
 
-#: ``gymnasium.make``'s own keywords (and those of older Gymnasium versions): never passed on silently.
-GYM_MAKE_KEYWORDS = frozenset(
-    {p for p in inspect.signature(gym.make).parameters if p not in ("id", "kwargs")}
-    | {"max_episode_steps", "disable_env_checker", "autoreset", "apply_api_compatibility", "order_enforce"})
-#: Kwargs the server decides, never the client: where the env's sandbox runs and what it reads.
-SERVER_DECIDED_KWARGS = frozenset({"backend", "server_url", "sandbox_provider", "corpus_dir"})
 #: ``Retry-After`` seconds of a 503 for a full session cap or a server shutting down.
 SESSIONS_RETRY_S = 5.0
 #: ``Retry-After`` seconds of a 503 for a sandbox-backed env on a server whose sandbox backend is down.
@@ -58,15 +49,38 @@ NO_BACKEND_RETRY_S = 10.0
 POOL_THREADS = 32
 
 
+class _CallLock(asyncio.Lock):
+    """A session's lock: its release (a call's end) restarts the session's idle clock, before it unlocks."""
+
+    def __init__(self, session: "EnvSession"):
+        super().__init__()
+        self._session = session
+
+    def release(self) -> None:
+        self._session.last_used = time.monotonic()
+        super().release()
+
+
 @dataclass
 class EnvSession:
-    """One session: its env instance, whether env code blocks, its lock and idle clock."""
+    """One session: its env instance, whether env code blocks, the transport that made it (``rest``,
+    ``openenv``), its lock, idle clock (``time.monotonic()`` seconds) and whether a connection holds it."""
 
     env_id: str
     env: TextEnv
     blocking: bool
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    transport: str = "rest"
     last_used: float = field(default_factory=time.monotonic)
+    pinned: bool = False
+    lock: asyncio.Lock = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.lock = _CallLock(self)
+
+    def expired(self, now: float, ttl_s: float) -> bool:
+        """Whether nothing holds the session (no connection, no call: the lock is read before the clock, which
+        a call's end sets first) and it has been idle for more than ``ttl_s`` seconds at ``now``."""
+        return not self.pinned and not self.lock.locked() and now - self.last_used > ttl_s
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,9 @@ class EnvSessions:
         self._reserved = 0
         self._outside = 0  # envs counted against the cap that are not sessions (hold)
         self._closed = False
+        self._expired: dict[tuple[str, str], int] = {}
+        self._refused = 0
+        self._held: HeldSandboxes | None = None
         self._guard = threading.Lock()
         #: The limiter of :meth:`pool_threads` once made (read its ``borrowed_tokens`` from any thread).
         self.pool_limiter: anyio.CapacityLimiter | None = None
@@ -164,7 +181,9 @@ class EnvSessions:
                                              f"{self.sandbox_unavailable}", retry_after_s=NO_BACKEND_RETRY_S)
                 raise HTTPException(422, f"{env_id} needs a sandbox and this server has no sandbox service: run the "
                                          "full server (python -m sandbox_server, without --no-sandboxes) to serve it")
-            extra["sandbox_provider"] = self.sandbox_provider
+            if self._held is None or self._held.provider is not self.sandbox_provider:
+                self._held = hold_sandboxes(self.sandbox_provider)
+            extra["sandbox_provider"] = self._held  # its sandboxes live as long as their sessions (S48)
         return EnvRecipe(env_id, cls, {**defaults, **kwargs}, extra)
 
     # -- sessions -----------------------------------------------------------------------------------
@@ -177,6 +196,7 @@ class EnvSessions:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
             if not force and self.in_use + n > self.max_sessions:
+                self._refused += 1
                 raise CapacityReached(
                     f"{self.in_use} of {self.max_sessions} env sessions are in use and "
                     f"{n} more were asked for; close some (DELETE /v1/envs/{{id}})", retry_after_s=SESSIONS_RETRY_S)
@@ -191,9 +211,9 @@ class EnvSessions:
         with self._guard:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
-            sids = [self._new_id() for _ in env_list]
+            sids, transport = [self._new_id() for _ in env_list], TRANSPORT.get()
             for sid, env in zip(sids, env_list, strict=True):
-                self._sessions[sid] = EnvSession(env_id, env, blocking)
+                self._sessions[sid] = EnvSession(env_id, env, blocking, transport)
             self._reserved -= len(env_list)  # the room held for them is now theirs
             slots.committed = True
             return sids
@@ -202,9 +222,11 @@ class EnvSessions:
         """The live session ``sid`` (its idle clock restarts); HTTPException 404 if it is unknown, closed or expired."""
         now = time.monotonic()
         s = self._sessions.get(sid)
-        if s is not None and now - s.last_used > self.ttl_s and not s.lock.locked():
+        if s is not None and s.expired(now, self.ttl_s):
             with self._guard:
                 gone = self._sessions.pop(sid, None)
+                if gone is not None:
+                    self._count_expired(gone)
             if gone is not None:  # expired: closed now (in a thread if closing blocks), not at the next reap
                 if gone.blocking:
                     threading.Thread(target=close_quietly, args=(gone.env,), daemon=True).start()
@@ -226,6 +248,29 @@ class EnvSessions:
             self._outside = max(self._outside + n, 0)
             return True
 
+    def pin(self, sid: str, held: bool = True) -> bool:
+        """Mark the session ``sid`` as held by an open connection (``held``), which the TTL never expires, or
+        let it go (its idle clock restarts now). Returns whether ``sid`` is held by the store."""
+        s = self._sessions.get(sid)
+        if s is not None:
+            s.pinned, s.last_used = held, time.monotonic()
+        return s is not None
+
+    def census(self) -> Census:
+        """The store's counts now (:class:`~sandbox_server.session_census.Census`: no ids)."""
+        with self._guard:
+            live = list(self._sessions.values())
+            expired, refused, in_use = dict(self._expired), self._refused, self.in_use
+        open_: dict[tuple[str, str], int] = {}
+        for s in live:
+            key = (env_label(s.env_id), s.transport)
+            open_[key] = open_.get(key, 0) + 1
+        return Census(open_, expired, refused, sum(s.pinned for s in live), in_use, self.max_sessions)
+
+    def _count_expired(self, s: EnvSession) -> None:  # under self._guard
+        key = (env_label(s.env_id), s.transport)
+        self._expired[key] = self._expired.get(key, 0) + 1
+
     def peek(self, sid: str) -> EnvSession | None:
         """The session ``sid`` if it is held, without touching its idle clock."""
         return self._sessions.get(sid)
@@ -236,13 +281,21 @@ class EnvSessions:
             return self._sessions.pop(sid, None)
 
     def reap(self, now: float | None = None) -> int:
-        """Close sessions idle for more than ``ttl_s`` (``now``: a ``time.monotonic()`` value); returns how many."""
+        """Close sessions that nothing holds and that were idle for more than ``ttl_s`` (``now``: a
+        ``time.monotonic()`` value), then restart the sandbox idle clock of the sandboxes the others hold
+        (:meth:`HeldSandboxes.keep_alive`); returns how many were closed."""
         now = time.monotonic() if now is None else now
         with self._guard:
-            expired = [k for k, s in self._sessions.items() if now - s.last_used > self.ttl_s and not s.lock.locked()]
-            gone = [self._sessions.pop(k) for k in expired]
+            gone = [self._sessions.pop(k) for k in [k for k, s in self._sessions.items() if s.expired(now, self.ttl_s)]]
+            for s in gone:
+                self._count_expired(s)
         for s in gone:
             close_quietly(s.env)
+        if self._held is not None:
+            try:
+                self._held.keep_alive()
+            except Exception:  # noqa: BLE001 - the sandboxes' own clock applies; the reaper must go on
+                pass
         return len(gone)
 
     def close_all(self) -> None:
@@ -291,108 +344,13 @@ def close_quietly(env: Any) -> None:
 
 
 async def reaper(sessions: EnvSessions, period_s: float | None = None) -> None:
-    """Background task: close idle sessions every ``period_s`` seconds (default: a quarter of the TTL,
-    between 0.05 and 5 s) until cancelled."""
-    period = period_s if period_s is not None else min(5.0, max(0.05, sessions.ttl_s / 4))
+    """Background task: close idle sessions (:meth:`EnvSessions.reap`) every ``period_s`` seconds until cancelled
+    (default: a quarter of the shorter of the TTL and the sandbox provider's idle TTL, between 0.05 and 5 s)."""
+    ttl = min(sessions.ttl_s, provider_ttl_s(sessions.sandbox_provider) or sessions.ttl_s)
+    period = period_s if period_s is not None else min(5.0, max(0.05, ttl / 4))
     while True:
         await asyncio.sleep(period)
         await anyio.to_thread.run_sync(sessions.reap)
-
-
-# ------------------------------------------------------------------------------------ classes, kwargs
-def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
-    """(env class, default kwargs) of a registered forkyard id (:func:`envs.env_spec`, plugins included), or of
-    Gymnasium's ``"module:Id"`` form when ``module`` is already imported (:func:`import_env_modules` at start-up,
-    or a plugin): then ``Id`` is looked up. No module a client names is imported here.
-
-    Raises:
-        HTTPException: 404 for an id not registered (or a ``module:`` this server has not imported); 422 for
-            a class that is not a TextEnv (the server relies on its declared ``blocking`` /
-            ``uses_sandbox``, fork and spaces).
-    """
-    module, _, name = env_id.rpartition(":")  # no colon: module "", name env_id
-    if module and module not in sys.modules:  # never imported on a client's word: the operator names modules
-        raise HTTPException(404, f"env id {env_id!r}: this server has not imported {module!r}; a server serves "
-                                 "the envs of the modules its operator names (--env-modules, FORKYARD_ENV_MODULES) "
-                                 "and of installed plugins, and never imports a module a client names")
-    try:
-        _, entry, defaults = envs.env_spec(name)
-    except KeyError as exc:
-        raise HTTPException(404, exc.args[0]) from None
-    module, _, name = entry.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise HTTPException(422, f"{env_id} ({entry}) is not an envs.core.TextEnv subclass: this server serves "
-                                 "TextEnv subclasses only (it relies on their declared blocking / uses_sandbox, "
-                                 "fork and text spaces)")
-    return cls, dict(defaults)
-
-
-def import_env_modules(names: str) -> list[str]:
-    """Import the modules ``names`` (comma-separated: ``ServerSettings.env_modules``) so that the envs they
-    register are served. Returns the modules imported, in order.
-
-    Raises:
-        ValueError: a module that cannot be imported (its name and the error): a server refuses to start
-            rather than serve fewer envs than its operator named.
-    """
-    done = []
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any failure is the operator's to fix, reported by name
-            raise ValueError(f"cannot import the env module {name!r}: {type(exc).__name__}: {exc}") from exc
-        done.append(name)
-    return done
-
-
-_SIGNATURES: dict[type, tuple[dict[str, inspect.Parameter], bool, type[BaseModel] | None]] = {}
-
-
-def _signature(cls: type) -> tuple[dict[str, inspect.Parameter], bool, type[BaseModel] | None]:
-    """(named parameters, takes **kwargs, a strict pydantic model of the annotated ones) of ``cls.__init__``."""
-    if cls not in _SIGNATURES:
-        sig = inspect.signature(cls.__init__)
-        params = {k: p for k, p in list(sig.parameters.items())[1:]
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
-        try:
-            hints = typing.get_type_hints(cls.__init__)
-        except Exception:  # noqa: BLE001 - unresolvable annotations: the env checks its own values
-            hints = {}
-        fields = {k: (hints[k], None) for k in params if k in hints and hints[k] is not Any}
-        model = pydantic.create_model(f"{cls.__name__}Kwargs", __config__=pydantic.ConfigDict(
-            strict=True, arbitrary_types_allowed=True), **fields) if fields else None
-        _SIGNATURES[cls] = (params, var_kw, model)
-    return _SIGNATURES[cls]
-
-
-def check_kwargs(env_id: str, cls: type, kwargs: dict[str, Any]) -> None:
-    """Refuse (HTTPException 422, naming them) kwargs the env would not honour: server-decided ones,
-    ``gymnasium.make`` keywords, unknown names, and values of the wrong type (strict: ``true`` is not an int)."""
-    params, var_kw, model = _signature(cls)
-    decided = sorted(k for k in kwargs if k in SERVER_DECIDED_KWARGS)
-    if decided:
-        raise HTTPException(422, f"kwargs {decided} are decided by this server, not by the client: the server "
-                                 f"runs {env_id} (and its sandbox) itself")
-    make_kw = sorted(k for k in kwargs if k in GYM_MAKE_KEYWORDS and k not in params)
-    if make_kw:
-        raise HTTPException(422, f"kwargs {make_kw} are gymnasium.make keywords, which a server session does not "
-                                 f"apply (it runs the bare env); use the env's own limits instead, e.g. its turn "
-                                 f"budget: accepted kwargs of {env_id}: {_accepted(params)}")
-    unknown = sorted(k for k in kwargs if k not in params)
-    if unknown and not var_kw:
-        raise HTTPException(422, f"{env_id} takes no kwargs {unknown}; accepted: {_accepted(params)}")
-    if model is not None:
-        try:
-            model.model_validate({k: v for k, v in kwargs.items() if k in model.model_fields})
-        except pydantic.ValidationError as exc:
-            raise HTTPException(422, f"cannot make {env_id}: " + "; ".join(
-                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
-
-
-def _accepted(params: dict[str, inspect.Parameter]) -> list[str]:
-    return sorted(k for k in params if k not in SERVER_DECIDED_KWARGS)
 
 
 __all__ = ["GYM_MAKE_KEYWORDS", "NO_BACKEND_RETRY_S", "SERVER_DECIDED_KWARGS", "SESSIONS_RETRY_S", "EnvRecipe",

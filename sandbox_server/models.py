@@ -218,10 +218,37 @@ class PoolStatus(BaseModel):
     last_error: str | None = None
 
 
+class EnvSessionGroup(BaseModel):
+    """The env sessions of one env id made over one transport (field case S63)."""
+
+    env_id: str = Field(description="the registered env id")
+    transport: str = Field(description="the transport that made them: rest (/v1/envs) or openenv (WebSocket)")
+    open: int = Field(description="sessions held now")
+    expired: int = Field(description="sessions closed after their idle TTL since the server started")
+
+
+class EnvSessionCounts(BaseModel):
+    """What a server's env sessions hold, in every server mode (field case S63); no session id."""
+
+    open: int = Field(description="env sessions held now")
+    connection_held: int = Field(description="of those, the ones an open connection holds (never expired while "
+                                             "it is open)")
+    in_use: int = Field(description="envs counted against the cap (sessions, ones being made, held elsewhere)")
+    max_sessions: int = Field(description="the cap (FORKYARD_MAX_ENV_SESSIONS)")
+    expired: int = Field(description="sessions closed after their idle TTL since the server started")
+    refused: int = Field(description="creates and forks refused at the cap since the server started")
+    groups: list[EnvSessionGroup] = Field(description="by env id and transport")
+
+
 class Health(BaseModel):
+    """``/healthz`` of the full server: its backend's health and its env sessions."""
+
     status: Literal["ok", "degraded"]
     backend: str
     detail: str = ""
+    env_sessions: int = Field(0, description="env sessions held now")
+    env_session_counts: EnvSessionCounts | None = Field(None, description="the env sessions in detail (None: a "
+                                                                          "server older than this field)")
 
 
 class ToolList(BaseModel):
@@ -284,10 +311,16 @@ class ResetRequest(RequestModel):
     options: dict[str, Any] | None = Field(default=None, description="reset options")
 
 
+#: What a step's ``action`` may be: read by the env with the one reader of tool calls (field case S62).
+ACTION_HELP = ("one action: forkyard's name(args) text such as probe(2) or probe(k=2), a model's reply holding one "
+               "tool call (<tool_call>{...}</tool_call>, bare JSON), or a JSON call object such as "
+               '{"name": "probe", "arguments": {"k": 2}}')
+
+
 class StepRequest(RequestModel):
     """``POST /v1/envs/{session_id}/step``."""
 
-    action: str = Field(description="one action in forkyard's format, e.g. probe(2)")
+    action: str | dict[str, Any] | list[Any] = Field(description=ACTION_HELP)
 
 
 class RestoreEnvRequest(RequestModel):
@@ -397,7 +430,7 @@ class BatchStepItem(RequestModel):
     """One item of ``POST /v1/envs/batch/step``: a session and its action."""
 
     session_id: str = Field(description="an env session id")
-    action: str = Field(description="one action in forkyard's format, e.g. probe(2)")
+    action: str | dict[str, Any] | list[Any] = Field(description=ACTION_HELP)
 
 
 class BatchStepRequest(BatchRequest):
@@ -504,6 +537,8 @@ class EnvHealth(BaseModel):
 
     status: Literal["ok"]
     env_sessions: int = Field(description="env sessions held now")
+    env_session_counts: EnvSessionCounts | None = Field(None, description="the env sessions in detail (None: a "
+                                                                          "server older than this field)")
 
 
 __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest",
@@ -511,7 +546,8 @@ __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "Sand
            "CloneResponse", "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec",
            "EnvSettingInfo", "EnvSpecInfo",
            "CreateEnvRequest", "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse",
-           "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth", "MAX_CLONES", "MAX_TOOL_NAME_CHARS",
+           "EnvSnapshotResponse", "RestoreEnvRequest", "SessionInfo", "EnvHealth", "EnvSessionCounts",
+           "EnvSessionGroup", "MAX_CLONES", "MAX_TOOL_NAME_CHARS",
            "MAX_JSON_DEPTH", "MAX_METADATA_BYTES", "MAX_BATCH_ITEMS", "InvalidItem", "BatchRequest",
            "BatchCreateRequest", "BatchResetItem", "BatchResetRequest", "BatchStepItem", "BatchStepRequest",
            "BatchForkItem", "BatchForkRequest", "BatchSessionItem", "BatchDeleteRequest", "BatchResetResult",

@@ -21,10 +21,14 @@ WebSocket messages (``{"type": ..., "data": {...}}``, answered in order, one ans
   session is made at its first reset with the env's constructor ``kwargs`` (the same checks as
   ``POST /v1/envs``); a later reset with other ``kwargs`` replaces it. ``snapshot`` (a token) restores the
   sealed state into a new session instead of a seeded reset.
-* ``step`` ``{action: str, metadata?}`` -> ``observation``.
+* ``step`` ``{action: str | object, metadata?}`` (or OpenEnv's ``CallToolAction``, ``{type: "call_tool",
+  tool_name, arguments}``) -> ``observation``: the env reads the action with the one reader of tool calls
+  (field case S62); one it cannot read is answered with its invalid-action observation.
 * ``state`` -> ``state`` ``{episode_id, step_count, session_id, env_id, done, info}``.
-* ``close``: ends the connection; its session is deleted (and so it is when the connection drops; the
-  idle TTL is the backstop).
+* ``close``: ends the connection; its session is deleted (and so it is when the connection drops, which
+  uvicorn's WebSocket pings detect: ``--ws-ping-interval`` + ``--ws-ping-timeout``, 20 + 20 s by default).
+  While the connection is open, its session and the forks it owns never expire, however long the client
+  thinks between messages (field case S48): the idle TTL reclaims only sessions no connection holds.
 
 An observation answer's ``data`` is ``{"observation": {"text", "info", "terminated", "truncated",
 "session_id"}, "reward": float | null, "done": bool}`` (resets and attaches add the env's
@@ -76,6 +80,7 @@ from sandbox_server.errors import CapacityReached, ServiceUnavailable
 from sandbox_server.http_contract import STATUS_WORDS, classify
 from sandbox_server.http_contract import error_responses as R
 from sandbox_server.models import MAX_CLONES, RequestModel
+from sandbox_server.session_census import TRANSPORT
 from sandbox_server.session_host import SessionHost
 
 PREFIX = "/openenv"
@@ -85,9 +90,12 @@ router = APIRouter(prefix=PREFIX, tags=["openenv"])
 
 # ------------------------------------------------------------------------------------ wire models
 class TextAction(BaseModel):
-    """An action: one tool call in forkyard's format (``probe(2)``, ``cat("notes.txt")``)."""
+    """An action: one tool call, as text (forkyard's ``probe(2)`` / ``probe(k=2)``, or a model's reply holding
+    one call: ``<tool_call>{...}</tool_call>``, bare JSON) or as a JSON call object; the env reads it with the
+    one reader of tool calls (``envs.action_input``, field case S62)."""
 
-    action: str
+    action: str | dict[str, Any] | list[Any] = Field(description="probe(2), a model's reply with one tool call, or "
+                                                                 '{"name": "probe", "arguments": {"k": 2}}')
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -216,6 +224,7 @@ class Connection:
     async def _replace(self, sid: str) -> None:
         old, self.sid = self.sid, sid
         self.owners[sid] = self
+        self.host.sessions.pin(sid)  # held while this connection is open (field case S48)
         self.forks.discard(sid)
         if old is not None and old != sid:
             self.owners.pop(old, None)
@@ -254,11 +263,13 @@ class Connection:
                             made.env)
 
     async def step(self, data: dict) -> dict[str, Any]:
-        action = data.get("action")
-        if not isinstance(action, str) or not set(data) <= {"action", "metadata"} \
+        if "action" not in data and "tool_name" in data:  # OpenEnv's CallToolAction: the data is the call
+            data = {"action": {k: v for k, v in data.items() if k != "metadata"}, "metadata": data.get("metadata", {})}
+        action = data.get("action")  # text or a JSON call: the env reads it with the one reader (field case S62)
+        if not isinstance(action, (str, dict, list)) or not set(data) <= {"action", "metadata"} \
                 or not isinstance(data.get("metadata", {}), dict):
             TextAction.model_validate(data)  # raises the ValidationError that names the problem
-            raise HTTPException(422, "step data is {\"action\": str, \"metadata\"?: object}")
+            raise HTTPException(422, "step data is {\"action\": str | object, \"metadata\"?: object}")
         sid = self._session()
         obs, reward, term, trunc, info = await self.host.step(sid, action)
         return _observation(sid, obs, info, reward, term, trunc)
@@ -276,6 +287,7 @@ class Connection:
         sids = await self.host.fork(self._session(), req.n)
         for sid in sids:
             self.owners[sid] = self
+            self.host.sessions.pin(sid)
         self.forks.update(sids)
         return {"type": "fork", "data": {"session_ids": sids}}
 
@@ -341,6 +353,7 @@ async def ws(websocket: WebSocket, env_id: str) -> None:
     await websocket.accept()
     app = websocket.app
     conn = Connection(app.state.env_host, env_id, app.state.openenv_owners)
+    TRANSPORT.set("openenv")  # labels the sessions this connection makes (field case S63); this task's own
     try:
         env_class(env_id)
         first = None

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envs.action_input import is_legal
 from envs.actions import (
     MAX_ACTION_CHARS,
     ActionParseError,
@@ -118,10 +119,32 @@ def test_field_case_s43_every_spelling_the_env_runs_as_probe_0_is_legal(spelling
     env.close()
 
 
-@pytest.mark.parametrize("spelling", ["probe(True)", "probe(0.0)", "probe(k=0)", "probe('0')", "probe(0, 1)",
+@pytest.mark.parametrize("spelling", ["probe(True)", "probe(0.0)", "probe(j=0)", "probe('0')", "probe(0, 1)",
                                       "probe(０)", "probe(0)probe(1)", "", "probe", "<tool_call>probe(0)</tool_call>"])
 def test_spellings_the_env_refuses_are_illegal(spelling):
+    from envs.clueprobe import ClueProbeEnv
+
+    tools = ClueProbeEnv().tool_schemas()
     assert not is_legal_action(spelling, ["probe(0)", "probe(1)", "probe(2)"])
+    assert not is_legal(spelling, ["probe(0)", "probe(1)", "probe(2)"], tools)
+
+
+@pytest.mark.parametrize("form", ["probe(k=0)", "probe( k = 0 )", '<tool_call>{"name": "probe", "arguments": {"k": 0}}'
+                                  "</tool_call>", '{"name": "probe", "arguments": "{\\"k\\": 0}"}',
+                                  {"name": "probe", "arguments": {"k": 0}}])
+def test_field_case_s62_with_the_tools_a_call_the_env_reads_is_legal(form):
+    """Given the env's tools, ``is_legal_action`` reads an action as the env's ``step`` does (keywords of the
+    schema, a model's tool-call forms); without them only the env's ``name(args)`` text."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    env = gym.make("forkyard/ClueProbe-v0").unwrapped
+    _, info = env.reset(seed=0)
+    assert is_legal(form, info["legal_actions"], env.tool_schemas())
+    assert not is_legal_action(form, info["legal_actions"])
+    obs, _, _, _, after = env.step(form)
+    assert not after["invalid_action"] and obs.startswith("probe(0) -> bit 0") and env.history[0][0] == "probe(0)"
 
 
 def _int_spelling(draw, v: int) -> str:
@@ -154,7 +177,7 @@ def test_is_legal_action_agrees_with_the_env_on_every_respelling(data, seed):
         form = data.draw(st.sampled_from(["{}({})", " {} ( {} ) ", "{}({},)"]))
         text = form.format(_name_spelling(data.draw, name), arg)
         text = data.draw(st.one_of(st.just(text), st.text(max_size=12)))
-        legal = is_legal_action(text, info["legal_actions"])
+        legal = is_legal(text, info["legal_actions"], env.tool_schemas())  # as the env reads it (S62)
         _, _, terminated, truncated, info = env.step(text)
         assert legal == (not info["invalid_action"]), text
         if terminated or truncated:

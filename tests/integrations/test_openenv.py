@@ -276,6 +276,50 @@ def test_a_shared_key_restores_on_another_server(monkeypatch):
     assert "not-a-key-but-a-secret" not in str(refused.value)  # an error never echoes the secret
 
 
+# ------------------------------------------------------------------------------------ field case S62
+def test_field_case_s62_the_websocket_reads_tool_calls_as_the_env_does(server):
+    """What OpenEnv clients send: a model's raw reply as the action (verifiers' ``openenv`` taskset), a JSON
+    call object as the action, and OpenEnv's own ``CallToolAction`` (the real package's model, as
+    ``GenericEnvClient`` dumps it) all step as the env's ``name(args)`` text does."""
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    local = ClueProbeEnv(max_turns=4)
+    local.reset(seed=7)
+    sent = [
+        {"action": '<think>bit 0 first</think>\n<tool_call>\n{"name": "probe", "arguments": {"k": 0}}\n</tool_call>'},
+        {"action": {"name": "probe", "arguments": {"k": 1}}},
+        CallToolAction(tool_name="probe", arguments={"k": 2}),
+    ]
+    with GenericEnvClient(base_url=base(server)).sync() as env:
+        env.reset(seed=7, kwargs={"max_turns": 4})
+        target = 0
+        for k, action in enumerate(sent):
+            got = env.step(action)
+            obs, reward, _, _, info = local.step(f"probe({k})")
+            assert (got.observation["text"], got.reward, got.observation["info"]) == (obs, reward, info)
+            target |= int(re.search(rf"bit {k} of the target is (\d)", obs).group(1)) << k
+        last = env.step({"action": {"type": "function", "function": {"name": "answer",
+                                                                     "arguments": json.dumps({"c": target})}}})
+        assert last.done and last.reward == 1.0
+    wait_sessions(server, 0)
+
+
+def test_field_case_s62_an_unreadable_call_is_an_observation_not_a_validation_error(server):
+    with raw_session(server) as ws:
+        assert ask(ws, '{"type": "reset", "data": {"seed": 0, "kwargs": {"max_turns": 3}}}')["type"] == "observation"
+        for data, says in [
+            ({"action": {"name": "peek", "arguments": {"k": 0}}}, "unknown tool 'peek'"),
+            ({"action": {"name": "probe", "arguments": {"j": 0}}}, "has no argument 'j'"),
+            ({"type": "call_tool", "tool_name": "probe", "arguments": {"k": "0"}, "metadata": {}}, "int k"),
+        ]:
+            got = ask(ws, json.dumps({"type": "step", "data": data}))
+            assert got["type"] == "observation", got
+            assert got["data"]["observation"]["info"]["invalid_action"] is True
+            assert says in got["data"]["observation"]["text"], got["data"]["observation"]["text"]
+        got = ask(ws, '{"type": "step", "data": {"action": 5}}')
+        assert (got["data"]["code"], got["data"]["http_status"]) == ("VALIDATION_ERROR", 422)
+
+
 # ------------------------------------------------------------------------------------ errors
 def raw_session(srv, env_id: str = CLUE):
     return connect(f"{base(srv, env_id).replace('http', 'ws')}/ws")
@@ -346,7 +390,8 @@ def test_the_http_routes_answer_as_openenv_defines_them(server):
     meta = EnvironmentMetadata.model_validate(httpx.get(f"{b}/metadata").json())
     assert meta.name == CLUE and meta.version
     schema = SchemaResponse.model_validate(httpx.get(f"{b}/schema").json())
-    assert schema.action["properties"]["action"]["type"] == "string"
+    kinds = {a.get("type") for a in schema.action["properties"]["action"]["anyOf"]}
+    assert kinds == {"string", "object", "array"}  # text, or a JSON tool call (field case S62)
     assert httpx.get(f"{b}/state").json() == {"episode_id": None, "step_count": 0}
     first = httpx.post(f"{b}/reset", json={"seed": 5, "kwargs": {"max_turns": 3}}).json()
     local = ClueProbeEnv(max_turns=3)

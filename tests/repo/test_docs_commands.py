@@ -39,8 +39,8 @@ import pytest
 
 from tests.docker_support import IN_CI, ROOT, docker_reason, once
 
-DOCS = ["README.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md", "docs/integrations.md",
-        "docs/envs.md"]
+DOCS = ["README.md", "docs/serving.md", "docs/sandbox.md", "docs/reliability.md", "docs/scaling.md",
+        "docs/integrations.md", "docs/envs.md", "docs/training.md", "docs/performance.md", "docs/architecture.md"]
 VENV_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 URL = "http://127.0.0.1:8000"  # every documented server and follow-up uses port 8000
 
@@ -166,7 +166,7 @@ TABLE: dict[str, Entry] = {
      "--variants traj gigpo_state tree_entropy --seeds 2 --budget-iterations 20"): Entry(
         RUN, "6 runs on a pool of 4 Sokoban rooms, about 15 s here",
         check=lambda out: "| 10 | gigpo_state |" in out and "degeneration, state key" in out and "6 runs in" in out),
-    # README, env sessions over HTTP: the catalog, then against every server below
+    # docs/serving.md: the catalog; README, serve and fork over HTTP: against every server below
     ".venv/bin/forkyard envs": Entry(
         RUN, "the catalog table: every registered id, ClueProbe's tools listed",
         check=lambda out: "| forkyard/ClueProbe-v0 | probe, answer |" in out and "| forkyard/FileQA-v0 |" in out),
@@ -194,7 +194,7 @@ TABLE: dict[str, Entry] = {
     TRL_SFT: Entry(BEFORE, "150 SFT steps of a tiny Llama writing JSON tool calls: about 30 s here"),
     TRL_BLOCK: Entry(PYTHON, "2 GRPO steps on CPU in TRL's tool loop, about 10 s here", ("slow",), needs=TRL_SFT,
                      check=lambda out: float(out.rsplit("tool calls per completion:", 1)[1]) > 0),
-    # README, sandbox service
+    # docs/serving.md, the server and the sandbox service
     ".venv/bin/forkyard serve --backend local": Entry(
         SERVER, "follow-ups; local pool; SIGTERM leaves no sandbox process", backend="local"),
     "make images && .venv/bin/python -m sandbox_server --backend docker": Entry(
@@ -563,3 +563,13 @@ def test_documented_command(cmd: str):
         assert_ran(cmd, run_python(cmd))
     else:
         exercise_server(cmd, entry)
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """README.md and docs/ link each other (the README keeps what a newcomer needs, the rest lives in docs/):
+    every relative link names a file or folder that exists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = [(str(page.relative_to(ROOT)), target) for page in pages
+              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+              if not target.startswith(("http://", "https://", "mailto:")) and not (page.parent / target).exists()]
+    assert len(pages) > 10 and broken == []

@@ -76,7 +76,8 @@ def test_no_sandboxes_serves_env_sessions_alone():
     srv = Server([sys.executable, "-m", "sandbox_server", "--no-sandboxes"], "cmd-envs")
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as http:
-            assert http.get("/healthz").json() == {"status": "ok", "env_sessions": 0}
+            health = http.get("/healthz").json()
+            assert (health["status"], health["env_sessions"], health["env_session_counts"]["groups"]) == ("ok", 0, [])
             assert http.get("/v1/pool").status_code == 404 and http.post("/v1/sandboxes", json={}).status_code == 404
             r = http.post("/v1/envs", json={"env_id": "forkyard/ClueProbe-v0", "seed": 0})
             assert r.status_code == 201 and http.get("/healthz").json()["env_sessions"] == 1

@@ -1,4 +1,4 @@
-"""Settings are declared once (sandbox_server/settings.py) and read from FORKYARD_* variables; the README
+"""Settings are declared once (sandbox_server/settings.py) and read from FORKYARD_* variables; docs/serving.md
 names every one of them, so a new setting cannot go undocumented."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from sandbox_server.settings import LOG_LEVELS, MAX_SECONDS, ServerSettings, Ser
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_names_the_api_key_variables_and_compose_reads_no_other():
+def test_the_docs_name_the_api_key_variables_and_compose_reads_no_other():
     from envs.api_key import KEY_FILE_VAR, KEY_VAR
 
-    readme = ROOT.joinpath("README.md").read_text()
+    readme = ROOT.joinpath("docs", "serving.md").read_text()
     assert KEY_VAR in readme and KEY_FILE_VAR in readme
     compose = set(re.findall(r"FORKYARD_[A-Z0-9_]+", ROOT.joinpath("compose.yaml").read_text()))
     known = {f"FORKYARD_{f.upper()}" for m in (ServiceConfig, ServerSettings) for f in m.model_fields}
@@ -31,8 +31,8 @@ def test_the_readme_names_the_api_key_variables_and_compose_reads_no_other():
 
 
 @pytest.mark.parametrize("model", [ServiceConfig, ServerSettings])
-def test_the_readme_names_every_setting(model):
-    readme = ROOT.joinpath("README.md").read_text()
+def test_the_docs_name_every_setting(model):
+    readme = ROOT.joinpath("docs", "serving.md").read_text()
     named = set(re.findall(r"FORKYARD_[A-Z0-9_]+", readme))
     missing = sorted(f"FORKYARD_{f.upper()}" for f in model.model_fields if f"FORKYARD_{f.upper()}" not in named)
     assert missing == []
