@@ -9,6 +9,7 @@ plugin's module imports ``envs`` only). :func:`catalog` describes every register
 
 from __future__ import annotations
 
+from envs.action_input import MAX_REPLY_CHARS, read_action, reply_limit
 from envs.actions import ActionParseError, ToolCall, format_action, parse_action
 from envs.catalog import EnvCard, catalog
 from envs.checks import check_fork_contract
@@ -34,6 +35,7 @@ load_env_plugins()  # last: a plugin's module imports this package's names (Gymn
 __all__ = [
     "FORK_METHODS",
     "INFRA_FAILURE_REASONS",
+    "MAX_REPLY_CHARS",
     "TERMINATION_REASONS",
     "ActionParseError",
     "Demonstrator",
@@ -57,5 +59,7 @@ __all__ = [
     "forkyard_specs",
     "format_action",
     "parse_action",
+    "read_action",
     "register_env",
+    "reply_limit",
 ]

@@ -33,6 +33,18 @@ from envs.tool_calls import calls_from_openai, canonical_action, one_action, rea
 Tools = list[dict[str, Any]]
 
 
+#: The longest model reply, in characters, a step takes at a server's doors (REST, batched, OpenEnv): a reply
+#: holds one tool call amid reasoning, so it may be far longer than the env's own ``max_action_length``, which
+#: bounds the action written in the env's syntax. Past it a door answers 413 before reading the reply.
+MAX_REPLY_CHARS = 32768
+
+
+def reply_limit(max_action_length: int) -> int:
+    """The most characters a door takes as one step's action for an env whose actions are at most
+    ``max_action_length`` characters: the longer of that and :data:`MAX_REPLY_CHARS` (field case S62)."""
+    return max(int(max_action_length), MAX_REPLY_CHARS)
+
+
 def _schemas(tools: Tools | Callable[[], Tools | None] | None) -> Tools | None:
     return tools() if callable(tools) else tools
 
@@ -112,4 +124,4 @@ def is_legal(action: Any, legal_actions: list[str] | tuple[str, ...], tools: Too
         return False
 
 
-__all__ = ["action_record", "is_legal", "read_action"]
+__all__ = ["MAX_REPLY_CHARS", "action_record", "is_legal", "read_action", "reply_limit"]

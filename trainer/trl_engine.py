@@ -3,13 +3,13 @@
 :func:`sample_rows` samples one reply for each of B token contexts with a Hugging Face causal LM: one
 batched prefill of the left-padded contexts (attention mask, per-row position ids), then one batched forward
 per token over the rows still generating (their KV caches in the model's own cache object; a row that stops,
-at EOS or after ``max_new_tokens``, leaves the batch). Each row draws its tokens from its own
-``random.Random`` stream, one ``rng.random()`` per token, by the inverse CDF of the tempered softmax (no
-top-k, no top-p), so a row's tokens depend on its context and its stream alone, not on the rows beside it:
-one row at a time (:meth:`trainer.trl_rollout.ChatPolicy.sample`, the serial path) and a batch give the same
-token ids for the same seeds; padding changes only the reduction order of float sums (tested on CPU in
-float32, ``tests/integrations/test_trl.py``: ids equal, log-probs within 5e-5; measured 3e-6 to 1.2e-5 on the tiny test
-model, whose logits of size ~10 differ by about 1e-6 relative under SDPA attention).
+at a stop id, :func:`trainer.stops.stop_ids`, or after ``max_new_tokens``, leaves the batch). Each row draws
+its tokens from its own ``random.Random`` stream, one ``rng.random()`` per token, by the inverse CDF of the
+tempered softmax (no top-k, no top-p), so a row's tokens depend on its context and its stream alone, not on
+the rows beside it: one row at a time (:meth:`trainer.trl_rollout.ChatPolicy.sample`, the serial path) and a
+batch give the same token ids for the same seeds; padding changes only the reduction order of float sums
+(tested on CPU in float32, ``tests/integrations/test_trl.py``: ids equal, log-probs within 5e-5; measured 3e-6
+to 1.2e-5 on the tiny test model, whose logits of size ~10 differ by about 1e-6 relative under SDPA attention).
 
 :func:`group_rollouts` and :func:`tree_rollouts` run the group and tree rollouts of
 :mod:`trainer.rollout` (one :class:`~trainer.rollout.Rollout` per group or tree, equal to what
@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 
@@ -39,7 +39,7 @@ from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout,
 #: Default cap on the sessions sampled in one batched forward.
 MAX_BATCH = 64
 
-#: ``(new token ids up to and including EOS, their log-probs, first-token entropy in nats)`` of one reply.
+#: ``(new token ids up to and including the stop id, their log-probs, first-token entropy in nats)`` of one reply.
 Reply = tuple[list[int], list[float], float]
 
 
@@ -62,7 +62,7 @@ def _cache(out: Any) -> Any:
 
 @torch.no_grad()
 def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random], temperature: float,
-                max_new_tokens: int, eos_id: int, pad_id: int,
+                max_new_tokens: int, stops: Collection[int], pad_id: int,
                 before_draw: Callable[[int, float], None] | None = None) -> list[Reply]:
     """One reply per context, sampled together (module docstring).
 
@@ -72,17 +72,19 @@ def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random]
         rngs: [B] each row's stream; row b takes one ``random()`` per sampled token.
         temperature: > 0; the sampling distribution is ``softmax(logits / temperature)`` in float32.
         max_new_tokens: most tokens of a reply (>= 1).
-        eos_id: the token that ends a reply (kept in it).
+        stops: the ids that end a reply (:func:`trainer.stops.stop_ids`: the tokenizer's EOS and every id of the
+            model's generation config, field case S50); the first one sampled is kept in the reply, which ends.
         pad_id: the left padding's token (masked out).
         before_draw: called as ``before_draw(b, entropy)`` for every row after the prefill, before any token
             is drawn (entropy in nats of the first token's distribution): a tree's fork-turn choice, which may
             draw from the row's stream first as the serial loop does.
 
     Returns:
-        [B] ``(ids, logps, entropy)``: the reply's ids (EOS included when the model ended it), each id's
+        [B] ``(ids, logps, entropy)``: the reply's ids (its stop id included when the model ended it), each id's
         log-prob under the sampling distribution (natural log), the first token's entropy.
     """
     device = next(model.parameters()).device
+    stops = frozenset(stops)
     lens = [len(c) for c in contexts]
     width = max(lens)
     ids = torch.tensor([[pad_id] * (width - n) + c for n, c in zip(lens, contexts, strict=True)], device=device)
@@ -110,7 +112,7 @@ def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random]
         for b, a in enumerate(rows):
             gens[a].append(picks[b])
             logps[a].append(picked[b])
-            if picks[b] != eos_id and n + 1 < max_new_tokens:
+            if picks[b] not in stops and n + 1 < max_new_tokens:
                 keep.append(b)
         if not keep:
             break

@@ -11,16 +11,17 @@ argument; GiGPO, arXiv:2505.10978, groups steps by shared state, which independe
 it). TRL's group-normalised advantage then compares the branches; the shared prefix, the same tokens in
 every row of the group, gets the group's summed advantage, zero.
 
-Each turn (every live session of the call's groups together by default, :mod:`trainer.trl_engine`; one at a
-time with ``sampler="serial"``, the same draws): the model's reply is sampled with ``temperature`` from the
+Each turn (every live session of the call's groups together by default, :mod:`trainer.trl_engine`; one at a time
+with ``sampler="serial"``, the same draws): the model's reply is sampled with ``temperature`` from the
 chat-template context (prompt, the env's first observation appended to the last user message as TRL's
-``environment_factory`` does, and the tools' JSON schemas) until the tokenizer's EOS, read by
-:func:`envs.tool_calls.parse_model_output` (any other text reaches the env as written: its invalid-action
-observation), and stepped; the env's reply is appended as a tool message, laid out token for token as TRL's
-own tool loop lays it out. Token ids are kept as generated, never re-tokenised; ``logprobs`` are the sampling
-distribution's (natural log, 0.0 on env tokens). ``env_reward`` (each branch's summed env reward, None when
-the infrastructure lost it) goes to :meth:`TreeForkRollout.reward`, the reward function to pass in
-``reward_funcs``::
+``environment_factory`` does, and the tools' JSON schemas) until a stop id (:func:`trainer.stops.stop_ids`: the
+tokenizer's EOS and every id of the model's generation config, as TRL's own generation stops; field case S50),
+read by :func:`envs.tool_calls.parse_model_output` (any other text reaches the env as written: its invalid-action
+observation), and stepped; the env's reply is appended as a tool message, laid out token for token as TRL's own
+tool loop lays it out (:meth:`ChatPolicy.tool_suffix`). Token ids are kept as generated, never re-tokenised;
+``logprobs`` are the sampling distribution's (natural log, 0.0 on env tokens). ``env_reward`` (each branch's
+summed env reward, None when the infrastructure lost it) goes to :meth:`TreeForkRollout.reward`, the reward
+function to pass in ``reward_funcs``::
 
     rollout = TreeForkRollout("forkyard/ClueProbe-v0", max_turns=4)          # server_url=... for a server
     trainer = GRPOTrainer(model=model, processing_class=tok, args=config, train_dataset=rows,
@@ -47,6 +48,7 @@ from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
 from envs.trl import env_tools
 from trainer.rollout import Episode, Rollout, Step, group_rollout, tree_rollout
+from trainer.stops import stop_ids
 from trainer.trl_engine import MAX_BATCH, Group, Reply, Tree, group_rollouts, sample_rows, tree_rollouts
 
 
@@ -79,10 +81,9 @@ class ChatSession:
         self.completion += new
         self.logprobs += logps
         self.mask += [1] * len(new)
-        eos = self.policy.tokenizer.eos_token_id
-        ended = bool(new) and new[-1] == eos
+        ended = bool(new) and new[-1] in self.policy.stops  # any stop id ends the turn as the EOS does (S50)
         if not ended:  # cut at max_new_tokens: the turn is closed for the context, not by the model (mask 0)
-            self.completion.append(eos)
+            self.completion.append(self.policy.tokenizer.eos_token_id)
             self.logprobs.append(0.0)
             self.mask.append(0)
         text = self.policy.tokenizer.decode(new[:-1] if ended else new)
@@ -123,6 +124,12 @@ class ChatPolicy:
         max_new_tokens: most tokens of one reply.
         chat_template: the template to render with (None: the tokenizer's own). TRL renders with its training
             template where it has one (``trainer.chat_template``), whose turns append without rewriting earlier ones.
+
+    Attributes:
+        stops: the ids that end a reply, :func:`trainer.stops.stop_ids` of ``model`` and ``tokenizer``.
+
+    Raises:
+        ValueError: neither the tokenizer nor the model names an end-of-sequence id.
     """
 
     def __init__(self, model: Any, tokenizer: Any, messages: list[dict], tools: list[dict], temperature: float,
@@ -131,6 +138,7 @@ class ChatPolicy:
         self.chat_template = chat_template
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.device = next(model.parameters()).device
+        self.stops = stop_ids(model, tokenizer)
         self._suffixes: dict[str, list[int]] = {}
 
     def session(self, observation: str, info: dict[str, Any]) -> ChatSession:
@@ -143,7 +151,7 @@ class ChatPolicy:
         return session
 
     def sample(self, ids: list[int], rng: random.Random) -> Reply:
-        """One reply after ``ids``: (new token ids up to and including EOS, their log-probs, first-token entropy),
+        """One reply after ``ids``: (new token ids up to and including a stop id, their log-probs, first-token entropy),
         drawn from ``rng`` (:func:`trainer.trl_engine.sample_rows` with one row: the draws of a batch)."""
         return self.sample_many([ids], [rng])[0]
 
@@ -153,8 +161,8 @@ class ChatPolicy:
         (:func:`trainer.trl_engine.sample_rows` with this policy's model and settings)."""
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        return sample_rows(self.model, contexts, rngs, self.temperature, self.max_new_tokens, tok.eos_token_id,
-                           pad, before_draw)
+        return sample_rows(self.model, contexts, rngs, self.temperature, self.max_new_tokens, self.stops, pad,
+                           before_draw)
 
     @torch.no_grad()
     def next_token_entropy(self, ids: list[int]) -> float:
@@ -165,7 +173,11 @@ class ChatPolicy:
 
     def tool_suffix(self, content: str) -> list[int]:
         """Token ids of a tool message carrying ``content`` and the next generation prompt, after the
-        assistant's EOS: the delta of two renderings of a short conversation (as TRL's tool loop computes it)."""
+        assistant's turn end: the delta of two renderings of a short conversation, the first cut after its last
+        stop id (:attr:`stops`). TRL's tool loop cuts after its tokenizer's EOS; where that EOS closes the
+        template's turns (the tokenizer of a chat model) the two agree, and where the template closes them with
+        another listed id (``<|im_end|>`` under a base tokenizer's ``<|endoftext|>``) the cut keeps what the
+        template writes after it (its newline) in the delta, as the template renders it (field case S50)."""
         if content not in self._suffixes:
             tok = self.tokenizer
             dummy = [{"role": "user", "content": "dummy"},
@@ -176,7 +188,7 @@ class ChatPolicy:
             full = list(tok.apply_chat_template(dummy + [{"role": "tool", "name": "tool", "content": content}],
                                                 add_generation_prompt=True, tokenize=True, return_dict=False,
                                                 chat_template=self.chat_template))
-            ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
+            ends = [i for i, t in enumerate(prefix) if t in self.stops]
             prefix = prefix[:ends[-1] + 1] if ends else prefix
             if full[:len(prefix)] != prefix:
                 raise ValueError("the chat template does not append a tool message to a conversation")

@@ -56,6 +56,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
+from envs import reply_limit
 from envs.core import TextEnv
 from sandbox_server import session_batch
 from sandbox_server.deps import Host, Sessions
@@ -100,8 +101,8 @@ def body_limit(sessions: EnvSessions, path: str) -> tuple[int, str] | None:
     s = sessions.peek(parts[1]) if len(parts) == 3 and parts[2] == "step" else None
     if s is None:
         return ENV_BODY_BYTES, ""
-    n = s.env.action_space.max_length
-    return n * JSON_BYTES_PER_CHAR + STEP_BODY_OVERHEAD, f"this env accepts actions of at most {n} characters"
+    n = reply_limit(s.env.action_space.max_length)
+    return n * JSON_BYTES_PER_CHAR + STEP_BODY_OVERHEAD, f"this server takes replies of at most {n} characters"
 
 
 def batch_body_limit(route: str) -> tuple[int, str]:
@@ -123,15 +124,16 @@ def batch_body_limit(route: str) -> tuple[int, str]:
 
 
 def max_served_action_length() -> int:
-    """The longest action (code points) any registered env class accepts (``TextEnv.max_action_length``
-    when none can be loaded)."""
+    """The longest action (code points) a door takes for any registered env class: its ``max_action_length``
+    (``TextEnv.max_action_length`` when none can be loaded), at least a model's reply
+    (:func:`envs.action_input.reply_limit`)."""
     n = 0
     for env_id in envs.forkyard_specs():
         try:
             n = max(n, env_class(env_id)[0].max_action_length)
         except Exception:  # noqa: BLE001 - an env that cannot be loaded is refused when it is asked for
             continue
-    return n or TextEnv.max_action_length
+    return reply_limit(n or TextEnv.max_action_length)
 
 
 def _reset_response(sid: str, env: Any, obs: str, info: dict) -> ResetResponse:

@@ -92,7 +92,7 @@ def test_errors_decode_alike_over_both_transports(server, transport):
     c = client(server, transport, max_turns=1)
     assert isinstance(c.reset(seed=1), ResetResponse)
     with pytest.raises(ValueError, match="HTTP 413|at most"):
-        c.step("x" * 10_000)  # too long: refused, nothing ran
+        c.step("x" * 40_000)  # too long: refused, nothing ran
     assert c.step("probe(0)").truncated  # max_turns=1: the episode ends
     with pytest.raises(EpisodeFinishedError):
         c.step("probe(0)")

@@ -476,7 +476,7 @@ def test_remote_env_plays_alike_over_both_transports(server, transport):
     assert env.step("probe(2)") == local.step("probe(2)")  # the parent goes on alone
     assert sessions(server) == 3
     with pytest.raises(ValueError, match="at most"):
-        env.step("x" * 10_000)
+        env.step("x" * 40_000)  # past the longest reply a door takes
     for _ in range(2):
         env.step("probe(1)")
     with pytest.raises(EpisodeFinishedError):

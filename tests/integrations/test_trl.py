@@ -32,6 +32,7 @@ from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError
 from envs.tool_calls import action_to_call
 from envs.trl import EPISODE_OVER, environment_factory
+from trainer.stops import stop_ids
 from trainer.trl_engine import sample_rows
 from trainer.trl_rollout import TreeForkRollout
 from sandbox_server.app import create_env_app
@@ -398,7 +399,7 @@ def test_batched_replies_are_the_one_at_a_time_replies_and_their_log_probs_the_m
     contexts = [list(tok.apply_chat_template([c], add_generation_prompt=True, tokenize=True, return_dict=False))
                 for c in chat]
     assert len({len(c) for c in contexts}) == 3
-    args = (1.0, 40, tok.eos_token_id, tok.pad_token_id)
+    args = (1.0, 40, stop_ids(model, tok), tok.pad_token_id)
     together = sample_rows(model, contexts, [random.Random(s) for s in (1, 2, 3)], *args)
     alone = [sample_rows(model, [c], [random.Random(s)], *args)[0] for c, s in zip(contexts, (1, 2, 3), strict=True)]
     for (ids, lps, ent), (ids1, lps1, ent1), ctx in zip(together, alone, contexts, strict=True):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from gymnasium.envs.registration import EnvSpec
 
+import envs
 import envs.remote_vector as remote_vector
-from envs import EnvInfraError, RemoteEnv, RemoteVectorEnv
+from envs import MAX_REPLY_CHARS, EnvInfraError, RemoteEnv, RemoteVectorEnv
 from envs.clueprobe import ClueProbeEnv
 from envs.fileqa import FileQAEnv
 from envs.suite.text_to_sql import TextToSQLEnv
@@ -95,7 +96,7 @@ def test_per_item_errors_beside_successful_items(server, http):
         {"session_id": a, "action": "answer(1)"},       # ends a's episode (max_turns=2) ...
         {"session_id": a, "action": "answer(1)"},       # ... so this one is a 409
         {"session_id": b, "action": 5},                 # not a string: 422
-        {"session_id": b, "action": "x" * 300},         # ClueProbe accepts 256 characters: 413
+        {"session_id": b, "action": "x" * 40_000},      # past the longest reply a door takes: 413
         {"session_id": b, "action": "probe(1)", "extra": 1},
         {"session_id": b, "action": "probe(2)"},
     ])
@@ -104,7 +105,7 @@ def test_per_item_errors_beside_successful_items(server, http):
     assert_item_error(res[1], 404, "not_found", "no env session 'unknown'")
     assert_item_error(res[3], 409, "conflict", "episode has ended")
     assert_item_error(res[4], 422, "invalid", "action")
-    assert_item_error(res[5], 413, "too_large", "at most 256")
+    assert_item_error(res[5], 413, "too_large", f"at most {MAX_REPLY_CHARS}")
     assert_item_error(res[6], 422, "invalid", "extra")
     assert res[7]["result"]["info"]["turn"] == 1  # only the valid step of b ran
     assert http.get(f"/v1/envs/{b}").json()["turn"] == 1
@@ -423,7 +424,7 @@ def test_vector_env_raises_for_failed_items_after_applying_the_rest(server, http
     assert infos["turn"].tolist() == [1, 0, 1] and infos["_turn"].tolist() == [True, False, True]
     assert truncs.tolist() == [False, True, False] and infos["termination_reason"][1] == "infra_error"
     with pytest.raises(BatchItemError) as err:  # a client error: never an infra error
-        vec.step(["probe(1)", "probe(1)", "x" * 300])
+        vec.step(["probe(1)", "probe(1)", "x" * 40_000])
     assert not isinstance(err.value, EnvInfraError) and err.value.failures[2].status_code == 413
     vec.close()
 

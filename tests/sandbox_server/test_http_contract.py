@@ -395,7 +395,7 @@ def test_s16_huge_bodies_are_refused_before_they_are_read(tmp_path):
         base = f"http://127.0.0.1:{port}"
         sid = httpx.post(f"{base}/v1/envs", json={"env_id": CLUE, "seed": 0}).json()["session_id"]
         for _ in range(3):  # warm the code paths before measuring
-            httpx.post(f"{base}/v1/envs/{sid}/step", json={"action": "x" * 300})
+            httpx.post(f"{base}/v1/envs/{sid}/step", json={"action": "x" * 40_000})  # a 413: no turn used
             _stream_chunked(port, f"/v1/envs/{sid}/step", 1 << 20)
         hwm = _rss_kb(proc.pid)
 
@@ -409,7 +409,7 @@ def test_s16_huge_bodies_are_refused_before_they_are_read(tmp_path):
         conn.close()
         assert status == 413 and headers["connection"] == "close"
         detail = ErrorBody.model_validate_json(body)
-        assert "at most 256 characters" in detail.detail and detail.status == "too_large"
+        assert "at most 32768 characters" in detail.detail and detail.status == "too_large"
 
         # Streamed (chunked): answered 413 once past the route's small limit; never read to the end.
         sent, took, answer = _stream_chunked(port, f"/v1/envs/{sid}/step", 64 << 20)

@@ -67,8 +67,8 @@ def test_the_core_raises_the_domain_errors_and_keeps_nothing_on_failure():
     recipe = host.sessions.recipe(CLUE, {"max_turns": 1})
     sid = host.open_now(recipe, resetter(0, None)).session_id
     assert status(pytest.raises(HTTPException, host.step_now, "unknown", "probe(0)").value) == 404
-    assert status(pytest.raises(HTTPException, host.step_now, sid, "x" * 257).value) == 413
-    host.step_now(sid, "probe(0)")  # the only turn: the episode ends
+    assert status(pytest.raises(HTTPException, host.step_now, sid, "x" * 40_000).value) == 413  # past a reply
+    assert "Invalid action" in host.step_now(sid, "x" * 257)[0]  # a reply: the env's; the only turn: it ends
     assert status(pytest.raises(HTTPException, host.step_now, sid, "probe(0)").value) == 409
     assert status(pytest.raises(HTTPException, host.reset_now, sid, -1, None).value) == 422
     assert status(pytest.raises(HTTPException, host.sessions.recipe, CLUE, {"max_turns": True}).value) == 422
@@ -111,7 +111,7 @@ def test_async_single_and_batched_operations_answer_alike():
         b = [o.session_id for o in batched[:3]]
         actions = ["probe(1)", "answer(2)", "probe(0)"]
         one = [await host.step(s, x) for s, x in zip(a, actions, strict=True)]
-        many = await session_batch.batch_step(host, [*b, "gone", b[0]], [*actions, "probe(0)", "x" * 300])
+        many = await session_batch.batch_step(host, [*b, "gone", b[0]], [*actions, "probe(0)", "x" * 40_000])
         assert many[:3] == one
         assert [status(e) for e in many[3:]] == [404, 413]
         short = (await session_batch.batch_create(host, [(CLUE, {"max_turns": 1}, 0, None)]))[0].session_id
@@ -190,7 +190,7 @@ def test_single_and_batched_routes_answer_the_same_errors(server):
         for c in creates:
             assert batched("create", c) == single_error(http.post("/v1/envs", json=c)), c
         sid = http.post("/v1/envs", json={"env_id": CLUE, "seed": 1, "kwargs": {"max_turns": 1}}).json()["session_id"]
-        too_long = "z" * 257
+        too_long = "z" * 40_000  # past the longest reply a door takes
         for route, item in (("step", {"session_id": "gone", "action": "probe(0)"}),
                             ("step", {"session_id": sid, "action": too_long}),
                             ("reset", {"session_id": sid, "options": {"target": 99}}),

@@ -1,17 +1,17 @@
 """Batched rollouts for the text policy: every live episode of a rollout advances together.
 
 :class:`RolloutEngine` runs the group and tree rollouts of :mod:`trainer.rollout` (same arguments, same
-:class:`~trainer.rollout.Rollout`) in waves. A wave takes up to ``max_batch`` live episode branches (more
-wait for the next wave), brings their KV caches up to date in batched prefills (each row's new context: the
-end of its last action and the observation since; rows bucketed by its length, right-padded, with a slot mask
-and per-row positions, :meth:`trainer.text.lm.TinyCausalLM.forward` / :meth:`trainer.text.hf.HFCausalLM.forward`),
-then samples the next action of every row with one batched decode step per token, rows leaving the batch as
-they stop (end-of-turn token, stop string, ``max_new_tokens``); then the env steps of the wave run: in worker
-threads when the env blocks (:func:`blocking`: FileQA's sandbox calls; ``env_threads``), inline for
-pure-Python envs (ClueProbe), their results applied in row order either way. ``max_kv_tokens`` caps the
+:class:`~trainer.rollout.Rollout`) in waves. A wave takes up to ``max_batch`` live episode branches (more wait for
+the next wave), brings their KV caches up to date in batched prefills (each row's new context: the end of its last
+action and the observation since; rows bucketed by its length, right-padded, with a slot mask and per-row
+positions, :meth:`trainer.text.lm.TinyCausalLM.forward` / :meth:`trainer.text.hf.HFCausalLM.forward`), then
+samples the next action of every row with one batched decode step per token, rows leaving the batch as they stop
+(a stop id of the policy, :func:`trainer.stops.stop_ids`; stop string; ``max_new_tokens``); then the env steps of
+the wave run: in worker threads when the env blocks (:func:`blocking`: FileQA's sandbox calls; ``env_threads``),
+inline for pure-Python envs (ClueProbe), their results applied in row order either way. ``max_kv_tokens`` caps the
 KV-cache slots of a wave and ``max_live`` the episodes live at once (:class:`RolloutEngine`). Decoding is what
-batching makes cheaper; the prefill is the same work as the serial loop's (docs/performance.md: what bounds
-the speed-up; ``benchmarks/bench_rollout.py``).
+batching makes cheaper; the prefill is the same work as the serial loop's (docs/performance.md: what bounds the
+speed-up; ``benchmarks/bench_rollout.py``).
 
 Same episodes as the serial loops: each row samples from its own episode stream
 (:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text.text_policy.TextSession.act` (tempered,
@@ -214,7 +214,7 @@ def generate(rows: list[_Row]) -> list[Step]:
                 gens[a].append(i)
                 logps[a].append(lp[j])
                 ents[a].append(ent[j])
-                if i == tok.eot_id:
+                if i in policy.stops:  # the policy's stop set (field case S50)
                     stops[a] = "eot"
                 elif sc.stop_strings and any(tok.decode(gens[a]).endswith(s) for s in sc.stop_strings):
                     stops[a] = "stop_string"

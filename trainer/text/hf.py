@@ -32,6 +32,7 @@ import torch.nn as nn
 
 from trainer.text.lm import SPECIAL_TOKENS, LMConfig, SpecialTokenIds
 from trainer.text.text_policy import ChatTemplate
+from trainer.stops import stop_ids
 from trainer.update import resolve_device
 
 #: forkyard's metadata file in a model folder.
@@ -87,13 +88,16 @@ class HFCausalLM(nn.Module):
 
     Args:
         hf: a ``PreTrainedModel`` with a causal-LM head.
-        tokenizer: the text policy's tokenizer for it (forkyard's own, or an :class:`HFTokenizerAdapter`).
+        tokenizer: the text policy's tokenizer for it (forkyard's own, or an :class:`HFTokenizerAdapter`, whose
+            suppressed ids then leave out the model's stop ids: :meth:`HFTokenizerAdapter.allow_stops`).
     """
 
     def __init__(self, hf, tokenizer):
         super().__init__()
         self.hf = hf
         self.tokenizer = tokenizer
+        if isinstance(tokenizer, HFTokenizerAdapter):
+            tokenizer.allow_stops(stop_ids(hf, tokenizer))
         self.config = HFModelConfig(int(hf.config.max_position_embeddings),
                                     int(hf.get_output_embeddings().weight.shape[0]))
         import inspect
@@ -322,9 +326,10 @@ class HFTokenizerAdapter(SpecialTokenIds):
     ValueError (``tools_ok`` says which).
 
     ``suppressed_ids``: every added token marked special (not only the named ones: Llama 3's header tokens
-    are among them) except ``eot_id``, so a policy cannot write a turn of its own. Added tokens that are not
-    special (Qwen's ``<tool_call>``) stay writable, and observation text containing them becomes those ids.
-    Encoding holds a lock: ``transformers`` switches special-token splitting on the shared Rust tokenizer.
+    are among them) except ``eot_id`` and the model's other stop ids (:meth:`allow_stops`), so a policy cannot
+    write a turn of its own. Added tokens that are not special (Qwen's ``<tool_call>``) stay writable, and
+    observation text containing them becomes those ids. Encoding holds a lock: ``transformers`` switches
+    special-token splitting on the shared Rust tokenizer.
     """
 
     kind = "hf"
@@ -368,6 +373,14 @@ class HFTokenizerAdapter(SpecialTokenIds):
         self.pad_id, self.bos_id, self.user_id = ids["<|pad|>"], ids["<|bos|>"], ids["<|user|>"]
         self.assistant_id, self.tool_id, self.eot_id = ids["<|assistant|>"], ids["<|tool|>"], ids["<|end|>"]
         self.suppressed_ids = self._special_ids(self.eot_id)
+
+    def allow_stops(self, stops: frozenset[int]) -> None:
+        """Let a policy write every id of ``stops`` (:func:`trainer.stops.stop_ids` of its model and this
+        tokenizer): they leave ``suppressed_ids``, so an id the model's generation config lists as an end
+        (Qwen2.5's ``<|endoftext|>``, Llama 3.1's ``<|eom_id|>``) ends an action as ``eot_id`` does instead of
+        having probability 0 (field case S50). :class:`HFCausalLM` calls it when it pairs a model with this
+        tokenizer, before anything is sampled or scored."""
+        self.suppressed_ids = tuple(i for i in self.suppressed_ids if i not in stops)
 
     def _special_ids(self, eot: int) -> tuple[int, ...]:
         hf = self.hf
