@@ -28,6 +28,7 @@ from envs.api_key import auth_headers, redact_url
 from envs.client_retry import KEEPALIVE_EXPIRY_S, safe_to_repeat
 from envs.core import EnvInfraError
 from envs.process_local import PerProcess
+from envs.session_lease import Leases, lease_headers
 
 try:  # a faster codec when the server extras are installed; plain JSON either way
     import orjson
@@ -71,7 +72,9 @@ class HttpConnections:
         if api_key is not None:  # the explicit key wins: httpx would send the user info as Basic over it
             base = base.copy_with(username=None, password=None)
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
-        headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key)}
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key),
+                   **lease_headers()}
+        self.leases = Leases(self)  # the sessions made through these connections, renewed while we live (S51)
         self._clients = PerProcess(lambda: httpx.Client(
             base_url=base, timeout=timeout_s, transport=httpx.HTTPTransport(retries=retries),
             limits=httpx.Limits(max_keepalive_connections=32, max_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S),

@@ -232,7 +232,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 for k, r in zip(waiting, self._post_batch(route, [chunk[k] for k in waiting], busy), strict=True):
                     results[k] = r
             out.extend(results)
+        self._track_leases(route, items, out)
         return out
+
+    def _track_leases(self, route: str, items: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+        """Hold the leases of the sessions a create or fork made, let go those a delete closed (field case S51)."""
+        leases = self._client.leases
+        if route == "delete":
+            leases.discard([it["session_id"] for it in items])
+            return
+        made: list[str] = []
+        for r in results:
+            got = r.get("result") if 200 <= r.get("status_code", 0) < 300 else None
+            if isinstance(got, dict):
+                made += [got["session_id"]] if "session_id" in got else list(got.get("session_ids", []))
+        if route in ("create", "fork"):
+            leases.add(made)
 
     def _post_batch(self, route: str, items: list[dict[str, Any]], busy: BusyWait) -> list[dict[str, Any]]:
         """One ``POST /v1/envs/batch/{route}`` of at most :data:`BATCH_ITEMS` items; a whole request answered

@@ -147,8 +147,10 @@ class HttpTransport:
         return loads(data) if data else {}
 
     def create(self, env_id, kwargs, seed, options) -> ResetResponse:
-        return decode(ResetResponse, self._json("POST", "/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": seed,
+        made = decode(ResetResponse, self._json("POST", "/v1/envs", {"env_id": env_id, "kwargs": kwargs, "seed": seed,
                                                                      "options": options}))
+        self.http.leases.add([made.session_id])  # renewed while this process lives (field case S51)
+        return made
 
     def reset(self, sid, seed, options) -> ResetResponse:
         return decode(ResetResponse, self._json("POST", f"/v1/envs/{sid}/reset", {"seed": seed, "options": options}))
@@ -157,15 +159,20 @@ class HttpTransport:
         return decode(StepResponse, self._json("POST", f"/v1/envs/{sid}/step", {"action": action}))
 
     def fork(self, sid, n) -> list[str]:
-        return decode(ForkResponse, self._json("POST", f"/v1/envs/{sid}/fork", {"n": n})).session_ids
+        kids = decode(ForkResponse, self._json("POST", f"/v1/envs/{sid}/fork", {"n": n})).session_ids
+        self.http.leases.add(kids)
+        return kids
 
     def snapshot(self, sid) -> str:
         return decode(EnvSnapshotResponse, self._json("POST", f"/v1/envs/{sid}/snapshot")).snapshot
 
     def restore(self, token) -> ResetResponse:
-        return decode(ResetResponse, self._json("POST", "/v1/envs/restore", {"snapshot": token}))
+        made = decode(ResetResponse, self._json("POST", "/v1/envs/restore", {"snapshot": token}))
+        self.http.leases.add([made.session_id])
+        return made
 
     def delete(self, sid) -> None:
+        self.http.leases.discard([sid])
         self._json("DELETE", f"/v1/envs/{sid}")
 
     def tools(self, sid) -> list[dict[str, Any]]:

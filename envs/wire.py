@@ -14,6 +14,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 
 
+#: The request header that asks for a lease (seconds) on the env sessions a request makes; the server closes them
+#: that long after the last request that touched or renewed them (``sandbox_server/session_lease.py``, field case
+#: S51).
+LEASE_HEADER = "Forkyard-Lease-S"
+
+
 class ErrorBody(BaseModel):
     """Every 4xx / 5xx answer of the API (FastAPI's own validation errors included)."""
 
@@ -80,4 +86,5 @@ def decode(model: type[M], data: dict[str, Any]) -> M:
     return out
 
 
-__all__ = ["EnvSnapshotResponse", "ErrorBody", "ForkResponse", "ResetResponse", "StepResponse", "decode"]
+__all__ = ["LEASE_HEADER", "EnvSnapshotResponse", "ErrorBody", "ForkResponse", "ResetResponse", "StepResponse",
+           "decode"]

@@ -55,6 +55,7 @@ from sandbox_server.routes import sandboxes as sandbox_routes
 from sandbox_server.service import SandboxService
 from sandbox_server.session_host import SessionHost
 from sandbox_server.settings import ServerSettings, ServiceConfig
+from sandbox_server.session_lease import LeaseMiddleware
 from sandbox_server.snapshot_tokens import SnapshotSealer
 from sandbox_server.web_guard import WebGuard, WebGuardMiddleware
 
@@ -323,6 +324,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
     app.state.openenv_owners = {}  # session id -> the OpenEnv connection responsible for it (routes/openenv.py)
     http_contract.install(app, max_body_bytes=max_body_bytes, route_limit=route_limit,
                           on_error=count_unavailable if sandboxes else None)
+    app.add_middleware(LeaseMiddleware)  # Forkyard-Lease-S: the lease of the sessions a request makes (S51)
     app.state.started, app.state.not_started_logged = False, False  # the lifespan sets it (field case S49)
     app.add_middleware(StartedCheck, state=app.state)
     app.state.drain = Drain()  # a stop drains within a bound (DrainingServer starts it; field case S39)

@@ -38,6 +38,7 @@ from envs.core import EnvInfraError, TextEnv
 from sandbox_server.env_classes import (GYM_MAKE_KEYWORDS, SERVER_DECIDED_KWARGS, check_kwargs, env_class,
                                         import_env_modules)
 from sandbox_server.errors import CapacityReached, ServiceUnavailable
+from sandbox_server.session_lease import LEASE
 from sandbox_server.held_sandboxes import HeldSandboxes, hold_sandboxes, provider_ttl_s
 from sandbox_server.session_census import TRANSPORT, Census, env_label
 
@@ -72,6 +73,8 @@ class EnvSession:
     transport: str = "rest"
     last_used: float = field(default_factory=time.monotonic)
     pinned: bool = False
+    #: Seconds without a request before it expires, when its maker asked for a lease (field case S51).
+    lease_s: float | None = None
     lock: asyncio.Lock = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,8 +82,10 @@ class EnvSession:
 
     def expired(self, now: float, ttl_s: float) -> bool:
         """Whether nothing holds the session (no connection, no call: the lock is read before the clock, which
-        a call's end sets first) and it has been idle for more than ``ttl_s`` seconds at ``now``."""
-        return not self.pinned and not self.lock.locked() and now - self.last_used > ttl_s
+        a call's end sets first) and it has been idle for more than ``ttl_s`` seconds at ``now`` (or its lease,
+        when shorter: :mod:`sandbox_server.session_lease`)."""
+        limit = ttl_s if self.lease_s is None else min(ttl_s, self.lease_s)
+        return not self.pinned and not self.lock.locked() and now - self.last_used > limit
 
 
 @dataclass(frozen=True)
@@ -211,9 +216,9 @@ class EnvSessions:
         with self._guard:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
-            sids, transport = [self._new_id() for _ in env_list], TRANSPORT.get()
+            sids, transport, lease = [self._new_id() for _ in env_list], TRANSPORT.get(), LEASE.get()
             for sid, env in zip(sids, env_list, strict=True):
-                self._sessions[sid] = EnvSession(env_id, env, blocking, transport)
+                self._sessions[sid] = EnvSession(env_id, env, blocking, transport, lease_s=lease)
             self._reserved -= len(env_list)  # the room held for them is now theirs
             slots.committed = True
             return sids
@@ -270,6 +275,20 @@ class EnvSessions:
     def _count_expired(self, s: EnvSession) -> None:  # under self._guard
         key = (env_label(s.env_id), s.transport)
         self._expired[key] = self._expired.get(key, 0) + 1
+
+    def renew(self, sids: list[str]) -> list[bool]:
+        """Restart the idle clock of every live session of ``sids`` (a client renewing its leases, field case
+        S51); ``[i]``: whether ``sids[i]`` is live. Runs no env code and never raises for an unknown id."""
+        now = time.monotonic()
+        out = []
+        with self._guard:
+            for sid in sids:
+                s = self._sessions.get(sid)
+                live = s is not None and not s.expired(now, self.ttl_s)
+                if live:
+                    s.last_used = now
+                out.append(live)
+        return out
 
     def peek(self, sid: str) -> EnvSession | None:
         """The session ``sid`` if it is held, without touching its idle clock."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator,
@@ -465,6 +465,23 @@ class BatchDeleteRequest(BatchRequest):
 
     item_model: ClassVar[type[RequestModel]] = BatchSessionItem
     items: list[BatchSessionItem] = _items(BatchSessionItem, "sessions to close")
+
+
+#: Most session ids one lease renewal names (a client renews more in several requests).
+MAX_RENEW_IDS = 1024
+
+
+class RenewRequest(RequestModel):
+    """``POST /v1/envs/batch/renew``: the sessions whose leases to renew (field case S51)."""
+
+    session_ids: list[Annotated[str, Field(max_length=200)]] = Field(max_length=MAX_RENEW_IDS)
+
+
+class RenewResponse(BaseModel):
+    """Which sessions were renewed (live) and which are gone (closed, expired, never made)."""
+
+    renewed: list[str]
+    missing: list[str]
 
 
 _STATUS_CODE = Field(description="the HTTP status the single-session route would have answered for this item: "

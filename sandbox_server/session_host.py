@@ -38,7 +38,7 @@ import anyio
 import gymnasium as gym
 from fastapi import HTTPException
 
-from envs import reply_limit
+import envs
 from envs.core import EnvInfraError, EpisodeFinishedError, Snapshot, TextEnv
 from sandbox_server.env_sessions import SERVER_DECIDED_KWARGS, EnvRecipe, EnvSession, EnvSessions, close_quietly
 from sandbox_server.errors import SandboxError, ServiceUnavailable, ToolRefused
@@ -357,7 +357,7 @@ def env_failure(exc: Exception, what: str, client_values: bool) -> Exception:
 def check_action(env: TextEnv, action: Any) -> None:
     """Raise HTTPException 413 when the text ``action`` is longer than a door takes for ``env``
     (:func:`envs.action_input.reply_limit`: a model's whole reply, reasoning included; field case S62)."""
-    limit = reply_limit(env.action_space.max_length)
+    limit = envs.reply_limit(env.action_space.max_length)
     if isinstance(action, str) and len(action) > limit:
         raise HTTPException(413, f"the action has {len(action)} characters; this server takes replies of at most "
                                  f"{limit} characters (a model's reply holding one tool call); send the call alone")

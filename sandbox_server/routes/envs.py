@@ -15,6 +15,7 @@ Routes (all under ``/v1/envs``)::
     POST   /v1/envs/batch/step          {items: [{session_id, action}, ...]}
     POST   /v1/envs/batch/fork          {items: [{session_id, n}, ...]}
     POST   /v1/envs/batch/delete        {items: [{session_id}, ...]}
+    POST   /v1/envs/batch/renew         {session_ids: [...]} -> {renewed, missing}: leases (field case S51)
 
 A batched route answers 200 with ``results[i]`` for ``items[i]``: ``{status_code, result}`` with what the
 single-session route would have answered, or ``{status_code, error: ErrorBody, retry_after_s}`` with its
@@ -56,7 +57,6 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
-from envs import reply_limit
 from envs.core import TextEnv
 from sandbox_server import session_batch
 from sandbox_server.deps import Host, Sessions
@@ -68,7 +68,7 @@ from sandbox_server.models import (
     MAX_BATCH_ITEMS, BatchCreateRequest, BatchDeleteRequest, BatchDeleteResponse, BatchForkRequest,
     BatchForkResponse, BatchResetRequest, BatchResetResponse, BatchStepRequest, BatchStepResponse, CreateEnvRequest,
     EnvSnapshotResponse, EnvSpecInfo, ForkRequest, ForkResponse, InvalidItem, ResetRequest, ResetResponse,
-    RestoreEnvRequest, SessionInfo, StepRequest, StepResponse, ToolsResponse,
+    RenewRequest, RenewResponse, RestoreEnvRequest, SessionInfo, StepRequest, StepResponse, ToolsResponse,
 )
 from sandbox_server.routes import V1
 
@@ -101,7 +101,7 @@ def body_limit(sessions: EnvSessions, path: str) -> tuple[int, str] | None:
     s = sessions.peek(parts[1]) if len(parts) == 3 and parts[2] == "step" else None
     if s is None:
         return ENV_BODY_BYTES, ""
-    n = reply_limit(s.env.action_space.max_length)
+    n = envs.reply_limit(s.env.action_space.max_length)
     return n * JSON_BYTES_PER_CHAR + STEP_BODY_OVERHEAD, f"this server takes replies of at most {n} characters"
 
 
@@ -133,7 +133,7 @@ def max_served_action_length() -> int:
             n = max(n, env_class(env_id)[0].max_action_length)
         except Exception:  # noqa: BLE001 - an env that cannot be loaded is refused when it is asked for
             continue
-    return reply_limit(n or TextEnv.max_action_length)
+    return envs.reply_limit(n or TextEnv.max_action_length)
 
 
 def _reset_response(sid: str, env: Any, obs: str, info: dict) -> ResetResponse:
@@ -292,6 +292,16 @@ async def batch_fork(request: Request, req: BatchForkRequest, host: Host) -> Res
         results[i] = item_error(o) if isinstance(o, BaseException) else {
             "status_code": 200, "result": {"session_id": it.session_id, "session_ids": o}}
     return _json(results)
+
+
+@router.post("/batch/renew", response_model=RenewResponse, summary="Renew the leases of many env sessions",
+             responses=R(413, 422))
+async def batch_renew(req: RenewRequest, sessions: Sessions) -> RenewResponse:
+    """Restart the idle clock of each live session named (a client renewing the leases of the sessions it holds:
+    :mod:`sandbox_server.session_lease`, field case S51). Runs no env code; an unknown id is listed as missing."""
+    live = sessions.renew(req.session_ids)
+    return RenewResponse(renewed=[s for s, ok in zip(req.session_ids, live, strict=True) if ok],
+                         missing=[s for s, ok in zip(req.session_ids, live, strict=True) if not ok])
 
 
 @router.post("/batch/delete", response_model=BatchDeleteResponse, summary="Close many env sessions",
