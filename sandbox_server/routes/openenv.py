@@ -263,7 +263,8 @@ class Connection:
                             made.env)
 
     async def step(self, data: dict) -> dict[str, Any]:
-        if "action" not in data and "tool_name" in data:  # OpenEnv's CallToolAction: the data is the call
+        if "action" not in data and set(data) - {"metadata"}:  # the data is the call itself: OpenEnv's
+            # CallToolAction, or a model's JSON reply sent whole (verifiers' openenv taskset does)
             data = {"action": {k: v for k, v in data.items() if k != "metadata"}, "metadata": data.get("metadata", {})}
         action = data.get("action")  # text or a JSON call: the env reads it with the one reader (field case S62)
         if not isinstance(action, (str, dict, list)) or not set(data) <= {"action", "metadata"} \

@@ -518,3 +518,22 @@ def test_a_closed_remote_env_says_so(server):
         with pytest.raises(gym.error.ClosedEnvironmentError):
             env.step("probe(0)")
     wait_sessions(server, 0)
+
+
+def test_a_json_reply_sent_whole_as_the_step_data_is_read_as_the_action(server):
+    """verifiers' ``openenv`` taskset sends a model's reply that is itself a JSON object as the whole step data:
+    the env reads it like any action (field case S62); data that holds no call is the env's invalid action."""
+    with connect(f"{base(server).replace('http', 'ws')}/ws") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+        for data, turn, invalid in (({"name": "probe", "arguments": {"k": 1}}, 1, False),
+                                    ({"type": "function", "function": {"name": "probe", "arguments": '{"k": 2}'}}, 2,
+                                     False),
+                                    ({"thoughts": "no call here"}, 3, True)):
+            ws.send(json.dumps({"type": "step", "data": data}))
+            got = json.loads(ws.recv(timeout=10))
+            assert got["type"] == "observation", got
+            info = got["data"]["observation"]["info"]
+            assert info["turn"] == turn and info["invalid_action"] is invalid
+        ws.send(json.dumps({"type": "step", "data": {}}))  # nothing at all: still the validation error
+        assert json.loads(ws.recv(timeout=10))["data"]["code"] == "VALIDATION_ERROR"
