@@ -29,7 +29,7 @@ import warnings
 from typing import Any
 
 from envs.actions import ToolCall, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
@@ -90,7 +90,7 @@ class ClueProbeEnv(TextEnv):
             + self._prompt()
         )
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)  # not super(): this runs on every step of every rollout
         if self._done:

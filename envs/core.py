@@ -63,6 +63,9 @@ FORK_METHODS = ("state_codec", "deepcopy", "replay", "sandbox")
 INFRA_FAILURE_REASONS = frozenset({"infra_error"})
 
 
+#: What ``step`` takes: the env's ``name(args)`` text, a model's reply, or a JSON call (field case S62).
+Action = str | dict[str, Any] | list[Any]
+
 class IllegalActionError(ActionParseError):
     """A well-formed tool call that is not allowed now (unknown tool, bad argument, wrong turn)."""
 
@@ -287,7 +290,7 @@ class TextEnv(gym.Env):
         self._anchor = _digest("reset\x1f" + obs)
         return obs, self._info()
 
-    def step(self, action: str | dict[str, Any] | list[Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One turn: ``(observation, reward, terminated, truncated, info)`` (module docstring).
 
         ``action`` is read by :func:`envs.action_input.read_action` against the env's tool schemas: the env's

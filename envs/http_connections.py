@@ -12,9 +12,11 @@ under the server's keep-alive timeout), connect retries (``httpx.HTTPTransport(r
 each connect, write and read. What it adds: the API key's header (:mod:`envs.api_key`), a request sent once
 more when its connection closed with no answer and :func:`envs.client_retry.safe_to_repeat` allows it (never a
 step, a create or a fork, which may have run), and :class:`~envs.core.EnvInfraError` for every network failure,
-naming the server by :func:`envs.api_key.redact_url` (a key in the URL never shows). The ``httpx.Client`` is
-per process (:class:`envs.process_local.PerProcess`, field case S59): used in a fork child, it opens connections
-of the child's own and leaves the parent's untouched.
+naming the server by its URL without user info: a key in the URL's user info is taken out
+(:func:`envs.api_key.split_credentials`) and sent as a header, and every message goes through
+:func:`envs.api_key.redact`, so the key never shows whatever characters it holds (field case S60).
+The ``httpx.Client`` is per process (:class:`envs.process_local.PerProcess`, field case S59): used in a fork
+child, it opens connections of the child's own and leaves the parent's untouched.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from envs.api_key import auth_headers, redact_url
+from envs.api_key import auth_headers, redact, split_credentials
 from envs.client_retry import KEEPALIVE_EXPIRY_S, safe_to_repeat
 from envs.core import EnvInfraError
 from envs.process_local import PerProcess
@@ -50,27 +52,30 @@ class HttpConnections:
     sessions forked from one another share them.
 
     Args:
-        url: ``http://host[:port][/prefix]`` (or https); a key in the URL's user info is sent as HTTP Basic
-            credentials when ``api_key`` is None (httpx does so for a URL with user info), as the other
-            clients send it.
+        url: ``http://host[:port][/prefix]`` (or https); a key in the URL's user info
+            (``http://forkyard:KEY@host``, percent-encoded where it holds reserved characters) is sent as
+            ``Authorization: Bearer`` when ``api_key`` is None; the URL is kept without it.
         timeout_s: seconds for a connect, for sending a request and for each read of an answer.
         retries: retries of a failed connect (httpx tries again at once, then 0.5 s, 1 s, ... apart); a request that
             was sent is repeated only per :meth:`request`.
         api_key: sent as ``Authorization: Bearer`` (the URL's user info is then dropped).
 
     Raises:
-        ValueError: a URL that is not http(s)://host.
+        ValueError: a URL that is not http(s)://host, or whose user info
+            :func:`envs.api_key.split_credentials` refuses (the message shows no credential).
     """
 
     def __init__(self, url: str, timeout_s: float, retries: int = 3, api_key: str | None = None):
+        url, in_url = split_credentials(url)
+        api_key = in_url if api_key is None else api_key  # the explicit key wins
+        self._secrets = (api_key, in_url)
         try:
             base = httpx.URL(url)
         except httpx.InvalidURL:
             base = None
         if base is None or base.scheme not in ("http", "https") or not base.host:
-            raise ValueError(f"server_url must be http://host[:port] or https://..., got {redact_url(url)!r}")
-        if api_key is not None:  # the explicit key wins: httpx would send the user info as Basic over it
-            base = base.copy_with(username=None, password=None)
+            raise ValueError(redact(f"server_url must be http://host[:port] or https://..., got {url!r}",
+                                    self._secrets))
         self.url, self.timeout_s, self.retries = url, timeout_s, retries
         headers = {"Content-Type": "application/json", "Accept": "application/json", **auth_headers(api_key),
                    **lease_headers()}
@@ -110,11 +115,11 @@ class HttpConnections:
                     if not repeated and safe_to_repeat(method, path):
                         repeated = True  # the server closed an idle connection under it: once more, on a new one
                         continue
-                    raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: the server disconnected with no "
-                                        f"answer (it may have run): {exc!r}") from exc
-                raise EnvInfraError(f"{method} {redact_url(self.url)}{path} failed: {exc!r}") from exc
+                    raise EnvInfraError(redact(f"{method} {self.url}{path}: the server disconnected with no answer "
+                                               f"(it may have run): {exc!r}", self._secrets)) from exc
+                raise EnvInfraError(redact(f"{method} {self.url}{path} failed: {exc!r}", self._secrets)) from exc
             except RuntimeError as exc:  # httpx: the client was closed by another thread meanwhile
-                raise EnvInfraError(f"{method} {redact_url(self.url)}{path}: {exc}") from exc
+                raise EnvInfraError(redact(f"{method} {self.url}{path}: {exc}", self._secrets)) from exc
             return resp.status_code, resp.content, resp.headers.get("Retry-After")
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes, str | None]:

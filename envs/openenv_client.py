@@ -18,9 +18,12 @@ unchanged against ``http://HOST:PORT/openenv/{env_id}`` (see ``sandbox_server/ro
         env.delete(children[1:])                # or leave them: they go when this connection closes
 
 Every method raises ``RuntimeError("Server error: ... (code: ...)")`` on an error answer, as OpenEnv's
-client does. The server's API key (``api_key=``, else ``FORKYARD_API_KEY``: :mod:`envs.api_key`) goes in
-the WebSocket handshake's ``Authorization`` header. OpenEnv's own clients, which send no header, carry it in
-the URL's user info instead: ``http://forkyard:KEY@HOST:PORT/openenv/{env_id}``.
+client does. The server's API key (``api_key=``, else the key in ``base_url``'s user info, else
+``FORKYARD_API_KEY``: :func:`envs.api_key.client_credentials`) goes in the WebSocket handshake's
+``Authorization`` header; the client keeps the URL without user info, so no message of OpenEnv's or of
+websockets' can show the key (field case S60). OpenEnv's own clients, which send no header, carry a credential
+in the URL's user info instead, ``http://forkyard:TOKEN@HOST:PORT/openenv/{env_id}``, and print that URL in
+their errors: give them a URL token (``POST /v1/tokens``: :mod:`sandbox_server.auth`), never the server's key.
 
 The session lives on the connection. A connection that closed (the server restarted or dropped it) or failed
 in the middle of a message (a late answer could be read as the next one's) is dropped: the message raises
@@ -41,8 +44,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.protocol import State
 
-from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers, redact_url
+from envs.api_key import auth_headers, client_credentials, redact
 from envs.core import EnvInfraError
 from envs.process_local import inherited_error, keep_inherited
 
@@ -56,17 +58,20 @@ class ForkyardEnvClient(GenericEnvClient):
     ``session_id``.
 
     Args:
-        base_url: ``http://HOST:PORT/openenv/{env_id}``.
-        api_key: the server's API key (default: ``FORKYARD_API_KEY`` / ``FORKYARD_API_KEY_FILE``).
+        base_url: ``http://HOST:PORT/openenv/{env_id}`` (a key in its user info is sent as a header instead).
+        api_key: the server's API key (default: the URL's, else ``FORKYARD_API_KEY`` / ``FORKYARD_API_KEY_FILE``).
         **kwargs: ``GenericEnvClient``'s own (timeouts, message size).
 
     Raises:
-        ValueError: an API key :func:`envs.api_key.api_key` refuses.
+        ValueError: an API key (or URL user info) :func:`envs.api_key.client_credentials` refuses.
     """
 
+    _ws: Any  # OpenEnv's connection (None until connect), set by the base class
+
     def __init__(self, base_url: str, *, api_key: str | None = None, **kwargs: Any):
+        base_url, key = client_credentials(base_url, api_key, "base_url")
         super().__init__(base_url=base_url, **kwargs)
-        self._headers = auth_headers(resolve_api_key(api_key))
+        self._headers, self._secrets = auth_headers(key), (key,)
         self._ws_pid = os.getpid()
 
     def _parents(self, kind: str | None) -> None:
@@ -91,7 +96,7 @@ class ForkyardEnvClient(GenericEnvClient):
                 self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
                                             max_size=self._max_message_size, additional_headers=self._headers)
             except Exception as exc:  # noqa: BLE001 - as OpenEnv's client: any failure to open is a ConnectionError
-                raise ConnectionError(f"Failed to connect to {redact_url(self._ws_url)}: {exc}") from exc
+                raise ConnectionError(redact(f"Failed to connect to {self._ws_url}: {exc}", self._secrets)) from exc
             self._ws_pid = os.getpid()
         return self
 
@@ -114,8 +119,8 @@ class ForkyardEnvClient(GenericEnvClient):
             if kind in _OPENERS and isinstance(exc, ConnectionClosed):  # closed as it was sent: open a new one
                 await self._ensure_connected()
                 return await super()._send_and_receive(message)
-            raise EnvInfraError(f"{kind} over {redact_url(self._ws_url)} failed: {exc!r}; the connection is "
-                                "closed and its session ended: reset() opens a new one") from exc
+            raise EnvInfraError(redact(f"{kind} over {self._ws_url} failed: {exc!r}; the connection is closed and "
+                                       "its session ended: reset() opens a new one", self._secrets)) from exc
 
     async def fork(self, n: int = 1) -> list[str]:
         """``n`` new sessions at this session's state: their ids (deleted when this connection closes unless

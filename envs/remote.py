@@ -37,14 +37,14 @@ else on the parent's raises :class:`~envs.process_local.InheritedConnectionError
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
-from envs.api_key import api_key as resolve_api_key
-from envs.api_key import redact_url
+from envs.api_key import client_credentials, conceal, redact
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait
 from envs.session_client import SessionClient, make_transport
 from envs.text_space import TextSpace
@@ -56,19 +56,21 @@ class RemoteEnv(gym.Env):
 
     Args:
         env_id: the registered id the server should run.
-        server_url: base URL of the server, e.g. ``http://localhost:8000``.
+        server_url: base URL of the server, e.g. ``http://localhost:8000``; a key in its user info
+            (``http://forkyard:KEY@host:8000``, percent-encoded) is taken out and sent as a header, the URL kept
+            without it (:func:`envs.api_key.client_credentials`, field case S60).
         timeout_s: seconds to wait for any one request (sandbox tool calls included), default 60.
         connect_retries: retries of a failed connection (not of a request that was sent), default 3.
         transport: ``"http"`` (``/v1/envs``) or ``"ws"`` (the OpenEnv WebSocket transport).
-        api_key: the server's API key (default: ``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``, read by
-            :func:`envs.api_key.api_key`; None when neither is set), sent as ``Authorization: Bearer``.
+        api_key: the server's API key (default: the URL's, else ``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``,
+            read by :func:`envs.api_key.api_key`; None when none is set), sent as ``Authorization: Bearer``.
         busy_timeout_s: seconds to keep retrying a request the server answered ``503 unavailable`` (nothing
             ran), honouring ``Retry-After`` (:mod:`envs.client_retry`); 0: never. Default 30.
         **kwargs: the env's constructor kwargs, sent to the server.
 
     Raises:
-        ValueError: an unknown ``transport``, a negative ``busy_timeout_s``, or an API key
-            :func:`envs.api_key.api_key` refuses.
+        ValueError: an unknown ``transport``, a negative ``busy_timeout_s``, or an API key (or URL user info)
+            :func:`envs.api_key.client_credentials` refuses; the message shows no key.
     """
 
     metadata = {"render_modes": [], "render_fps": 1, "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
@@ -82,14 +84,26 @@ class RemoteEnv(gym.Env):
         self.transport, self.timeout_s, self.busy_timeout_s = transport, float(timeout_s), float(busy_timeout_s)
         self.connect_retries = int(connect_retries)
         self.env_id = env_id
-        self.server_url = server_url.rstrip("/")
+        self.server_url, self._api_key = client_credentials(server_url.rstrip("/"), api_key)
         self.kwargs = kwargs
-        self._api_key = resolve_api_key(api_key)
         self._session = self._new_session()
         self.turn = 0
         self.done = False
         self.observation_space = TextSpace(8192)
         self.action_space = TextSpace(4096)
+
+    @property
+    def spec(self) -> gym.envs.registration.EnvSpec | None:
+        """The Gymnasium spec ``gymnasium.make`` gave this env (None otherwise)."""
+        return self.__dict__.get("_spec")
+
+    @spec.setter
+    def spec(self, value: gym.envs.registration.EnvSpec | None) -> None:
+        """Keep ``value`` with its ``api_key`` and ``server_url`` kwargs concealed (:func:`envs.api_key.conceal`):
+        ``gymnasium.make(env.spec)`` still works, ``repr(env.spec)`` shows no key (field case S60)."""
+        if value is not None:
+            value = dataclasses.replace(value, kwargs=conceal(value.kwargs))
+        self.__dict__["_spec"] = value
 
     def _new_session(self) -> SessionClient:
         wire = make_transport(self.transport, self.server_url, self.env_id, self.kwargs, self.timeout_s,
@@ -172,7 +186,7 @@ class RemoteEnv(gym.Env):
         if self.session_id is not None or self._session.closed:
             raise TypeError(
                 f"cannot pickle a RemoteEnv holding live server session {self.session_id!r} of {self.env_id!r} on "
-                f"{redact_url(self.server_url)} (or a closed one): the session and its connection cannot cross a "
+                f"{redact(self.server_url)} (or a closed one): the session and its connection cannot cross a "
                 "process boundary; pickle the env before reset(), or make a new one in the other process")
         return {k: v for k, v in self.__dict__.items() if k != "_session"}
 

@@ -52,7 +52,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from envs.api_key import api_key as resolve_api_key
+from envs.api_key import client_credentials
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
 from envs.http_connections import HttpConnections, dumps, loads
@@ -165,8 +165,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         num_envs: how many sub-envs (server sessions), >= 1.
         timeout_s: seconds to wait for any one request (a batch of sandbox tool calls included), default 60.
         connect_retries: retries of a failed connection (never of a request that was sent), default 3.
-        api_key: the server's API key (default: ``FORKYARD_API_KEY`` or ``FORKYARD_API_KEY_FILE``,
-            :func:`envs.api_key.api_key`), sent as ``Authorization: Bearer``.
+        api_key: the server's API key (default: the key in ``server_url``'s user info, else ``FORKYARD_API_KEY`` or
+            ``FORKYARD_API_KEY_FILE``: :func:`envs.api_key.client_credentials`), sent as ``Authorization: Bearer``;
+            the URL is kept without its user info (field case S60).
         busy_timeout_s: seconds to keep retrying a request, or the items of one, that the server answered
             ``503 unavailable`` (nothing ran), honouring its wait (:mod:`envs.client_retry`); 0: never.
         errors: ``"raise"`` (default): any failed item raises :class:`BatchItemError`; ``"mark"``:
@@ -176,7 +177,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         **kwargs: the env's constructor kwargs, sent to the server.
 
     Raises:
-        ValueError: ``num_envs`` < 1, or an unknown ``errors`` or ``autoreset_mode``.
+        ValueError: ``num_envs`` < 1, an unknown ``errors`` or ``autoreset_mode``, or an API key (or URL user
+            info) :func:`envs.api_key.client_credentials` refuses; the message shows no key.
     """
 
     def __init__(self, env_id: str, server_url: str, num_envs: int, *, timeout_s: float = 60.0,
@@ -190,12 +192,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         mode = AutoresetMode(autoreset_mode)
         if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED):
             raise ValueError(f"autoreset_mode must be NEXT_STEP or DISABLED, got {mode}")
-        self.env_id, self.server_url, self.kwargs = env_id, server_url.rstrip("/"), kwargs
+        self.server_url, key = client_credentials(server_url.rstrip("/"), api_key)
+        self.env_id, self.kwargs = env_id, kwargs
         self.num_envs, self.errors, self.autoreset_mode = num_envs, errors, mode
         self.metadata = {"autoreset_mode": mode}
         BusyWait(busy_timeout_s)  # validates it
         self.busy_timeout_s = float(busy_timeout_s)
-        self._client = HttpConnections(self.server_url, timeout_s, connect_retries, resolve_api_key(api_key))
+        self._client = HttpConnections(self.server_url, timeout_s, connect_retries, key)
         self._client_refs = [1]  # shared with forks: the connection closes when the last vector env using it closes
         self.session_ids: list[str | None] = [None] * num_envs
         self._pid = os.getpid()  # the process the sessions belong to (field case S59)
@@ -272,7 +275,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         err = res.get("error") or {}
         return ItemFailure(res["status_code"], err.get("status"), err.get("detail", ""), res.get("retry_after_s"))
 
-    def _parents_sessions(self, what: str) -> None:
+    def _parents_sessions(self, what: str | None) -> None:
         """In a fork child: refuse ``what`` (``"step"``, ``"fork"``) on the parent's sessions, or for a reset
         or a close (``what`` None) leave them to the parent (field case S59)."""
         if self._pid == os.getpid():

@@ -8,7 +8,8 @@ one session over a transport and decodes errors the one way every forkyard clien
 
 * ``503 unavailable`` (nothing ran: the session cap is full, the server starts or drains) is sent again after
   the server's wait, for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`);
-* 401: ``PermissionError`` (a missing or wrong API key, :mod:`envs.api_key`);
+* 401: ``PermissionError`` (a missing or wrong API key, :mod:`envs.api_key`); 409 ``held``: ``PermissionError``
+  (another connection holds the session: field case S58);
 * 409 on a step: :class:`~envs.core.EpisodeFinishedError`;
 * 5xx, a 404 of a session (lost or expired), a network failure: :class:`~envs.core.EnvInfraError`
   (trainers drop such episodes);
@@ -42,7 +43,7 @@ from typing import Any, Protocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from envs.api_key import auth_headers, redact_url
+from envs.api_key import auth_headers, redact, split_credentials
 from envs.client_retry import BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError, EpisodeFinishedError
 from envs.http_connections import HttpConnections, dumps, loads
@@ -76,6 +77,8 @@ def error_for(op: str, refusal: Refusal) -> Exception:
     text = f"{op} ({refusal.where}): HTTP {status} {kind}: {err.detail[:500]}"
     if status == 401:
         return PermissionError(f"{text} (set FORKYARD_API_KEY or api_key=)")
+    if status == 409 and err.status == "held":  # another connection holds the session (field case S58)
+        return PermissionError(f"{text} (act on it through the connection that holds it)")
     if status == 409 and op == "step":
         return EpisodeFinishedError(err.detail or "the episode has ended")
     if status >= 500 or status == 404 and op not in ("create", "restore"):
@@ -197,7 +200,8 @@ class WsTransport:
     is lost (404). In a fork child the parent's connections are left untouched (field case S59).
 
     Args:
-        url: the server's base URL (``http(s)://`` or ``ws(s)://``).
+        url: the server's base URL (``http(s)://`` or ``ws(s)://``); a key in its user info is sent as the header
+            when ``api_key`` is None (:func:`envs.api_key.split_credentials`: ValueError for one a URL cannot carry).
         env_id: the env id whose base path (``/openenv/{env_id}``) the connections open.
         kwargs: the env's constructor kwargs, sent with every reset (a connection whose session expired makes
             a new one with them).
@@ -209,8 +213,9 @@ class WsTransport:
 
     def __init__(self, url: str, env_id: str, kwargs: dict[str, Any], timeout_s: float, connect_retries: int = 3,
                  api_key: str | None = None):
+        url, in_url = split_credentials(url)  # a key in the URL travels as a header, never in a URL (S60)
         self.url, self.env_id, self.kwargs, self.timeout_s = url, env_id, kwargs, timeout_s
-        self.connect_retries, self.api_key = connect_retries, api_key
+        self.connect_retries, self.api_key = connect_retries, in_url if api_key is None else api_key
         base = "ws" + url[4:] if url.startswith("http") else url
         self.ws_url, self.where = f"{base}/openenv/{env_id}/ws", f"ws /openenv/{env_id}/ws"
         self.sockets: dict[str, ClientConnection] = {}
@@ -228,7 +233,7 @@ class WsTransport:
         return self.closed
 
     def _failed(self, kind: str, exc: BaseException) -> EnvInfraError:
-        return EnvInfraError(f"{kind} over {redact_url(self.ws_url)} failed: {exc!r}")
+        return EnvInfraError(redact(f"{kind} over {self.ws_url} failed: {exc!r}", (self.api_key,)))
 
     def _open(self, kind: str) -> ClientConnection:
         if self.closed:
@@ -338,9 +343,8 @@ class WsTransport:
             self._drop(sock)
 
     def tools(self, sid) -> list[dict[str, Any]]:
-        if self._http is None:
-            self._http = HttpTransport(self.url, self.timeout_s, self.connect_retries, self.api_key)
-        return self._http.tools(sid)
+        # over the session's own connection: /v1/envs refuses a session a connection holds (409 held, field case S58)
+        return list(self._ask(self._socket(sid), "tools", {})["tools"])
 
     def close(self) -> None:
         self.closed = True

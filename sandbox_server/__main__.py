@@ -194,8 +194,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     try:
         # a stop (SIGTERM, as `docker stop` sends) drains within a bound: requests in flight are answered or cut
         # (503) within DRAIN_GRACE_S, then every sandbox is destroyed (field case S39)
+        from sandbox_server.openenv_flow import WS_FRAME_BYTES
+
+        # ws_max_size above the largest message the OpenEnv WebSocket answers (WS_MESSAGE_BYTES): a message a
+        # little too large is answered 413 and the connection goes on; beyond it, close code 1009 (field case S55)
         server = DrainingServer(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                access_log=False)
+                                access_log=False, ws_max_size=WS_FRAME_BYTES)
         try:
             server.run()
         except KeyboardInterrupt:  # SIGINT (Ctrl-C): re-raised by uvicorn once it has drained, as uvicorn.run takes it

@@ -36,8 +36,7 @@ from typing import Any, Callable, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from envs.api_key import api_key as resolve_api_key
-from envs.api_key import auth_headers
+from envs.api_key import auth_headers, client_credentials, redact
 from envs.client_retry import (
     BUSY_TIMEOUT_S, KEEPALIVE_EXPIRY_S, BusyWait, PerProcess, is_busy, retry_after_s, safe_to_repeat,
 )
@@ -81,9 +80,14 @@ def _raise_for(resp: httpx.Response) -> None:
     raise SandboxError(f"HTTP {resp.status_code}: {detail}")
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    """The default headers of a client: the API key's (explicit, else from the environment)."""
-    return auth_headers(resolve_api_key(api_key))
+def _connection(base_url: str, api_key: str | None, own_http: bool) -> tuple[str, dict[str, str] | None]:
+    """A client's base URL without user info and its default headers: the API key's (explicit, else the URL's,
+    else the environment's: :func:`envs.api_key.client_credentials`, field case S60); no headers with a client of
+    the caller's own (``own_http``)."""
+    if own_http:
+        return base_url, None
+    base_url, key = client_credentials(base_url, api_key, "base_url")
+    return base_url, auth_headers(key)
 
 
 def _files_body(files: dict[str, bytes]) -> dict[str, Any]:
@@ -236,6 +240,8 @@ NOT_IN_CLIENT: dict[tuple[str, str], str] = {
     ("POST", "/v1/envs/{session_id}/snapshot"): _ENV_API,
     ("POST", "/v1/envs/restore"): _ENV_API,
     **{("POST", f"/v1/envs/batch/{r}"): _ENV_BATCH_API for r in ("create", "reset", "step", "fork", "delete")},
+    ("POST", "/v1/envs/batch/renew"): "env-session leases, renewed by the env clients' own thread "
+                                      "(envs/session_lease.py)",
 }
 
 
@@ -263,7 +269,11 @@ class _ClientBase:
     """What the sync and async clients share: building a request from a table entry, parsing the answer."""
 
     timeout_s: float
-    http: httpx.Client | httpx.AsyncClient
+
+    @property
+    def http(self) -> httpx.Client | httpx.AsyncClient:
+        """This process's HTTP client (each subclass says which kind)."""
+        raise NotImplementedError
 
     @staticmethod
     def _build(name: str, args: dict[str, Any]) -> _Request:
@@ -308,12 +318,13 @@ class _ClientBase:
 
     @staticmethod
     def _unavailable(exc: httpx.TransportError) -> ServiceUnavailable:
-        return ServiceUnavailable(f"the sandbox server did not answer: {exc}", retry_after_s=1.0)
+        return ServiceUnavailable(redact(f"the sandbox server did not answer: {exc}"), retry_after_s=1.0)
 
     @property
     def name(self) -> str:
-        """The server's base URL (what the sandboxes run on, as ``envs.sandbox.SandboxProvider`` names it)."""
-        return str(self.http.base_url)
+        """The server's base URL (what the sandboxes run on, as ``envs.sandbox.SandboxProvider`` names it), without
+        user info."""
+        return redact(str(self.http.base_url))
 
     @staticmethod
     def _local_corpus() -> str:
@@ -330,11 +341,12 @@ class SandboxClient(_ClientBase):
     ``busy_timeout_s``: seconds to keep retrying calls answered ``503 unavailable`` (nothing ran), honouring
     ``Retry-After`` (:mod:`envs.client_retry`; 0: never). A call whose connection closed with no answer is
     sent once more when that is safe (reads, deletes, read-only tool calls). ``http``: a client of your own
-    (then ``api_key`` is not added to it). Raises ValueError for a key :func:`envs.api_key.api_key` refuses."""
+    (then ``api_key`` is not added to it). A key in ``base_url``'s user info is sent as the header, the URL kept
+    without it. Raises ValueError for a key (or URL user info) :func:`envs.api_key.client_credentials` refuses."""
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.Client | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        headers = None if http else _headers(api_key)
+        base_url, headers = _connection(base_url, api_key, http is not None)
         self._http = PerProcess(None if http else lambda: httpx.Client(
             base_url=base_url, timeout=timeout_s, headers=headers,
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)), http, "this SandboxClient's http= client")
@@ -454,7 +466,7 @@ class AsyncSandboxClient(_ClientBase):
 
     def __init__(self, base_url: str, timeout_s: float = 60.0, http: httpx.AsyncClient | None = None, *,
                  api_key: str | None = None, busy_timeout_s: float = BUSY_TIMEOUT_S):
-        headers = None if http else _headers(api_key)
+        base_url, headers = _connection(base_url, api_key, http is not None)
         self._http = PerProcess(None if http else lambda: httpx.AsyncClient(
             base_url=base_url, timeout=timeout_s, headers=headers,
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)), http, "this AsyncSandboxClient's http= client")

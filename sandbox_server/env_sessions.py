@@ -285,7 +285,7 @@ class EnvSessions:
             for sid in sids:
                 s = self._sessions.get(sid)
                 live = s is not None and not s.expired(now, self.ttl_s)
-                if live:
+                if s is not None and live:
                     s.last_used = now
                 out.append(live)
         return out

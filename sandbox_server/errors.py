@@ -64,6 +64,12 @@ class SnapshotUnsupported(SandboxError):
     of the sandbox (it stays usable)."""
 
 
+class SessionHeld(Exception):
+    """An env session held by an OpenEnv connection was asked for by another door (a REST route, a batch item,
+    another connection): only its holder may act on it until it closes (HTTP 409 ``held``; the rule:
+    :mod:`sandbox_server.session_owners`, field case S58). Nothing ran."""
+
+
 class LimitExceeded(ToolRefused):
     """A documented limit would be passed (files per write, bytes or entries of a writable area); the
     message names the limit. Nothing of the request was kept. HTTP 413, never a retry hint."""
@@ -71,4 +77,4 @@ class LimitExceeded(ToolRefused):
 
 __all__ = ["SandboxError", "SandboxNotFound", "AgentTimeout", "AgentFailed", "ServiceUnavailable", "CapacityReached",
            "EngineUnavailable", "IsolationUnavailable", "PoolExhausted", "SnapshotUnsupported", "LimitExceeded",
-           "ToolRefused"]
+           "SessionHeld", "ToolRefused"]

@@ -25,7 +25,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envs.core import EnvInfraError, EpisodeFinishedError
 from sandbox_server.errors import (
-    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported, ToolRefused, WorkAbandoned,
+    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SessionHeld, SnapshotUnsupported, ToolRefused,
+    WorkAbandoned,
 )
 from sandbox_server.models import ErrorBody
 
@@ -48,12 +49,14 @@ DOMAIN_ERRORS: dict[type[BaseException], tuple[int, str]] = {
     EnvInfraError: (503, "infra_error"),          # an env's infrastructure (or its code) failed: retry
     EpisodeFinishedError: (409, "conflict"),      # step after the end: reset first
     gym.error.ResetNeeded: (409, "conflict"),
+    SessionHeld: (409, "held"),                   # an OpenEnv connection holds the session: only it may act on it
     ValueError: (422, "invalid"),                 # a value the service refused
 }
 
 _DESCRIPTIONS = {
     404: "Unknown id: never created, deleted, or expired after its idle TTL.",
-    409: "The episode has ended: reset the session (or fork before the end).",
+    409: "The episode has ended: reset the session (or fork before the end); or (status held) an OpenEnv "
+         "connection holds the session and only it may act on it.",
     413: "Too large: the request body is over this route's limit (refused before it is read), or the "
          "request would take a bounded resource past its limit (the detail names it).",
     422: "Invalid request: malformed JSON, a value of the wrong type or out of range, an unknown field, "

@@ -10,6 +10,11 @@ never fails the others). They call the same synchronous core as the single-sessi
 answers exactly what one request would. The batched routes (:mod:`sandbox_server.routes.envs`) only decode,
 map outcomes to the wire (``item_error``) and encode.
 
+Ownership (field case S58): a batch item is a REST request; its proof is the session id, so an item on a session
+an OpenEnv connection holds is answered :class:`~sandbox_server.errors.SessionHeld` (409) and nothing runs for
+it (:meth:`SessionHost.access <sandbox_server.session_host.SessionHost.access>`, checked again under the
+session's lock for items that waited for it).
+
 Speed: items are grouped by session and each session is looked up once. A session's items run in their order
 under its lock. Sessions of non-blocking envs (ClueProbe) whose lock is free run inline on the event loop,
 one after the other, with no await between the lock check and the work; the others (blocking envs, or a lock
@@ -29,7 +34,7 @@ from fastapi import HTTPException
 
 from envs.core import TextEnv
 from sandbox_server.env_sessions import EnvSession, close_quietly
-from sandbox_server.errors import ServiceUnavailable
+from sandbox_server.errors import ServiceUnavailable, SessionHeld
 from sandbox_server.session_host import (
     Opened, SessionHost, StillWanted, fork_env, make_env, reset_env, resetter, run_env, step_env,
 )
@@ -67,7 +72,8 @@ def _call(op: Callable[[EnvSession, int], Any], s: EnvSession, i: int) -> Outcom
 
 async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSession, int], Any],
                       limiter: anyio.CapacityLimiter | None = None) -> list[Outcome]:
-    """``outcomes[i] = op(session of sids[i], i)`` (or what it raised; 404 for an unknown session), as the
+    """``outcomes[i] = op(session of sids[i], i)`` (or what it raised; 404 for an unknown session, SessionHeld for
+    one an OpenEnv connection holds), as the
     module docstring says: inline for free non-blocking sessions, else under the session's lock, blocking ones
     in worker threads of ``limiter`` (:meth:`~sandbox_server.env_sessions.EnvSessions.pool_threads` for work
     that may wait for the sandbox pool; None: anyio's default)."""
@@ -78,8 +84,8 @@ async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSessi
     later: list[Callable[[], Awaitable[None]]] = []
     for sid, idx in groups.items():
         try:
-            s = host.sessions.get(sid)
-        except HTTPException as exc:
+            s = host.access(sid)
+        except (HTTPException, SessionHeld) as exc:
             for i in idx:
                 out[i] = exc
             continue
@@ -91,8 +97,14 @@ async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSessi
                     out[i] = exc
             continue
 
-        async def job(s: EnvSession = s, idx: list[int] = idx) -> None:
+        async def job(s: EnvSession = s, idx: list[int] = idx, sid: str = sid) -> None:
             async with s.lock:
+                try:
+                    host.holders.check(sid, None)  # attached by a connection while this job waited
+                except SessionHeld as exc:
+                    for i in idx:
+                        out[i] = exc
+                    return
                 for i in idx:
                     out[i] = (await anyio.to_thread.run_sync(_call, op, s, i, limiter=limiter) if s.blocking
                               else _call(op, s, i))
@@ -103,7 +115,7 @@ async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSessi
     return out
 
 
-async def batch_step(host: SessionHost, sids: list[str], actions: list[str]) -> list[Outcome]:
+async def batch_step(host: SessionHost, sids: list[str], actions: list[Any]) -> list[Outcome]:
     """Action ``actions[i]`` in session ``sids[i]``; ``outcomes[i]``: (observation, reward, terminated, truncated,
     info) as :meth:`SessionHost.step`, or its error (404, 409, 413, EnvInfraError)."""
     return await per_session(host, sids, lambda s, i: step_env(s.env, actions[i]))
@@ -216,10 +228,21 @@ async def batch_fork(host: SessionHost, items: list[tuple[str, int]],
     return out
 
 
-async def batch_delete(host: SessionHost, sids: list[str]) -> list[bool]:
+async def batch_delete(host: SessionHost, sids: list[str]) -> list[bool | SessionHeld]:
     """Close the sessions ``sids`` as :meth:`SessionHost.delete` (blocking envs closed in worker threads,
-    concurrently); ``[i]``: whether ``sids[i]`` was held (a repeated id: the first one)."""
-    return await host.delete(sids)
+    concurrently); ``[i]``: whether ``sids[i]`` existed (a repeated id: the first one), or :class:`SessionHeld`
+    for a session an OpenEnv connection holds (not closed; the others are)."""
+    out: list[bool | SessionHeld] = [False] * len(sids)
+    free: list[int] = []
+    for i, sid in enumerate(sids):
+        try:
+            host.holders.check(sid, None)
+            free.append(i)
+        except SessionHeld as exc:
+            out[i] = exc
+    for i, held in zip(free, await host.delete([sids[i] for i in free]), strict=True):
+        out[i] = held
+    return out
 
 
 __all__ = ["BATCH_THREADS", "Outcome", "batch_create", "batch_delete", "batch_fork", "batch_reset", "batch_step",

@@ -21,7 +21,16 @@ Two layers, one code path:
 * the async methods (one session each: per-session lock, blocking envs in worker threads, ``still_wanted``)
   and the batched ones of :mod:`sandbox_server.session_batch`, which call the core.
 
-Errors (every method): ``HTTPException`` 404 unknown env id or session, 409 a step on an ended episode, 413
+Ownership (field case S58): every method on an existing session takes ``by``, the caller's connection (None: a
+REST request or batch item, whose proof is the session id), and refuses a session another connection holds
+with :class:`~sandbox_server.errors.SessionHeld` through :meth:`SessionHost.access`, the one check of the one
+rule (:mod:`sandbox_server.session_owners`; ``holders`` keeps who holds what).
+
+Why one file: the async methods and the synchronous core they call are one code path (an operation reads the
+same whichever layer runs it), and the ownership check sits in each method that reaches a session.
+
+Errors (every method): ``HTTPException`` 404 unknown env id or session, 409 a step on an ended episode,
+:class:`~sandbox_server.errors.SessionHeld` (409) a session another connection holds, 413
 an action longer than the env accepts, 422 a value the env refuses (kwargs, seed, options, a snapshot token
 that this server did not seal); :class:`~sandbox_server.errors.ServiceUnavailable` (503) the session cap is
 reached, the server is shutting down, or the client left before its sessions were registered;
@@ -42,6 +51,7 @@ import envs
 from envs.core import EnvInfraError, EpisodeFinishedError, Snapshot, TextEnv
 from sandbox_server.env_sessions import SERVER_DECIDED_KWARGS, EnvRecipe, EnvSession, EnvSessions, close_quietly
 from sandbox_server.errors import SandboxError, ServiceUnavailable, ToolRefused
+from sandbox_server.session_owners import Holders
 from sandbox_server.snapshot_tokens import SnapshotSealer
 
 #: ``still_wanted``: an async callable telling whether the client is still there to learn of new sessions
@@ -76,6 +86,19 @@ class SessionHost:
     def __init__(self, sessions: EnvSessions, sealer: SnapshotSealer | None = None):
         self.sessions = sessions
         self.sealer = sealer or SnapshotSealer()
+        self.holders = Holders()  # which connection holds which session (field case S58)
+
+    def access(self, sid: str, by: object | None = None) -> EnvSession:
+        """Session ``sid`` for a caller ``by`` (a connection; None: a REST request or batch item), under the one
+        ownership rule (:mod:`sandbox_server.session_owners`, field case S58).
+
+        Raises:
+            HTTPException: 404, no such session (or it expired).
+            SessionHeld: another connection holds it.
+        """
+        s = self.sessions.get(sid)
+        self.holders.check(sid, by)
+        return s
 
     # ------------------------------------------------------------------------------- new sessions
     async def create(self, env_id: str, kwargs: dict[str, Any], seed: int | None = None,
@@ -115,32 +138,40 @@ class SessionHost:
 
     # ------------------------------------------------------------------------------- one session
     async def reset(self, sid: str, seed: int | None = None, options: dict[str, Any] | None = None,
-                    still_wanted: StillWanted = None) -> tuple[EnvSession, str, dict[str, Any]]:
-        """Reset session ``sid``: (the session, observation, info). ``still_wanted``: see :meth:`step`."""
-        s = self.sessions.get(sid)
+                    still_wanted: StillWanted = None,
+                    by: object | None = None) -> tuple[EnvSession, str, dict[str, Any]]:
+        """Reset session ``sid``: (the session, observation, info). ``still_wanted``, ``by``: see :meth:`step`."""
+        s = self.access(sid, by)
         waited = s.lock.locked()
         async with s.lock:
+            if waited:
+                self.holders.check(sid, by)  # attached by a connection while this call waited
             await _still_wanted(waited, still_wanted, "reset")
             obs, info = await run_env(s.blocking, lambda: reset_env(s.env, seed, options),
                                       self.sessions.pool_threads())
         return s, obs, info
 
-    async def step(self, sid: str, action: str,
-                   still_wanted: StillWanted = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def step(self, sid: str, action: Any, still_wanted: StillWanted = None,
+                   by: object | None = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One action in session ``sid``: (observation, reward, terminated, truncated, info). A step that had to
         wait for the session's previous request and whose client left meanwhile (``still_wanted`` says False)
-        does not run: 503 (field case S38)."""
-        s = self.sessions.get(sid)
+        does not run: 503 (field case S38). ``by``: the caller's connection (None: REST), checked by
+        :meth:`access` (SessionHeld, field case S58), again after a wait for the session's lock."""
+        s = self.access(sid, by)
         check_action(s.env, action)  # a 413 never waits for the lock
         waited = s.lock.locked()
         async with s.lock:
+            if waited:
+                self.holders.check(sid, by)  # attached by a connection while this call waited
             await _still_wanted(waited, still_wanted, "step")
             return await run_env(s.blocking, lambda: step_env(s.env, action))
 
-    async def fork(self, sid: str, n: int, still_wanted: StillWanted = None) -> list[str]:
-        """``n`` new sessions at session ``sid``'s state (all or none): their ids."""
-        s = self.sessions.get(sid)
+    async def fork(self, sid: str, n: int, still_wanted: StillWanted = None, by: object | None = None) -> list[str]:
+        """``n`` new sessions at session ``sid``'s state (all or none): their ids. ``by``: see :meth:`step` (the
+        forks are not held by anyone: a connection that forks holds them itself)."""
+        s = self.access(sid, by)
         async with s.lock:
+            self.holders.check(sid, by)
             with self.sessions.reserve(n) as slots:  # room for all n first: all or none
                 children = await run_env(s.blocking, lambda: fork_env(s.env, n), self.sessions.pool_threads())
                 try:
@@ -152,17 +183,28 @@ class SessionHost:
                         await run_env(s.blocking, lambda: [close_quietly(c) for c in children])
                     raise
 
-    async def snapshot(self, sid: str) -> str:
-        """Session ``sid``'s state as a sealed token (:mod:`sandbox_server.snapshot_tokens`)."""
-        s = self.sessions.get(sid)
+    async def snapshot(self, sid: str, by: object | None = None) -> str:
+        """Session ``sid``'s state as a sealed token (:mod:`sandbox_server.snapshot_tokens`). ``by``: see
+        :meth:`step`."""
+        s = self.access(sid, by)
         async with s.lock:
+            self.holders.check(sid, by)
             snap = await run_env(s.blocking, lambda: snapshot_env(s.env, s.env_id))
         return await anyio.to_thread.run_sync(self.sealer.seal, snap)
 
-    async def delete(self, sids: list[str]) -> list[bool]:
+    async def delete(self, sids: list[str], by: object | None = None) -> list[bool]:
         """Close the sessions ``sids`` (the envs of blocking ones in worker threads, at most
-        :data:`CLOSE_THREADS` at once); ``[i]``: whether ``sids[i]`` was held."""
+        :data:`CLOSE_THREADS` at once); ``[i]``: whether ``sids[i]`` was held (existed).
+
+        Raises:
+            SessionHeld: one of them is held by a connection other than ``by`` (None: a REST request); then
+                none is closed (field case S58).
+        """
+        for sid in sids:
+            self.holders.check(sid, by)
         gone = [self.sessions.pop(sid) for sid in sids]
+        for sid in sids:
+            self.holders.drop(sid)
         threaded = [s.env for s in gone if s is not None and s.blocking]
         for s in gone:
             if s is not None and not s.blocking:
@@ -205,7 +247,7 @@ class SessionHost:
         """Reset session ``sid``: (observation, info)."""
         return reset_env(self.sessions.get(sid).env, seed, options)
 
-    def step_now(self, sid: str, action: str,
+    def step_now(self, sid: str, action: Any,
                  check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One action in session ``sid``: (observation, reward, terminated, truncated, info). ``check_length``
         False: an action longer than the env accepts is the env's to answer (its invalid-action observation, as
@@ -300,7 +342,7 @@ def reset_env(env: TextEnv, seed: int | None, options: dict[str, Any] | None) ->
         raise env_failure(exc, "reset", True)  # noqa: B904 - see env_failure
 
 
-def step_env(env: TextEnv, action: str, check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
+def step_env(env: TextEnv, action: Any, check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
     """``env.step``: (observation, reward as float, terminated, truncated, info). 413 an action too long (unless
     not ``check_length``), 409 an ended episode, EnvInfraError the env failed."""
     if check_length:

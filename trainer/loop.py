@@ -60,6 +60,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 import envs  # registers the forkyard ids
+from envs.api_key import split_credentials
 from envs.features import EvaluationResets
 from trainer import advantages as adv
 from trainer.collectors import Collector, InProcessCollector, get_collector
@@ -165,7 +166,8 @@ class LoopConfig:
     def validate(self) -> None:
         """Called by ``__post_init__``: every config is validated once, when made (call it again only after
         changing a field). Raises ValueError on an unknown estimator, rollout, tree prefix or anchor key, a tree-only
-        estimator on a group rollout, or out-of-range sizes."""
+        estimator on a group rollout, out-of-range sizes, or a ``server_url`` with user info (a key there would be
+        written to the run folder; the message shows none)."""
         if self.tree_prefix not in adv.TREE_PREFIXES:
             raise ValueError(f"tree_prefix must be one of {adv.TREE_PREFIXES}, got {self.tree_prefix!r}")
         if self.anchor_by not in ANCHOR_BY:
@@ -182,6 +184,10 @@ class LoopConfig:
             raise ValueError("--max-staleness pipelines rollouts on a Ray cluster: it needs --ray")
         if self.ray is not None and self.server_url:
             raise ValueError("--ray runs the envs on the cluster's nodes; it cannot be combined with --server")
+        if self.server_url and split_credentials(self.server_url, "--server")[1] is not None:
+            raise ValueError("--server holds a credential in its user info, which the run folder's config.json and "
+                             "resume.pt would keep (field case S60): give --server http://HOST:PORT and the key in "
+                             "FORKYARD_API_KEY or FORKYARD_API_KEY_FILE")
         if self.save_every < 0 or self.threads < 0:
             raise ValueError(f"save_every and threads must be >= 0, got {self.save_every}, {self.threads}")
         if self.max_turns is not None and self.max_turns < 1:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from envs.actions import ToolCall
-from envs.core import Outcome, TextEnv
+from envs.core import Action, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.gym_adapter.actions import ActionSet
 from envs.gym_adapter.kwargs import MAX_TURNS_LIMIT, parse_gym_kwargs
@@ -220,7 +220,7 @@ class GymTextEnv(TextEnv):
         return Outcome(f"{head}\n{text}", reward=reward, terminated=terminated, truncated=truncated and not terminated,
                        reason="answered" if terminated else "max_turns" if truncated else None)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"] = {"success", "return"}``."""
         out = TextEnv.step(self, action)
         if self._done:

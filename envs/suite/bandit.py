@@ -34,7 +34,7 @@ import re
 from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
@@ -216,7 +216,7 @@ class BanditEnv(TextEnv):
         best = max(self.expected.values())
         return {n for n, role in ((lo, "lo"), (self._hi, "hi")) if self.expected[role] == best}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:

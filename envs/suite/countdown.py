@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from envs.actions import ToolCall, bind_arguments, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.suite.countdown_puzzle import (
     OPS,
@@ -246,7 +246,7 @@ class CountdownEnv(TextEnv):
         return Outcome(f"answer({expression!r}) = {self._target}: correct, reward {SCORE:g}.", reward=SCORE,
                        terminated=True, reason="answered", info={"success": True})
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:

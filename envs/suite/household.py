@@ -72,7 +72,7 @@ import random
 from typing import Any
 
 from envs.actions import ActionParseError, ToolCall, bind_arguments, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import check_skill
 from envs.suite.household_codec import decode_emulator_state, encode_emulator_state
 from envs.suite.household_games import SPLITS, GameSet, game_seed, household_cache_dir
@@ -201,7 +201,7 @@ class HouseholdEnv(TextEnv):
     def _legal_actions(self) -> list[str]:
         return sorted(format_action("command", c) for c in self._admissible)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = super().step(action)
         if self._done:

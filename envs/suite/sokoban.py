@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from envs.actions import ToolCall, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.suite.sokoban_puzzle import MOVES, SOLVER_NODE_CAP, TARGET, apply_move, generate_room, render_room, solve
 from envs.tool_calls import function_tool
@@ -194,7 +194,7 @@ class SokobanEnv(TextEnv):
                            reason="answered", info=info)
         return Outcome(text, reward=reward, info=info)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:

@@ -61,7 +61,7 @@ import random
 from typing import Any
 
 from envs.actions import ToolCall, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.suite.ticket_system import PRIORITIES, TOOLS, ApiError, TicketApi, bind_call, copy_json, tool_schemas
 from envs.suite.ticket_tasks import KINDS, USERS, draw_state, draw_task, gold_state, plan_task
@@ -180,7 +180,7 @@ class TicketAPIEnv(TextEnv):
                        reward=1.0 if success else 0.0, terminated=True, reason="answered",
                        info={"check": {"state": state_ok, "answer": answer_ok}, "api_error": False})
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:

@@ -58,7 +58,7 @@ import random
 from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
-from envs.core import IllegalActionError, Outcome, TextEnv
+from envs.core import Action, IllegalActionError, Outcome, TextEnv
 from envs.features import mixed_demo
 from envs.tool_calls import function_tool
 
@@ -279,7 +279,7 @@ class WordleEnv(TextEnv):
             text += f" The word was {self._answer!r}."
         return Outcome(text, reward=reward)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """:meth:`TextEnv.step`; at the episode's end ``info["episode_metrics"]`` (module docstring)."""
         out = TextEnv.step(self, action)
         if self._done:

@@ -34,10 +34,16 @@ item, :data:`~sandbox_server.http_contract.DOMAIN_ERRORS` otherwise) and encode.
 batched routes share this file for their body limits and because the batched routes must be declared before
 the session routes that would match them.
 
+Who may act on a session (field case S58; the one rule, :mod:`sandbox_server.session_owners`): a session made
+here is reached by whoever holds its id (a 128-bit capability); a session an OpenEnv WebSocket connection holds
+(its own, its forks, the ones it attached) only through that connection until it closes: every route here,
+reads included, and every batch item answer 409 ``held`` for it and run nothing.
+
 Each session owns its own env instance (and, for sandbox-backed envs, its own sandbox); the bookkeeping,
 the env classes and kwargs served are :mod:`sandbox_server.env_sessions`. Every
 error answer is an :class:`~sandbox_server.models.ErrorBody` (see :mod:`sandbox_server.http_contract`):
-404 unknown env id or unknown / expired session; 409 step on an ended episode; 413 a body over the
+404 unknown env id or unknown / expired session; 409 step on an ended episode, or (status ``held``) a session an
+OpenEnv connection holds; 413 a body over the
 route's limit (:func:`body_limit`: the step route's follows the env's action length) or an action longer
 than the env's action space allows; 422 malformed JSON, wrong types (strict: ``true`` is not an integer),
 a negative seed, or kwargs the env does not take; 503 (with ``Retry-After``) the session cap is reached,
@@ -312,26 +318,27 @@ async def batch_delete(req: BatchDeleteRequest, host: Host) -> Response:
     valid = _valid(req.items, results)
     sids = [req.items[i].session_id for i in valid]
     for i, sid, held in zip(valid, sids, await session_batch.batch_delete(host, sids), strict=True):
-        results[i] = {"status_code": 204} if held else item_error(HTTPException(404, f"no env session {sid!r}"))
+        results[i] = item_error(held) if isinstance(held, Exception) else {"status_code": 204} if held else \
+            item_error(HTTPException(404, f"no env session {sid!r}"))
     return _json(results)
 
 
 # -------------------------------------------------------------------------------- session routes
-@router.get("/{session_id}", response_model=SessionInfo, summary="A session's state", responses=R(404))
-async def get(session_id: str, sessions: Sessions) -> SessionInfo:
-    s = sessions.get(session_id)
+@router.get("/{session_id}", response_model=SessionInfo, summary="A session's state", responses=R(404, 409))
+async def get(session_id: str, host: Host) -> SessionInfo:
+    s = host.access(session_id)  # one ownership rule (field case S58)
     return SessionInfo(session_id=session_id, env_id=s.env_id, turn=s.env.turn, done=s.env.done)
 
 
-@router.get("/{session_id}/tools", response_model=ToolsResponse, responses=R(404),
+@router.get("/{session_id}/tools", response_model=ToolsResponse, responses=R(404, 409),
             summary="The session's tools as JSON-schema tool definitions (for a chat template's tools=)")
-async def tools(session_id: str, sessions: Sessions) -> ToolsResponse:
-    schemas = getattr(sessions.get(session_id).env, "tool_schemas", None)  # the envs.features.ToolSchemas feature
+async def tools(session_id: str, host: Host) -> ToolsResponse:
+    schemas = getattr(host.access(session_id).env, "tool_schemas", None)  # the envs.features.ToolSchemas feature
     return ToolsResponse(tools=schemas() if schemas is not None else [])
 
 
 @router.post("/{session_id}/reset", response_model=ResetResponse, summary="Reset a session's env",
-             responses=R(404, 413, 422, 503))
+             responses=R(404, 409, 413, 422, 503))
 async def reset(request: Request, session_id: str, req: ResetRequest, host: Host) -> ResetResponse:
     s, obs, info = await host.reset(session_id, req.seed, req.options, still_wanted=_connected(request))
     return _reset_response(session_id, s.env, obs, info)
@@ -352,19 +359,19 @@ async def step(session_id: str, req: StepRequest, request: Request) -> Response:
 
 
 @router.post("/{session_id}/fork", response_model=ForkResponse, summary="Fork a session into n copies",
-             responses=R(404, 413, 422, 503))
+             responses=R(404, 409, 413, 422, 503))
 async def fork(request: Request, session_id: str, req: ForkRequest, host: Host) -> ForkResponse:
     sids = await host.fork(session_id, req.n, still_wanted=_connected(request))
     return ForkResponse(session_id=session_id, session_ids=sids)
 
 
-@router.post("/{session_id}/snapshot", response_model=EnvSnapshotResponse, responses=R(404, 503),
+@router.post("/{session_id}/snapshot", response_model=EnvSnapshotResponse, responses=R(404, 409, 503),
              summary="The session's state as an opaque, authenticated token (restore with POST /v1/envs/restore)")
 async def snapshot(session_id: str, host: Host) -> EnvSnapshotResponse:
     return EnvSnapshotResponse(session_id=session_id, snapshot=await host.snapshot(session_id))
 
 
-@router.delete("/{session_id}", status_code=204, summary="Close a session", responses=R(404))
+@router.delete("/{session_id}", status_code=204, summary="Close a session", responses=R(404, 409))
 async def delete(session_id: str, host: Host) -> Response:
     if not (await host.delete([session_id]))[0]:
         raise HTTPException(404, f"no env session {session_id!r}")

@@ -45,19 +45,29 @@ The fork extension (message types a client that does not know them never sends):
   not attached are deleted.
 * ``attach`` ``{session_id}`` -> ``observation`` (the session's latest observation): this connection now
   drives that session (a fork's child, or a ``/v1/envs`` session of the same env id) and deletes it when
-  it ends. A session another connection drives is refused (409).
+  it ends; from then on only this connection may act on it. A session another connection drives is refused
+  (409 ``held``).
+* ``tools`` -> ``tools`` ``{"tools": [...]}``: the session's tools as JSON-schema definitions (what
+  ``GET /v1/envs/{id}/tools`` answers for a session no connection holds).
 * ``snapshot`` -> ``snapshot`` ``{"snapshot": token}``: the session's state sealed
   (:mod:`sandbox_server.snapshot_tokens`: opaque and authenticated); ``reset`` with it restores it.
 * ``delete`` ``{session_ids}`` -> ``deleted`` ``{"deleted": [...], "missing": [...]}``: many sessions
   (a fork's children) closed in one message: this connection's own, or sessions no connection holds (made
-  over ``/v1/envs``), of this env id; a session another connection drives or forked is refused (409), and
+  over ``/v1/envs``), of this env id; a session another connection holds is refused (409 ``held``), and
   then none is deleted.
+
+Ownership (field case S58): the sessions a connection holds (its own, its forks, the ones it attached) are
+acted on only through it until it closes; every ``/v1/envs`` route and batch item and every other connection
+is refused 409 ``held`` (the one rule, :mod:`sandbox_server.session_owners`, checked by the session host).
+Size and fairness (field cases S55, S56): a message over ``WS_MESSAGE_BYTES`` is answered 413 before it is
+parsed and the connection goes on; messages are answered one at a time and each answer yields the event loop
+to other connections (:mod:`sandbox_server.openenv_flow`).
 
 Why one file: the wire models, the WebSocket messages and the HTTP routes are one protocol, read against
 OpenEnv's own (``openenv/core/env_server/http_server.py`` and ``types.py`` of openenv-core).
 
 Every operation is :class:`sandbox_server.session_host.SessionHost`'s, the same as ``/v1/envs``'s: sessions
-made here count against the same cap and can be reached over ``/v1/envs`` by their ids.
+made here count against the same cap; over ``/v1/envs`` they answer 409 ``held`` while a connection holds them.
 """
 
 from __future__ import annotations
@@ -80,6 +90,7 @@ from sandbox_server.errors import CapacityReached, ServiceUnavailable
 from sandbox_server.http_contract import STATUS_WORDS, classify
 from sandbox_server.http_contract import error_responses as R
 from sandbox_server.models import MAX_CLONES, RequestModel
+from sandbox_server.openenv_flow import serve
 from sandbox_server.session_census import TRANSPORT
 from sandbox_server.session_host import SessionHost
 
@@ -180,16 +191,16 @@ def _observation(sid: str, obs: str, info: dict, reward: float | None, term: boo
 
 # ------------------------------------------------------------------------------------ one connection
 class Connection:
-    """The state of one WebSocket connection: the session it drives and the forks it still owns.
+    """The state of one WebSocket connection: the session it drives and the forks it still owns. It is the
+    holder (``by``) of those sessions in the host's one ownership rule (:mod:`sandbox_server.session_owners`).
 
     Args:
         host: the server's session host.
         env_id: the env id of the connection's base path.
-        owners: the app-wide map from session id to the connection responsible for it.
     """
 
-    def __init__(self, host: SessionHost, env_id: str, owners: dict[str, "Connection"]):
-        self.host, self.env_id, self.owners = host, env_id, owners
+    def __init__(self, host: SessionHost, env_id: str, owners: Any = None):  # owners: unused, kept for callers
+        self.host, self.env_id = host, env_id
         self.sid: str | None = None
         self.kwargs: dict[str, Any] | None = None
         self.episode_id: str | None = None
@@ -223,12 +234,11 @@ class Connection:
 
     async def _replace(self, sid: str) -> None:
         old, self.sid = self.sid, sid
-        self.owners[sid] = self
+        self.host.holders.hold(sid, self, drives=True)
         self.host.sessions.pin(sid)  # held while this connection is open (field case S48)
         self.forks.discard(sid)
         if old is not None and old != sid:
-            self.owners.pop(old, None)
-            await self.host.delete([old])
+            await self.host.delete([old], by=self)
 
     async def reset(self, data: dict) -> dict[str, Any]:
         req = ResetData.model_validate(data)
@@ -248,12 +258,12 @@ class Connection:
                                 made.env)
         if self.sid is not None and (req.kwargs is None or req.kwargs == self.kwargs):
             try:
-                s, obs, info = await self.host.reset(self.sid, req.seed, req.options)
+                s, obs, info = await self.host.reset(self.sid, req.seed, req.options, by=self)
                 return _observation(self.sid, obs, info, None, False, False, env=s.env)
             except HTTPException as exc:
                 if exc.status_code != 404:
                     raise
-                self.owners.pop(self.sid, None)  # deleted elsewhere or expired: a new one below
+                self.host.holders.drop(self.sid)  # gone (the server's stop): a new one below
                 self.sid = None
         kwargs = req.kwargs if req.kwargs is not None else (self.kwargs or {})
         made = await self.host.create(self.env_id, kwargs, req.seed, req.options)
@@ -272,35 +282,33 @@ class Connection:
             TextAction.model_validate(data)  # raises the ValidationError that names the problem
             raise HTTPException(422, "step data is {\"action\": str | object, \"metadata\"?: object}")
         sid = self._session()
-        obs, reward, term, trunc, info = await self.host.step(sid, action)
+        obs, reward, term, trunc, info = await self.host.step(sid, action, by=self)
         return _observation(sid, obs, info, reward, term, trunc)
 
     async def state(self, data: dict) -> dict[str, Any]:
         if self.sid is None:
             return {"type": "state", "data": EnvState(env_id=self.env_id).model_dump()}
-        env = self.host.sessions.get(self.sid).env
+        env = self.host.access(self.sid, self).env
         return {"type": "state", "data": {"episode_id": self.episode_id, "step_count": env.turn,
                                           "session_id": self.sid, "env_id": self.env_id, "done": env.done,
                                           "info": env.current_info()}}
 
     async def fork(self, data: dict) -> dict[str, Any]:
         req = ForkData.model_validate(data)
-        sids = await self.host.fork(self._session(), req.n)
+        sids = await self.host.fork(self._session(), req.n, by=self)
         for sid in sids:
-            self.owners[sid] = self
+            self.host.holders.hold(sid, self, drives=False)  # until another connection attaches it
             self.host.sessions.pin(sid)
         self.forks.update(sids)
         return {"type": "fork", "data": {"session_ids": sids}}
 
     async def attach(self, data: dict) -> dict[str, Any]:
         req = AttachData.model_validate(data)
-        owner = self.owners.get(req.session_id)
-        if owner is not None and owner is not self and owner.sid == req.session_id:
-            raise HTTPException(409, f"session {req.session_id!r} is driven by another connection")
         s = self.host.sessions.get(req.session_id)
         if s.env_id != self.env_id:
             raise HTTPException(422, f"session {req.session_id!r} is of {s.env_id}, not of {self.env_id}")
-        if owner is not None:
+        owner = self.host.holders.take(req.session_id, self)  # SessionHeld: another connection drives it
+        if isinstance(owner, Connection):
             owner.forks.discard(req.session_id)
         self.episode_id = uuid.uuid4().hex
         self.kwargs = None  # made elsewhere: a later reset with kwargs makes a new session
@@ -309,43 +317,42 @@ class Connection:
         return _observation(req.session_id, env.last_observation, env.current_info(), None, False, False, env.done,
                             env)
 
+    async def tools(self, data: dict) -> dict[str, Any]:
+        schemas = getattr(self.host.access(self._session(), self).env, "tool_schemas", None)
+        return {"type": "tools", "data": {"tools": schemas() if schemas is not None else []}}
+
     async def snapshot(self, data: dict) -> dict[str, Any]:
-        return {"type": "snapshot", "data": {"snapshot": await self.host.snapshot(self._session())}}
+        return {"type": "snapshot", "data": {"snapshot": await self.host.snapshot(self._session(), by=self)}}
 
     async def delete(self, data: dict) -> dict[str, Any]:
         req = DeleteData.model_validate(data)
         req.session_ids = list(dict.fromkeys(req.session_ids))  # each id answered once
         for sid in req.session_ids:  # all refused or all done
-            owner = self.owners.get(sid)
-            if owner is not None and owner is not self:
-                raise HTTPException(409, f"session {sid!r} belongs to another connection (it drives it, or forked it "
-                                         "and nobody attached it yet)")
+            self.host.holders.check(sid, self)  # SessionHeld: another connection holds it
             held = self.host.sessions.peek(sid)
             if held is not None and held.env_id != self.env_id:
                 raise HTTPException(422, f"session {sid!r} is of {held.env_id}, not of {self.env_id}")
-        held = await self.host.delete(req.session_ids)
+        held = await self.host.delete(req.session_ids, by=self)
         for sid in req.session_ids:
-            owner = self.owners.pop(sid, None)
-            if owner is not None:
-                owner.forks.discard(sid)
-                if owner.sid == sid:
-                    owner.sid, owner.kwargs = None, None
+            self.forks.discard(sid)
+            if self.sid == sid:
+                self.sid = None  # the connection outlives it: a later reset makes one with the same kwargs
         return {"type": "deleted", "data": {
             "deleted": [s for s, h in zip(req.session_ids, held, strict=True) if h],
             "missing": [s for s, h in zip(req.session_ids, held, strict=True) if not h]}}
 
     async def release(self) -> None:
         """Delete the connection's session and the forks it still owns."""
-        mine = [sid for sid in ([self.sid] if self.sid else []) + sorted(self.forks) if self.owners.get(sid) is self]
-        for sid in mine:
-            self.owners.pop(sid, None)
+        mine = [sid for sid in ([self.sid] if self.sid else []) + sorted(self.forks)
+                if self.host.holders.holder(sid) is self]
         self.sid, self.forks = None, set()
         if mine:
-            await self.host.delete(mine)
+            await self.host.delete(mine, by=self)
 
 
 _OPS = {"reset": Connection.reset, "step": Connection.step, "state": Connection.state, "fork": Connection.fork,
-        "attach": Connection.attach, "snapshot": Connection.snapshot, "delete": Connection.delete}
+        "attach": Connection.attach, "snapshot": Connection.snapshot, "delete": Connection.delete,
+        "tools": Connection.tools}
 
 
 @router.websocket("/{env_id:path}/ws")
@@ -353,30 +360,18 @@ async def ws(websocket: WebSocket, env_id: str) -> None:
     """One env session per connection (see the module's docstring for the messages)."""
     await websocket.accept()
     app = websocket.app
-    conn = Connection(app.state.env_host, env_id, app.state.openenv_owners)
+    conn = Connection(app.state.env_host, env_id)
     TRANSPORT.set("openenv")  # labels the sessions this connection makes (field case S63); this task's own
     try:
         env_class(env_id)
         first = None
     except Exception as exc:  # noqa: BLE001 - an unknown env id: said in the answer to the first message
         first = error_message(exc)
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            raw = message.get("text")
-            if raw is None:
-                raw = message.get("bytes") or b""
-            if first is not None:
-                await websocket.send_text(orjson.dumps(first).decode())
-                continue
-            answer = await conn.handle(raw)
-            if answer is None:
-                break
-            await websocket.send_text(orjson.dumps(answer).decode())
-    except WebSocketDisconnect:
-        pass
+    async def answer(raw: str | bytes) -> dict[str, Any] | None:
+        return first if first is not None else await conn.handle(raw)
+
+    try:  # size limits, one message at a time, fair with other connections: sandbox_server.openenv_flow
+        await serve(websocket, answer)
     finally:
         await conn.release()
         try:

@@ -206,12 +206,17 @@ def test_fork_attach_and_delete(server):
     wait_sessions(server, 0)  # the children nobody attached went with their parent's connection
 
 
-def test_forked_sessions_are_reachable_over_v1_envs(server):
+def test_field_case_s58_forked_sessions_are_the_connections_not_v1_envs(server):
+    """A fork a connection holds is reached only through a connection (its own, or one that attaches it), never
+    over /v1/envs by its id: one ownership rule for every door (tests/sandbox_server/test_session_ownership.py)."""
     with ForkyardEnvClient(base_url=base(server)).sync() as env:
         env.reset(seed=2)
         child = env.fork(1)[0]
-        got = httpx.post(f"{server.url}/v1/envs/{child}/step", json={"action": "probe(1)"}).json()
-        assert got["info"]["turn"] == 1
+        got = httpx.post(f"{server.url}/v1/envs/{child}/step", json={"action": "probe(1)"})
+        assert (got.status_code, got.json()["status"]) == (409, "held")
+        with ForkyardEnvClient(base_url=base(server)).sync() as other:
+            assert other.attach(child).observation["info"]["turn"] == 0
+            assert other.step({"action": "probe(1)"}).observation["info"]["turn"] == 1
     wait_sessions(server, 0)
 
 
@@ -435,7 +440,8 @@ def test_a_connection_outlives_its_session_and_keeps_its_kwargs(server):
     with raw_session(server) as ws:
         first = ask(ws, '{"type": "reset", "data": {"seed": 1, "kwargs": {"max_turns": 3}}}')["data"]["observation"]
         sid = first["session_id"]
-        assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 204  # deleted elsewhere
+        assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 409  # held: field case S58
+        assert ask(ws, json.dumps({"type": "delete", "data": {"session_ids": [sid]}}))["data"]["deleted"] == [sid]
         again = ask(ws, '{"type": "reset", "data": {"seed": 1}}')
         assert again["type"] == "observation" and again["data"]["observation"]["session_id"] != sid
         assert again["data"]["observation"]["text"] == first["text"]  # a new session with the same kwargs

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from gymnasium.envs.registration import EnvSpec
 
-import envs
 import envs.remote_vector as remote_vector
 from envs import MAX_REPLY_CHARS, EnvInfraError, RemoteEnv, RemoteVectorEnv
 from envs.clueprobe import ClueProbeEnv
