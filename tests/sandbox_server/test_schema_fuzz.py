@@ -103,6 +103,13 @@ class Live:
         elif case.path == "/v1/envs/{session_id}/fork":
             for sid in body["session_ids"]:
                 self.http.delete(f"/v1/envs/{sid}")
+        elif case.path in ("/v1/envs/batch/create", "/v1/envs/batch/fork"):  # items that made sessions
+            made = [r["result"] for r in body["results"] if 200 <= r["status_code"] < 300]
+            for sid in [m["session_id"] for m in made if "session_id" in m] + \
+                    [k for m in made for k in m.get("session_ids", [])]:
+                self.http.delete(f"/v1/envs/{sid}")
+        elif case.path == "/v1/envs/restore":
+            self.http.delete(f"/v1/envs/{body['session_id']}")
 
 
 def fuzz(url: str, live: Live, include: tuple[str, ...]) -> collections.Counter:

@@ -139,8 +139,9 @@ def test_sft_on_tool_call_json_then_evaluation_plays_the_env_through_the_mapping
                 p.communicate()
     a, b = (json.loads(out.strip().splitlines()[-1]) for out in outs)
     assert a["sampled_invalid_share"] < 0.05
-    # without the tools the model sees another prompt and its JSON reaches the env unmapped: invalid
-    assert b["sampled_invalid_share"] > 0.5
+    # without the tools the model sees another prompt than it was trained on: the env reads the JSON calls it still
+    # writes (the one reader of every door, field case S62), but it writes fewer of them right
+    assert b["sampled_invalid_share"] > a["sampled_invalid_share"] + 0.1
 
 
 class CoinTurns(CoinEnv):
