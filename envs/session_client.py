@@ -8,12 +8,14 @@ one session over a transport and decodes errors the one way every forkyard clien
 
 * ``503 unavailable`` (nothing ran: the session cap is full, the server starts or drains) is sent again after
   the server's wait, for up to ``busy_timeout_s`` seconds (:mod:`envs.client_retry`);
-* 401: ``PermissionError`` (a missing or wrong API key, :mod:`envs.api_key`); 409 ``held``: ``PermissionError``
-  (another connection holds the session: field case S58);
-* 409 on a step: :class:`~envs.core.EpisodeFinishedError`;
-* 5xx, a 404 of a session (lost or expired), a network failure: :class:`~envs.core.EnvInfraError`
-  (trainers drop such episodes);
-* any other 4xx (and a 404 of a create or restore: an env id the server does not serve): ``ValueError``.
+* 401: ``PermissionError`` (a missing or wrong API key, :mod:`envs.api_key`);
+* otherwise the domain error the server raised (:mod:`envs.errors`, read back from the answer's status word):
+  :class:`~envs.errors.SessionHeld` (a ``PermissionError``: another connection holds the session, field case
+  S58); :class:`~envs.core.EpisodeFinishedError` on a step; :class:`~envs.errors.SessionNotFound` for a session
+  lost or expired (an :class:`~envs.core.EnvInfraError`: trainers drop such episodes), as are 5xx answers and
+  network failures; :class:`~envs.errors.UnknownEnv` for an env id the server does not serve,
+  :class:`~envs.errors.ActionTooLong` and :class:`~envs.errors.InvalidValue` (``ValueError`` both) for any other
+  4xx.
 
 A reset of a lost session (404: the server restarted, the session expired, its WebSocket closed) opens a new
 one (field case S61); a step of the lost episode raises EnvInfraError and is never sent again. A session is its
@@ -46,6 +48,7 @@ from websockets.sync.client import ClientConnection, connect
 from envs.api_key import auth_headers, redact, split_credentials
 from envs.client_retry import BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.errors import ActionTooLong, InvalidValue, SessionHeld, UnknownEnv, for_word
 from envs.http_connections import HttpConnections, dumps, loads
 from envs.process_local import inherited_error, keep_inherited
 from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse, decode
@@ -71,19 +74,26 @@ class Refusal(Exception):
 
 def error_for(op: str, refusal: Refusal) -> Exception:
     """The exception a client raises for ``refusal`` of operation ``op`` (``create``, ``reset``, ``step``,
-    ``fork``, ``snapshot``, ``restore``, ``delete``, ``tools``, ``attach``): see the module docstring."""
+    ``fork``, ``snapshot``, ``restore``, ``delete``, ``tools``, ``attach``): the domain error the server raised,
+    named by the answer's status word (:func:`envs.errors.for_word`), else by the status alone (module
+    docstring)."""
     status, err = refusal.http_status, refusal.error
     kind = refusal.code or err.status or "error"
     text = f"{op} ({refusal.where}): HTTP {status} {kind}: {err.detail[:500]}"
     if status == 401:
         return PermissionError(f"{text} (set FORKYARD_API_KEY or api_key=)")
-    if status == 409 and err.status == "held":  # another connection holds the session (field case S58)
-        return PermissionError(f"{text} (act on it through the connection that holds it)")
-    if status == 409 and op == "step":
-        return EpisodeFinishedError(err.detail or "the episode has ended")
-    if status >= 500 or status == 404 and op not in ("create", "restore"):
-        return EnvInfraError(text)
-    return ValueError(text)
+    cls = for_word(status, err.status)
+    if status == 404 and op in ("create", "restore"):
+        cls = UnknownEnv  # what a 404 of a create means (a server before the word unknown_env said not_found)
+    elif cls is EpisodeFinishedError:
+        return EpisodeFinishedError(err.detail or "the episode has ended") if op == "step" else InvalidValue(text)
+    elif cls is ActionTooLong and op != "step":
+        cls = InvalidValue  # a request body over a route's limit
+    if cls is SessionHeld:  # another connection holds the session (field case S58)
+        return SessionHeld(f"{text} (act on it through the connection that holds it)")
+    if cls is not None:
+        return cls(text)
+    return EnvInfraError(text) if status >= 500 or status == 404 else InvalidValue(text)
 
 
 # ------------------------------------------------------------------------------------------ transports

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import itertools
 import os
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import gymnasium as gym
-
-from envs.core import EpisodeFinishedError
 
 #: The node label that names a node (``ray start --labels forkyard-node=gpu-a``; simulated clusters set it).
 NODE_LABEL = "forkyard-node"
@@ -78,10 +75,11 @@ class NodeHost:
         backend: the sandbox backend of :meth:`sandbox` (None: the node's ``FORKYARD_BACKEND``).
 
     Session ids are ``"<name>/<n>"``; sessions never expire. The kwargs are the operator's (the trainer's config):
-    passed on unchecked, ``backend`` included. Errors are what a Gymnasium env raises (:func:`native_error`):
-    KeyError for an unknown session (closed, or another host's), EpisodeFinishedError for a step on an ended
-    episode, ValueError for a value the env refuses, EnvInfraError when the env or its sandbox failed; an action
-    longer than the env accepts gets the env's invalid-action observation, as in-process.
+    passed on unchecked, ``backend`` included. Errors are the session host's domain errors (:mod:`envs.errors`),
+    each the builtin a Gymnasium env raises: KeyError for an unknown session (closed, or another host's),
+    EpisodeFinishedError for a step on an ended episode, ValueError for a value the env refuses, EnvInfraError
+    when the env or its sandbox failed; an action longer than the env accepts gets the env's invalid-action
+    observation, as in-process.
     """
 
     def __init__(self, name: str, capacity: int, server_name: str = "default", backend: str | None = None):
@@ -127,8 +125,7 @@ class NodeHost:
     # ------------------------------------------------------------------ sessions
     def create(self, env_id: str, kwargs: dict[str, Any]) -> str:
         """A new session of ``env_id`` made with ``kwargs`` (not reset yet). Counted even over capacity."""
-        with native_errors():
-            return self.host.open_now(self.store.recipe(env_id, kwargs), force=True).session_id
+        return self.host.open_now(self.store.recipe(env_id, kwargs), force=True).session_id
 
     def adopt(self, env_id: str, kwargs: dict[str, Any], snapshot: bytes, n: int) -> list[str] | None:
         """``n`` sessions at the state of ``snapshot`` (bytes of :meth:`envs.core.TextEnv.snapshot`): the
@@ -137,35 +134,29 @@ class NodeHost:
         draw independent later episodes. None (nothing made) when ``n`` do not fit."""
         from sandbox_server.errors import CapacityReached
 
-        with native_errors():
-            try:
-                return self.host.adopt_now(self.store.recipe(env_id, kwargs), snapshot, n)
-            except CapacityReached:
-                return None
+        try:
+            return self.host.adopt_now(self.store.recipe(env_id, kwargs), snapshot, n)
+        except CapacityReached:
+            return None
 
     def reset(self, sid: str, seed: int | None = None, options: dict[str, Any] | None = None):
         """``env.reset`` of session ``sid``: ``(observation, info)``."""
-        with native_errors():
-            return self.host.reset_now(sid, seed, options)
+        return self.host.reset_now(sid, seed, options)
 
     def step(self, sid: str, action: str):
         """``env.step`` of session ``sid``: ``(observation, reward, terminated, truncated, info)``."""
-        with native_errors():
-            return self.host.step_now(sid, action, check_length=False)  # an action too long: as in-process
+        return self.host.step_now(sid, action, check_length=False)  # an action too long: as in-process
 
     def fork(self, sid: str, n: int) -> list[str]:
         """``n`` new sessions forked from ``sid`` on this node (counted even over capacity)."""
-        with native_errors():
-            return self.host.fork_now(sid, n, force=True)
+        return self.host.fork_now(sid, n, force=True)
 
     def snapshot(self, sid: str) -> bytes:
         """The snapshot bytes of session ``sid`` (for :meth:`adopt` on another host)."""
-        with native_errors():
-            return self.host.snapshot_now(sid).to_bytes()
+        return self.host.snapshot_now(sid).to_bytes()
 
     def _env(self, sid: str) -> Any:
-        with native_errors():
-            return self.store.get(sid).env
+        return self.store.get(sid).env
 
     def spaces(self, sid: str) -> tuple[gym.Space, gym.Space]:
         """``(observation_space, action_space)`` of session ``sid``."""
@@ -197,33 +188,6 @@ class NodeHost:
 
         close_shared_providers()
         return n
-
-
-@contextmanager
-def native_errors() -> Iterator[None]:
-    """Raise the session host's domain errors as :func:`native_error` says (the Ray edge of the host)."""
-    try:
-        yield
-    except Exception as exc:
-        native = native_error(exc)
-        if native is exc:
-            raise
-        raise native from None
-
-
-def native_error(exc: BaseException) -> BaseException:
-    """What a Gymnasium env raises for a session host's domain error ``exc``: HTTPException 404 -> KeyError,
-    409 -> :class:`envs.core.EpisodeFinishedError`, another 4xx -> ValueError; anything else as it is
-    (:class:`envs.core.EnvInfraError` for a failed env or sandbox)."""
-    status = getattr(exc, "status_code", None)
-    if not isinstance(status, int) or not hasattr(exc, "detail"):
-        return exc
-    detail = str(exc.detail)
-    if status == 404:
-        return KeyError(detail)
-    if status == 409:
-        return EpisodeFinishedError(detail)
-    return ValueError(detail)
 
 
 #: The provider calls a :class:`ray_cluster.sandboxes.RayProvider` routes to a node (the

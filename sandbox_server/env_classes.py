@@ -20,11 +20,11 @@ from typing import Any
 
 import gymnasium as gym
 import pydantic
-from fastapi import HTTPException
 from pydantic import BaseModel
 
 import envs
 from envs.core import TextEnv
+from envs.errors import InvalidValue, UnknownEnv
 
 #: ``gymnasium.make``'s own keywords (and those of older Gymnasium versions): never passed on silently.
 GYM_MAKE_KEYWORDS = frozenset(
@@ -40,25 +40,25 @@ def env_class(env_id: str) -> tuple[type[TextEnv], dict[str, Any]]:
     or a plugin): then ``Id`` is looked up. No module a client names is imported here.
 
     Raises:
-        HTTPException: 404 for an id not registered (or a ``module:`` this server has not imported); 422 for
-            a class that is not a TextEnv (the server relies on its declared ``blocking`` /
+        UnknownEnv: an id not registered (or a ``module:`` this server has not imported).
+        InvalidValue: a class that is not a TextEnv (the server relies on its declared ``blocking`` /
             ``uses_sandbox``, fork and spaces).
     """
     module, _, name = env_id.rpartition(":")  # no colon: module "", name env_id
     if module and module not in sys.modules:  # never imported on a client's word: the operator names modules
-        raise HTTPException(404, f"env id {env_id!r}: this server has not imported {module!r}; a server serves "
-                                 "the envs of the modules its operator names (--env-modules, FORKYARD_ENV_MODULES) "
-                                 "and of installed plugins, and never imports a module a client names")
+        raise UnknownEnv(f"env id {env_id!r}: this server has not imported {module!r}; a server serves "
+                         "the envs of the modules its operator names (--env-modules, FORKYARD_ENV_MODULES) "
+                         "and of installed plugins, and never imports a module a client names")
     try:
         _, entry, defaults = envs.env_spec(name)
     except KeyError as exc:
-        raise HTTPException(404, exc.args[0]) from None
+        raise UnknownEnv(exc.args[0]) from None
     module, _, name = entry.partition(":")
     cls = getattr(importlib.import_module(module), name)
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise HTTPException(422, f"{env_id} ({entry}) is not an envs.core.TextEnv subclass: this server serves "
-                                 "TextEnv subclasses only (it relies on their declared blocking / uses_sandbox, "
-                                 "fork and text spaces)")
+        raise InvalidValue(f"{env_id} ({entry}) is not an envs.core.TextEnv subclass: this server serves "
+                           "TextEnv subclasses only (it relies on their declared blocking / uses_sandbox, "
+                           "fork and text spaces)")
     return cls, dict(defaults)
 
 
@@ -102,26 +102,26 @@ def _signature(cls: type) -> tuple[dict[str, inspect.Parameter], bool, type[Base
 
 
 def check_kwargs(env_id: str, cls: type, kwargs: dict[str, Any]) -> None:
-    """Refuse (HTTPException 422, naming them) kwargs the env would not honour: server-decided ones,
+    """Refuse (:class:`~envs.errors.InvalidValue`, naming them) kwargs the env would not honour: server-decided ones,
     ``gymnasium.make`` keywords, unknown names, and values of the wrong type (strict: ``true`` is not an int)."""
     params, var_kw, model = _signature(cls)
     decided = sorted(k for k in kwargs if k in SERVER_DECIDED_KWARGS)
     if decided:
-        raise HTTPException(422, f"kwargs {decided} are decided by this server, not by the client: the server "
-                                 f"runs {env_id} (and its sandbox) itself")
+        raise InvalidValue(f"kwargs {decided} are decided by this server, not by the client: the server "
+                           f"runs {env_id} (and its sandbox) itself")
     make_kw = sorted(k for k in kwargs if k in GYM_MAKE_KEYWORDS and k not in params)
     if make_kw:
-        raise HTTPException(422, f"kwargs {make_kw} are gymnasium.make keywords, which a server session does not "
-                                 f"apply (it runs the bare env); use the env's own limits instead, e.g. its turn "
-                                 f"budget: accepted kwargs of {env_id}: {_accepted(params)}")
+        raise InvalidValue(f"kwargs {make_kw} are gymnasium.make keywords, which a server session does not "
+                           f"apply (it runs the bare env); use the env's own limits instead, e.g. its turn "
+                           f"budget: accepted kwargs of {env_id}: {_accepted(params)}")
     unknown = sorted(k for k in kwargs if k not in params)
     if unknown and not var_kw:
-        raise HTTPException(422, f"{env_id} takes no kwargs {unknown}; accepted: {_accepted(params)}")
+        raise InvalidValue(f"{env_id} takes no kwargs {unknown}; accepted: {_accepted(params)}")
     if model is not None:
         try:
             model.model_validate({k: v for k, v in kwargs.items() if k in model.model_fields})
         except pydantic.ValidationError as exc:
-            raise HTTPException(422, f"cannot make {env_id}: " + "; ".join(
+            raise InvalidValue(f"cannot make {env_id}: " + "; ".join(
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
 
 

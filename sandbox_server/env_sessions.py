@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import anyio
-from fastapi import HTTPException
 
 from envs.core import EnvInfraError, TextEnv
+from envs.errors import InvalidValue, SessionNotFound
 from sandbox_server.env_classes import (GYM_MAKE_KEYWORDS, SERVER_DECIDED_KWARGS, check_kwargs, env_class,
                                         import_env_modules)
 from sandbox_server.errors import CapacityReached, ServiceUnavailable
@@ -170,8 +170,9 @@ class EnvSessions:
         """How to make ``env_id`` with the client's ``kwargs`` on this server.
 
         Raises:
-            HTTPException: 404 unknown env id; 422 a kwarg the env does not take or of the wrong type, a
-                class that is not a TextEnv, or a sandbox-backed env on a server without a sandbox service.
+            UnknownEnv: an env id not served.
+            InvalidValue: a kwarg the env does not take or of the wrong type, a class that is not a TextEnv, or
+                a sandbox-backed env on a server without a sandbox service.
             ServiceUnavailable: a sandbox-backed env while the server's sandbox backend is down.
         """
         cls, defaults = env_class(env_id)
@@ -184,8 +185,8 @@ class EnvSessions:
                 if self.sandbox_unavailable:
                     raise ServiceUnavailable(f"{env_id} needs a sandbox and this server's sandbox service is down: "
                                              f"{self.sandbox_unavailable}", retry_after_s=NO_BACKEND_RETRY_S)
-                raise HTTPException(422, f"{env_id} needs a sandbox and this server has no sandbox service: run the "
-                                         "full server (python -m sandbox_server, without --no-sandboxes) to serve it")
+                raise InvalidValue(f"{env_id} needs a sandbox and this server has no sandbox service: run the "
+                                   "full server (python -m sandbox_server, without --no-sandboxes) to serve it")
             if self._held is None or self._held.provider is not self.sandbox_provider:
                 self._held = hold_sandboxes(self.sandbox_provider)
             extra["sandbox_provider"] = self._held  # its sandboxes live as long as their sessions (S48)
@@ -194,9 +195,9 @@ class EnvSessions:
     # -- sessions -----------------------------------------------------------------------------------
     @contextmanager
     def reserve(self, n: int, force: bool = False) -> Iterator["Slots"]:
-        """Hold room for ``n`` new sessions while they are made (503 if the cap has no room, unless ``force``,
-        or the server is shutting down). :meth:`Slots.commit` registers them; leaving the block without a
-        commit gives the room back."""
+        """Hold room for ``n`` new sessions while they are made (CapacityReached if the cap has no room, unless
+        ``force``; ServiceUnavailable if the server is shutting down). :meth:`Slots.commit` registers them; leaving
+        the block without a commit gives the room back."""
         with self._guard:
             if self._closed:
                 raise ServiceUnavailable("the server is shutting down", retry_after_s=SESSIONS_RETRY_S)
@@ -224,7 +225,8 @@ class EnvSessions:
             return sids
 
     def get(self, sid: str) -> EnvSession:
-        """The live session ``sid`` (its idle clock restarts); HTTPException 404 if it is unknown, closed or expired."""
+        """The live session ``sid`` (its idle clock restarts); SessionNotFound if it is unknown, closed or
+        expired."""
         now = time.monotonic()
         s = self._sessions.get(sid)
         if s is not None and s.expired(now, self.ttl_s):
@@ -239,8 +241,7 @@ class EnvSessions:
                     close_quietly(gone.env)
             s = None
         if s is None:
-            raise HTTPException(
-                404, f"no env session {sid!r} (unknown, closed, or expired after {self.ttl_s:g} s idle)")
+            raise SessionNotFound(f"no env session {sid!r} (unknown, closed, or expired after {self.ttl_s:g} s idle)")
         s.last_used = now
         return s
 

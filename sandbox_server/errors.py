@@ -1,7 +1,9 @@
-"""Errors of the sandbox service, shared by the backends, the service, the HTTP app and the clients."""
+"""Errors of the sandbox service, shared by the backends, the service, the HTTP app and the clients. The errors of
+env sessions are :mod:`envs.errors` (:class:`SessionHeld` among them, re-exported here)."""
 
 from __future__ import annotations
 
+from envs.errors import SessionHeld
 from envs.sandbox import SandboxFailure
 from sandbox_server.tools import ToolRefused
 
@@ -62,12 +64,6 @@ class SnapshotUnsupported(SandboxError):
     """A snapshot (or fork) cannot carry what the writable areas hold: a FIFO, socket or device file. The
     message names the sandbox path; nothing is dropped silently. A client-visible refusal, not a failure
     of the sandbox (it stays usable)."""
-
-
-class SessionHeld(Exception):
-    """An env session held by an OpenEnv connection was asked for by another door (a REST route, a batch item,
-    another connection): only its holder may act on it until it closes (HTTP 409 ``held``; the rule:
-    :mod:`sandbox_server.session_owners`, field case S58). Nothing ran."""
 
 
 class LimitExceeded(ToolRefused):

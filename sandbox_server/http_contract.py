@@ -23,10 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from envs.core import EnvInfraError, EpisodeFinishedError
+import envs.errors
 from sandbox_server.errors import (
-    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SessionHeld, SnapshotUnsupported, ToolRefused,
-    WorkAbandoned,
+    LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, SnapshotUnsupported, ToolRefused, WorkAbandoned,
 )
 from sandbox_server.models import ErrorBody
 
@@ -38,7 +37,7 @@ STATUS_WORDS = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"
 
 #: Domain errors -> (HTTP status, status word). Looked up along the exception's MRO, so a subclass
 #: listed here (LimitExceeded under ToolRefused, PoolExhausted under ServiceUnavailable) wins.
-DOMAIN_ERRORS: dict[type[BaseException], tuple[int, str]] = {
+DOMAIN_ERRORS: dict[type[Exception], tuple[int, str]] = {
     LimitExceeded: (413, "too_large"),            # a documented limit (files per write, bytes of /scratch): no retry
     ToolRefused: (422, "refused"),                # nothing was executed
     SnapshotUnsupported: (422, "refused"),        # the writable areas hold what a snapshot cannot carry (a FIFO)
@@ -46,10 +45,8 @@ DOMAIN_ERRORS: dict[type[BaseException], tuple[int, str]] = {
     WorkAbandoned: (503, "abandoned"),            # given up after it may have started: it may have run
     ServiceUnavailable: (503, "unavailable"),     # engine down, pool exhausted, env-session cap: nothing ran
     SandboxError: (503, "sandbox_error"),         # a sandbox failed (it is replaced): retry
-    EnvInfraError: (503, "infra_error"),          # an env's infrastructure (or its code) failed: retry
-    EpisodeFinishedError: (409, "conflict"),      # step after the end: reset first
-    gym.error.ResetNeeded: (409, "conflict"),
-    SessionHeld: (409, "held"),                   # an OpenEnv connection holds the session: only it may act on it
+    **envs.errors.WIRE,                           # env sessions' errors, declared with the words clients read back
+    gym.error.ResetNeeded: (409, "conflict"),     # a step before the first reset
     ValueError: (422, "invalid"),                 # a value the service refused
 }
 

@@ -11,7 +11,7 @@ answers exactly what one request would. The batched routes (:mod:`sandbox_server
 map outcomes to the wire (``item_error``) and encode.
 
 Ownership (field case S58): a batch item is a REST request; its proof is the session id, so an item on a session
-an OpenEnv connection holds is answered :class:`~sandbox_server.errors.SessionHeld` (409) and nothing runs for
+an OpenEnv connection holds is answered :class:`~envs.errors.SessionHeld` and nothing runs for
 it (:meth:`SessionHost.access <sandbox_server.session_host.SessionHost.access>`, checked again under the
 session's lock for items that waited for it).
 
@@ -30,9 +30,9 @@ from contextlib import ExitStack
 from typing import Any, Awaitable, Callable
 
 import anyio
-from fastapi import HTTPException
 
 from envs.core import TextEnv
+from envs.errors import SessionNotFound
 from sandbox_server.env_sessions import EnvSession, close_quietly
 from sandbox_server.errors import ServiceUnavailable, SessionHeld
 from sandbox_server.session_host import (
@@ -72,11 +72,11 @@ def _call(op: Callable[[EnvSession, int], Any], s: EnvSession, i: int) -> Outcom
 
 async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSession, int], Any],
                       limiter: anyio.CapacityLimiter | None = None) -> list[Outcome]:
-    """``outcomes[i] = op(session of sids[i], i)`` (or what it raised; 404 for an unknown session, SessionHeld for
-    one an OpenEnv connection holds), as the
-    module docstring says: inline for free non-blocking sessions, else under the session's lock, blocking ones
-    in worker threads of ``limiter`` (:meth:`~sandbox_server.env_sessions.EnvSessions.pool_threads` for work
-    that may wait for the sandbox pool; None: anyio's default)."""
+    """``outcomes[i] = op(session of sids[i], i)`` (or what it raised; SessionNotFound for an unknown session,
+    SessionHeld for one an OpenEnv connection holds), as the module docstring says: inline for free non-blocking
+    sessions, else under the session's lock, blocking ones in worker threads of ``limiter``
+    (:meth:`~sandbox_server.env_sessions.EnvSessions.pool_threads` for work that may wait for the sandbox pool;
+    None: anyio's default)."""
     out: list[Outcome] = [None] * len(sids)
     groups: dict[str, list[int]] = {}
     for i, sid in enumerate(sids):
@@ -85,7 +85,7 @@ async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSessi
     for sid, idx in groups.items():
         try:
             s = host.access(sid)
-        except (HTTPException, SessionHeld) as exc:
+        except (SessionNotFound, SessionHeld) as exc:
             for i in idx:
                 out[i] = exc
             continue
@@ -117,7 +117,8 @@ async def per_session(host: SessionHost, sids: list[str], op: Callable[[EnvSessi
 
 async def batch_step(host: SessionHost, sids: list[str], actions: list[Any]) -> list[Outcome]:
     """Action ``actions[i]`` in session ``sids[i]``; ``outcomes[i]``: (observation, reward, terminated, truncated,
-    info) as :meth:`SessionHost.step`, or its error (404, 409, 413, EnvInfraError)."""
+    info) as :meth:`SessionHost.step`, or its error (SessionNotFound, EpisodeFinishedError, ActionTooLong,
+    EnvInfraError)."""
     return await per_session(host, sids, lambda s, i: step_env(s.env, actions[i]))
 
 

@@ -29,12 +29,14 @@ rule (:mod:`sandbox_server.session_owners`; ``holders`` keeps who holds what).
 Why one file: the async methods and the synchronous core they call are one code path (an operation reads the
 same whichever layer runs it), and the ownership check sits in each method that reaches a session.
 
-Errors (every method): ``HTTPException`` 404 unknown env id or session, 409 a step on an ended episode,
-:class:`~sandbox_server.errors.SessionHeld` (409) a session another connection holds, 413
-an action longer than the env accepts, 422 a value the env refuses (kwargs, seed, options, a snapshot token
-that this server did not seal); :class:`~sandbox_server.errors.ServiceUnavailable` (503) the session cap is
-reached, the server is shutting down, or the client left before its sessions were registered;
-:class:`~envs.core.EnvInfraError` (503) the env's infrastructure or code failed. A failed create, fork or
+Errors (every method), domain errors only (:mod:`envs.errors`; each transport maps them to its wire at its edge):
+:class:`~envs.errors.UnknownEnv` an env id not served, :class:`~envs.errors.SessionNotFound` an unknown session,
+:class:`~envs.core.EpisodeFinishedError` a step on an ended episode, :class:`~envs.errors.SessionHeld` a session
+another connection holds, :class:`~envs.errors.ActionTooLong` an action longer than the env accepts,
+:class:`~envs.errors.InvalidValue` a value the env refuses (kwargs, seed, options, a snapshot token that this
+server did not seal); :class:`~sandbox_server.errors.ServiceUnavailable` the session cap is reached, the server
+is shutting down, or the client left before its sessions were registered; :class:`~envs.core.EnvInfraError` the
+env's infrastructure or code failed. A failed create, fork or
 restore keeps no session; a failed reset, step or fork leaves the session as it was.
 """
 
@@ -45,17 +47,18 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import anyio
 import gymnasium as gym
-from fastapi import HTTPException
 
 import envs
 from envs.core import EnvInfraError, EpisodeFinishedError, Snapshot, TextEnv
+import envs.errors
+from envs.errors import ActionTooLong, InvalidValue
 from sandbox_server.env_sessions import SERVER_DECIDED_KWARGS, EnvRecipe, EnvSession, EnvSessions, close_quietly
 from sandbox_server.errors import SandboxError, ServiceUnavailable, ToolRefused
 from sandbox_server.session_owners import Holders
 from sandbox_server.snapshot_tokens import SnapshotSealer
 
 #: ``still_wanted``: an async callable telling whether the client is still there to learn of new sessions
-#: (HTTP: the connection is open); False discards them (503) instead of leaving them to the TTL.
+#: (HTTP: the connection is open); False discards them (ServiceUnavailable) instead of leaving them to the TTL.
 StillWanted = Callable[[], Awaitable[bool]] | None
 #: How a new env starts: ``start(env) -> (observation, info)`` (a reset, or a restore); None: not started.
 Start = Callable[[TextEnv], tuple[str, dict[str, Any]]] | None
@@ -93,7 +96,7 @@ class SessionHost:
         ownership rule (:mod:`sandbox_server.session_owners`, field case S58).
 
         Raises:
-            HTTPException: 404, no such session (or it expired).
+            SessionNotFound: no such session (or it expired).
             SessionHeld: another connection holds it.
         """
         s = self.sessions.get(sid)
@@ -110,15 +113,15 @@ class SessionHost:
     async def restore(self, token: str, still_wanted: StillWanted = None, env_id: str | None = None) -> Opened:
         """A new session at the state sealed in ``token`` (what :meth:`snapshot` returned, on this server or
         one with the same key and the same corpus): the env id and kwargs come from the token, never from the
-        client. ``env_id``: refuse (422, before any env is built) a token of another env id."""
+        client. ``env_id``: refuse (InvalidValue, before any env is built) a token of another env id."""
         try:
             snap = await anyio.to_thread.run_sync(self.sealer.open, token)
         except ValueError as exc:  # SnapshotTokenError, or a token whose content is not a snapshot
-            raise HTTPException(422, f"cannot restore: {exc}") from None
+            raise InvalidValue(f"cannot restore: {exc}") from None
         if snap.env_id is None:
-            raise HTTPException(422, "cannot restore: the snapshot names no env id")
+            raise InvalidValue("cannot restore: the snapshot names no env id")
         if env_id is not None and snap.env_id != env_id:
-            raise HTTPException(422, f"cannot restore: the snapshot is of {snap.env_id}, not of {env_id}")
+            raise InvalidValue(f"cannot restore: the snapshot is of {snap.env_id}, not of {env_id}")
         kwargs = {k: v for k, v in snap.kwargs.items() if k not in SERVER_DECIDED_KWARGS}
         return await self._open(self.sessions.recipe(snap.env_id, kwargs), restorer(snap), still_wanted)
 
@@ -155,10 +158,10 @@ class SessionHost:
                    by: object | None = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One action in session ``sid``: (observation, reward, terminated, truncated, info). A step that had to
         wait for the session's previous request and whose client left meanwhile (``still_wanted`` says False)
-        does not run: 503 (field case S38). ``by``: the caller's connection (None: REST), checked by
+        does not run: ServiceUnavailable (field case S38). ``by``: the caller's connection (None: REST), checked by
         :meth:`access` (SessionHeld, field case S58), again after a wait for the session's lock."""
         s = self.access(sid, by)
-        check_action(s.env, action)  # a 413 never waits for the lock
+        check_action(s.env, action)  # ActionTooLong never waits for the lock
         waited = s.lock.locked()
         async with s.lock:
             if waited:
@@ -251,7 +254,7 @@ class SessionHost:
                  check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One action in session ``sid``: (observation, reward, terminated, truncated, info). ``check_length``
         False: an action longer than the env accepts is the env's to answer (its invalid-action observation, as
-        in-process), not a 413."""
+        in-process), not ActionTooLong."""
         return step_env(self.sessions.get(sid).env, action, check_length)
 
     def fork_now(self, sid: str, n: int, force: bool = False) -> list[str]:
@@ -303,7 +306,7 @@ def build(recipe: EnvRecipe) -> TextEnv:
 
 def make_env(recipe: EnvRecipe, start: Start = None) -> tuple[TextEnv, Any, Any]:
     """A new env of ``recipe`` started with ``start``: ``(env, observation, info)`` (None, None when ``start``
-    is None). Errors as create's (422 for a value the env refuses, EnvInfraError otherwise); an env whose
+    is None). Errors as create's (InvalidValue for a value the env refuses, EnvInfraError otherwise); an env whose
     start failed is closed."""
     try:
         env = build(recipe)
@@ -335,7 +338,8 @@ def restorer(snap: Snapshot | bytes) -> Callable[[TextEnv], tuple[str, dict[str,
 
 
 def reset_env(env: TextEnv, seed: int | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """``env.reset``: (observation, info). 422 for a seed or options the env refuses, EnvInfraError otherwise."""
+    """``env.reset``: (observation, info). InvalidValue for a seed or options the env refuses, EnvInfraError
+    otherwise."""
     try:
         return env.reset(seed=seed, options=options)
     except Exception as exc:
@@ -343,8 +347,8 @@ def reset_env(env: TextEnv, seed: int | None, options: dict[str, Any] | None) ->
 
 
 def step_env(env: TextEnv, action: Any, check_length: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
-    """``env.step``: (observation, reward as float, terminated, truncated, info). 413 an action too long (unless
-    not ``check_length``), 409 an ended episode, EnvInfraError the env failed."""
+    """``env.step``: (observation, reward as float, terminated, truncated, info). ActionTooLong an action too
+    long (unless not ``check_length``), EpisodeFinishedError an ended episode, EnvInfraError the env failed."""
     if check_length:
         check_action(env, action)
     if env.done:
@@ -380,34 +384,35 @@ async def run_env(blocking: bool, fn: Callable[[], T], limiter: anyio.CapacityLi
         return await anyio.to_thread.run_sync(fn, limiter=limiter)
     return fn()
 
-_PASS_ON = (HTTPException, EnvInfraError, EpisodeFinishedError, gym.error.ResetNeeded, SandboxError, ToolRefused)
+_PASS_ON = (*envs.errors.WIRE, gym.error.ResetNeeded, SandboxError, ToolRefused)
 
 
 def env_failure(exc: Exception, what: str, client_values: bool) -> Exception:
     """What to raise for an exception of env code: domain errors as they are (the one mapping,
     :data:`sandbox_server.http_contract.DOMAIN_ERRORS`, answers them); with ``client_values`` (kwargs,
-    seed, options came from the client) TypeError / ValueError / Gymnasium errors are 422; anything else
-    is the env's failure: :class:`EnvInfraError` (503), never a 500. Callers raise it without ``from`` (it may
+    seed, options came from the client) TypeError / ValueError / Gymnasium errors are
+    :class:`~envs.errors.InvalidValue`; anything else is the env's failure: :class:`EnvInfraError`, never an
+    unexpected error. Callers raise it without ``from`` (it may
     be ``exc`` itself, which must not become its own ``__cause__``); ``exc`` stays its ``__context__``."""
     if isinstance(exc, _PASS_ON):
         return exc
     if client_values and isinstance(exc, (TypeError, ValueError, gym.error.Error)):
-        return HTTPException(422, f"{what}: {exc}")
+        return InvalidValue(f"{what}: {exc}")
     return EnvInfraError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def check_action(env: TextEnv, action: Any) -> None:
-    """Raise HTTPException 413 when the text ``action`` is longer than a door takes for ``env``
+    """Raise :class:`~envs.errors.ActionTooLong` when the text ``action`` is longer than a door takes for ``env``
     (:func:`envs.action_input.reply_limit`: a model's whole reply, reasoning included; field case S62)."""
     limit = envs.reply_limit(env.action_space.max_length)
     if isinstance(action, str) and len(action) > limit:
-        raise HTTPException(413, f"the action has {len(action)} characters; this server takes replies of at most "
-                                 f"{limit} characters (a model's reply holding one tool call); send the call alone")
+        raise ActionTooLong(f"the action has {len(action)} characters; this server takes replies of at most "
+                            f"{limit} characters (a model's reply holding one tool call); send the call alone")
 
 
-def ended() -> HTTPException:
-    """The 409 of a step on an ended episode."""
-    return HTTPException(409, "the episode has ended; reset the session (or fork before the end)")
+def ended() -> EpisodeFinishedError:
+    """The error of a step on an ended episode."""
+    return EpisodeFinishedError("the episode has ended; reset the session (or fork before the end)")
 
 
 __all__ = ["CLOSE_THREADS", "Opened", "SessionHost", "Start", "StillWanted", "build", "check_action", "ended",

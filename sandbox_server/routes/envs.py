@@ -58,12 +58,13 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 import orjson
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
 from envs.core import TextEnv
+from envs.errors import SessionNotFound
 from sandbox_server import session_batch
 from sandbox_server.deps import Host, Sessions
 from sandbox_server.env_sessions import EnvSessions, env_class
@@ -319,7 +320,7 @@ async def batch_delete(req: BatchDeleteRequest, host: Host) -> Response:
     sids = [req.items[i].session_id for i in valid]
     for i, sid, held in zip(valid, sids, await session_batch.batch_delete(host, sids), strict=True):
         results[i] = item_error(held) if isinstance(held, Exception) else {"status_code": 204} if held else \
-            item_error(HTTPException(404, f"no env session {sid!r}"))
+            item_error(SessionNotFound(f"no env session {sid!r}"))
     return _json(results)
 
 
@@ -374,5 +375,5 @@ async def snapshot(session_id: str, host: Host) -> EnvSnapshotResponse:
 @router.delete("/{session_id}", status_code=204, summary="Close a session", responses=R(404, 409))
 async def delete(session_id: str, host: Host) -> Response:
     if not (await host.delete([session_id]))[0]:
-        raise HTTPException(404, f"no env session {session_id!r}")
+        raise SessionNotFound(f"no env session {session_id!r}")
     return Response(status_code=204)

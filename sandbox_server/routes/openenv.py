@@ -77,6 +77,7 @@ import uuid
 from typing import Any
 
 import anyio
+import gymnasium as gym
 import orjson
 import pydantic
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
@@ -85,6 +86,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import envs
+from envs.errors import InvalidValue, SessionNotFound
 from sandbox_server.env_sessions import env_class
 from sandbox_server.errors import CapacityReached, ServiceUnavailable
 from sandbox_server.http_contract import STATUS_WORDS, classify
@@ -216,7 +218,7 @@ class Connection:
         kind = msg.get("type") if isinstance(msg, dict) else None
         data = msg.get("data", {}) if isinstance(msg, dict) else None
         if not isinstance(data, dict):
-            return error_message(HTTPException(422, "a message is a JSON object {\"type\": str, \"data\": object}"))
+            return error_message(InvalidValue("a message is a JSON object {\"type\": str, \"data\": object}"))
         op = _OPS.get(kind) if isinstance(kind, str) else None
         if op is None:
             return {"type": "error", "data": {"message": f"Unknown message type: {kind!r}; forkyard answers "
@@ -229,7 +231,7 @@ class Connection:
 
     def _session(self) -> str:
         if self.sid is None:
-            raise HTTPException(409, "no session on this connection yet: send a reset first")
+            raise gym.error.ResetNeeded("no session on this connection yet: send a reset first")
         return self.sid
 
     async def _replace(self, sid: str) -> None:
@@ -249,8 +251,8 @@ class Connection:
     async def _reset(self, req: ResetData) -> dict[str, Any]:
         if req.snapshot is not None:
             if req.kwargs is not None or req.seed is not None or req.options is not None:
-                raise HTTPException(422, "a reset with a snapshot takes no kwargs, seed or options: the snapshot "
-                                         "holds the env's kwargs and state")
+                raise InvalidValue("a reset with a snapshot takes no kwargs, seed or options: the snapshot "
+                                   "holds the env's kwargs and state")
             made = await self.host.restore(req.snapshot, env_id=self.env_id)
             self.kwargs = None  # the token's kwargs: a later reset with kwargs makes a new session
             await self._replace(made.session_id)
@@ -260,9 +262,7 @@ class Connection:
             try:
                 s, obs, info = await self.host.reset(self.sid, req.seed, req.options, by=self)
                 return _observation(self.sid, obs, info, None, False, False, env=s.env)
-            except HTTPException as exc:
-                if exc.status_code != 404:
-                    raise
+            except SessionNotFound:
                 self.host.holders.drop(self.sid)  # gone (the server's stop): a new one below
                 self.sid = None
         kwargs = req.kwargs if req.kwargs is not None else (self.kwargs or {})
@@ -280,7 +280,7 @@ class Connection:
         if not isinstance(action, (str, dict, list)) or not set(data) <= {"action", "metadata"} \
                 or not isinstance(data.get("metadata", {}), dict):
             TextAction.model_validate(data)  # raises the ValidationError that names the problem
-            raise HTTPException(422, "step data is {\"action\": str | object, \"metadata\"?: object}")
+            raise InvalidValue("step data is {\"action\": str | object, \"metadata\"?: object}")
         sid = self._session()
         obs, reward, term, trunc, info = await self.host.step(sid, action, by=self)
         return _observation(sid, obs, info, reward, term, trunc)
@@ -306,7 +306,7 @@ class Connection:
         req = AttachData.model_validate(data)
         s = self.host.sessions.get(req.session_id)
         if s.env_id != self.env_id:
-            raise HTTPException(422, f"session {req.session_id!r} is of {s.env_id}, not of {self.env_id}")
+            raise InvalidValue(f"session {req.session_id!r} is of {s.env_id}, not of {self.env_id}")
         owner = self.host.holders.take(req.session_id, self)  # SessionHeld: another connection drives it
         if isinstance(owner, Connection):
             owner.forks.discard(req.session_id)
@@ -331,7 +331,7 @@ class Connection:
             self.host.holders.check(sid, self)  # SessionHeld: another connection holds it
             held = self.host.sessions.peek(sid)
             if held is not None and held.env_id != self.env_id:
-                raise HTTPException(422, f"session {sid!r} is of {held.env_id}, not of {self.env_id}")
+                raise InvalidValue(f"session {sid!r} is of {held.env_id}, not of {self.env_id}")
         held = await self.host.delete(req.session_ids, by=self)
         for sid in req.session_ids:
             self.forks.discard(sid)

@@ -12,6 +12,7 @@ import pytest
 
 from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.errors import ActionTooLong, InvalidValue, SessionNotFound, UnknownEnv
 from envs.http_connections import HttpConnections
 from envs.session_client import HttpTransport, SessionClient, make_transport
 from envs.wire import ResetResponse, StepResponse
@@ -91,15 +92,16 @@ def test_both_transports_give_the_same_episodes_as_the_in_process_env(server, se
 def test_errors_decode_alike_over_both_transports(server, transport):
     c = client(server, transport, max_turns=1)
     assert isinstance(c.reset(seed=1), ResetResponse)
-    with pytest.raises(ValueError, match="HTTP 413|at most"):
+    # the clients raise the domain error the server raised (envs.errors), each the builtin the contract names
+    with pytest.raises(ActionTooLong, match="HTTP 413|at most"):
         c.step("x" * 40_000)  # too long: refused, nothing ran
     assert c.step("probe(0)").truncated  # max_turns=1: the episode ends
     with pytest.raises(EpisodeFinishedError):
         c.step("probe(0)")
-    with pytest.raises(ValueError, match="HTTP 404"):  # an env id the server does not serve: a configuration error
+    with pytest.raises(UnknownEnv, match="HTTP 404"):  # an env id the server does not serve: a configuration error
         SessionClient(make_transport(transport, server.url, "forkyard/NoSuch-v0", {}, 30.0),
                       "forkyard/NoSuch-v0").reset()
-    with pytest.raises(ValueError, match="HTTP 422"):
+    with pytest.raises(InvalidValue, match="HTTP 422"):
         client(server, transport, max_turns="many").reset()
     sid = c.session_id
     if transport == "http":
@@ -107,7 +109,7 @@ def test_errors_decode_alike_over_both_transports(server, transport):
     else:  # a connection's session is refused over /v1/envs (409 held, field case S58): lost in the store itself
         assert httpx.delete(f"{server.url}/v1/envs/{sid}").status_code == 409
         server.server.config.app.state.env_sessions.pop(sid)
-    with pytest.raises(EnvInfraError, match="HTTP 404"):
+    with pytest.raises(SessionNotFound, match="HTTP 404"):
         c.step("probe(0)")
     c.close()
     wait_sessions(server, 0)

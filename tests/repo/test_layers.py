@@ -69,7 +69,7 @@ def test_envs_import_neither_the_service_nor_the_trainer():
 #: registry's, the server's backends included).
 ENVS_PUBLIC = {"envs", "envs.core", "envs.sandbox", "envs.api_key", "envs.client_retry",  # envs.wire: the answers,
                "envs.wire", "envs.session_client",  # one model for both; session_client: ClusterEnv is its shim
-               "envs.plugins"}
+               "envs.plugins", "envs.errors"}
 
 
 def test_the_service_uses_envs_only_through_their_public_api_and_never_the_trainer():
@@ -223,3 +223,17 @@ def test_no_layer_names_the_ray_package_in_a_string_and_the_server_finds_its_pro
     assert [ep.value for ep in importlib.metadata.entry_points(group=PROVIDER_GROUP) if ep.name == "ray"] == [
         "ray_cluster.sandboxes:RayProvider"]
     assert _factory("ray") is RayProvider
+
+
+#: The modules that raise or read HTTP errors: the routes and the HTTP contract (the one table from domain errors
+#: to answers).
+HTTP_EDGE = ("sandbox_server/routes/", "sandbox_server/http_contract.py")
+
+
+def test_no_status_code_below_the_routes():
+    """The session core, the service and the Ray node hosts raise domain errors (``envs.errors``,
+    ``sandbox_server.errors``); only the edge translates them to HTTP."""
+    http = {"fastapi.HTTPException", "starlette.exceptions.HTTPException", "fastapi.exceptions.HTTPException"}
+    bad = {f: sorted(m & http) for f, m in graph().items()
+           if f.startswith(("sandbox_server/", "ray_cluster/")) and not f.startswith(HTTP_EDGE) and m & http}
+    assert bad == {}

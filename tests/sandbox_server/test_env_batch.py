@@ -82,7 +82,7 @@ def test_per_item_errors_beside_successful_items(server, http):
         {"env_id": CLUE, "seed": 2, "kwargs": {"max_turns": 3}},
     ])
     assert made[0]["status_code"] == made[5]["status_code"] == 201
-    assert_item_error(made[1], 404, "not_found", "unknown env id")
+    assert_item_error(made[1], 404, "unknown_env", "unknown env id")
     assert_item_error(made[2], 422, "invalid", "seed")
     assert_item_error(made[3], 422, "invalid", "max_turns")
     assert_item_error(made[4], 422, "invalid", "no sandbox service")

@@ -6,17 +6,19 @@ giving the same answers and the same errors for the same inputs on a real uvicor
 from __future__ import annotations
 
 import anyio
+import gymnasium as gym
 import httpx
 import pytest
-from fastapi import HTTPException
 
 from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError, EpisodeFinishedError
+from envs.errors import ActionTooLong, InvalidValue, SessionNotFound, UnknownEnv
 from ray_cluster.nodes import NodeHost
 from sandbox_server import session_batch
 from sandbox_server.app import create_env_app
 from sandbox_server.env_sessions import EnvSessions
 from sandbox_server.errors import CapacityReached
+from sandbox_server.http_contract import classify
 from sandbox_server.session_host import SessionHost, resetter
 from tests.docker_support import UvicornThread
 
@@ -29,8 +31,10 @@ def new_host(max_sessions: int = 16) -> SessionHost:
 
 
 def status(exc: BaseException) -> int:
-    assert isinstance(exc, HTTPException), repr(exc)
-    return exc.status_code
+    """The HTTP status the REST edge answers for ``exc`` (the one table, ``DOMAIN_ERRORS``)."""
+    known = classify(exc)
+    assert known is not None, repr(exc)
+    return known[0]
 
 
 class BrokenFork(ClueProbeEnv):
@@ -66,13 +70,17 @@ def test_the_core_raises_the_domain_errors_and_keeps_nothing_on_failure():
     host = new_host(max_sessions=3)
     recipe = host.sessions.recipe(CLUE, {"max_turns": 1})
     sid = host.open_now(recipe, resetter(0, None)).session_id
-    assert status(pytest.raises(HTTPException, host.step_now, "unknown", "probe(0)").value) == 404
-    assert status(pytest.raises(HTTPException, host.step_now, sid, "x" * 40_000).value) == 413  # past a reply
+    # domain errors, each also the builtin an env in-process raises, and nothing of HTTP below the routes
+    lost = pytest.raises(SessionNotFound, host.step_now, "unknown", "probe(0)").value
+    assert isinstance(lost, KeyError) and isinstance(lost, EnvInfraError) and status(lost) == 404
+    assert str(lost).startswith("no env session 'unknown'")  # not quoted as a KeyError's would be
+    assert status(pytest.raises(ActionTooLong, host.step_now, sid, "x" * 40_000).value) == 413  # past a reply
     assert "Invalid action" in host.step_now(sid, "x" * 257)[0]  # a reply: the env's; the only turn: it ends
-    assert status(pytest.raises(HTTPException, host.step_now, sid, "probe(0)").value) == 409
-    assert status(pytest.raises(HTTPException, host.reset_now, sid, -1, None).value) == 422
-    assert status(pytest.raises(HTTPException, host.sessions.recipe, CLUE, {"max_turns": True}).value) == 422
-    assert status(pytest.raises(HTTPException, host.sessions.recipe, "forkyard/Nope-v0", {}).value) == 404
+    assert status(pytest.raises(EpisodeFinishedError, host.step_now, sid, "probe(0)").value) == 409
+    assert status(pytest.raises(InvalidValue, host.reset_now, sid, -1, None).value) == 422
+    assert status(pytest.raises(InvalidValue, host.sessions.recipe, CLUE, {"max_turns": True}).value) == 422
+    unknown = pytest.raises(UnknownEnv, host.sessions.recipe, "forkyard/Nope-v0", {}).value
+    assert isinstance(unknown, ValueError) and isinstance(unknown, gym.error.UnregisteredEnv) and status(unknown) == 404
     with pytest.raises(CapacityReached):  # 1 held + 3 asked > 3: all or none
         host.fork_now(sid, 3)
     assert host.sessions.in_use == 1
