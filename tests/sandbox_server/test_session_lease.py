@@ -62,23 +62,34 @@ def start_client(srv: UvicornThread) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
-def test_a_client_process_ended_by_a_signal_leaves_no_session_behind(server, how):
-    proc = start_client(server)
+def session_ids(srv: UvicornThread) -> set[str]:
+    return set(srv.server.config.app.state.env_sessions.held())
+
+
+def test_client_processes_ended_by_a_signal_leave_no_session_behind(server):
+    """Two client processes at once, one ended by SIGTERM and one by SIGKILL (one lease wait for both)."""
+    procs: dict[signal.Signals, subprocess.Popen] = {}
+    owned: dict[signal.Signals, set[str]] = {}
     try:
-        made = open_sessions(server)
-        assert made == 3 + 3 + 1  # RemoteEnv and its two forks, three vector sub-envs, the TRL instance
-        time.sleep(3 * LEASE)  # idle far past its lease: renewed, none expires
-        assert open_sessions(server) == made
+        for how in (signal.SIGTERM, signal.SIGKILL):
+            before = session_ids(server)
+            procs[how] = start_client(server)
+            owned[how] = session_ids(server) - before
+            assert len(owned[how]) == 3 + 3 + 1  # RemoteEnv and its two forks, three vector sub-envs, the TRL instance
+        time.sleep(3 * LEASE)  # idle far past their lease: renewed, none expires
+        assert session_ids(server) == owned[signal.SIGTERM] | owned[signal.SIGKILL]
     finally:
-        proc.send_signal(how)
-        proc.wait(30)
+        for how, proc in procs.items():
+            proc.send_signal(how)
+        for proc in procs.values():
+            proc.wait(30)
     t0 = time.monotonic()
     while open_sessions(server) and time.monotonic() - t0 < LEASE + 5.0 + 10.0:  # lease + reaper + slack
         time.sleep(0.2)
     took = time.monotonic() - t0
-    assert open_sessions(server) == 0, f"{open_sessions(server)} sessions left {took:.1f} s after the client ended"
-    assert took > LEASE - 1.0  # released by its lease, not at once by anything else
+    left = {how.name: sorted(owned[how] & session_ids(server)) for how in owned}
+    assert open_sessions(server) == 0, f"sessions left {took:.1f} s after the clients ended: {left}"
+    assert took > LEASE - 1.0  # released by their lease, not at once by anything else
 
 
 def test_leases_are_granted_checked_and_renewed(server):
