@@ -49,6 +49,7 @@ from sandbox_server.backends import Backend, make_backend
 from sandbox_server.env_sessions import EnvSessions, import_env_modules, reaper
 from sandbox_server.errors import ServiceUnavailable
 from sandbox_server.http_contract import ENV_BATCH_BODY_BYTES, ENV_BODY_BYTES, SMALL_BODY_BYTES
+from sandbox_server.http_pipelining import HTTP_PROTOCOL
 from sandbox_server.routes import envs as env_routes
 from sandbox_server.routes import health, openenv, snapshots, tools
 from sandbox_server.routes import sandboxes as sandbox_routes
@@ -195,6 +196,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, app: FastAPI, **config: Any):
         self.drain: Drain = app.state.drain
         config.setdefault("timeout_graceful_shutdown", self.drain.grace_s + DRAIN_BACKSTOP_S)
+        config.setdefault("http", HTTP_PROTOCOL)  # pipelined requests take turns with other connections (S56)
         super().__init__(uvicorn.Config(app, **config))
 
     async def shutdown(self, sockets: Any = None) -> None:
