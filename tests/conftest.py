@@ -125,6 +125,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _leaks: list[str] = []  # what the leak check found, shown in the terminal summary
+#: Seconds each layer's tests took (setup, call and teardown), by the folder under tests/; shown in the summary.
+_layer_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add the phase's duration to its layer's total (``tests/<layer>/...``; a documented command's own pytest run
+    counts in the layer of the test that runs it, ``repo``)."""
+    parts = report.nodeid.split("/")
+    layer = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _layer_seconds[layer] = _layer_seconds.get(layer, 0.0) + report.duration
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own session finish, which tears down any fixtures still set up
@@ -139,8 +149,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """Says which tests a documented command ran instead of this session (:func:`pytest_collection_modifyitems`);
-    names the containers the leak check found (the run has already failed)."""
+    """Says which tests a documented command ran instead of this session (:func:`pytest_collection_modifyitems`) and
+    how long each layer's tests took (docs/performance.md keeps the figures); names the containers the leak check
+    found (the run has already failed)."""
+    if _layer_seconds:
+        total = sum(_layer_seconds.values())
+        terminalreporter.write_line("seconds per layer: " + ", ".join(
+            f"{layer} {secs:.0f}" for layer, secs in sorted(_layer_seconds.items(), key=lambda kv: -kv[1]))
+            + f" (tests, {total:.0f} in all)")
     for cmd, nodeids in _run_twice.items():
         terminalreporter.write_line(f"{len(nodeids)} test(s) deselected here: the documented command `{cmd[:100]}` "
                                     f"runs them (tests/repo/test_docs_commands.py)")
