@@ -39,11 +39,15 @@ lint: $(STAMP)
 lint-baseline: $(STAMP)
 	$(BIN)/mypy | $(BIN)/mypy-baseline sync
 
+# The suite on TEST_WORKERS pytest-xdist workers (one per core of this machine kind), a test file to a worker at a
+# time (--dist loadfile): a file's tests share its fixtures and run in order; the documented commands (one file,
+# the longest) start first (tests/conftest.py). TEST_WORKERS=0 runs it in this process alone.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # One layer's tests: make test-layer LAYER=envs (the folders of tests/: envs, sandbox_server, trainer, ray_cluster,
 # integrations, repo), with the set-up make test does but no lint stage.

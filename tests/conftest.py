@@ -7,8 +7,9 @@ tests import normally.
 Leak check (:func:`pytest_sessionfinish`): at the end of every session, whatever the order the test
 files ran in, the cached services are closed and, when a Docker engine answers, no container labelled by
 this session (``forkyard.sandbox=<SERVER_NAME>...``) may remain; if one does, the run fails (exit status
-1) with the containers named. ``FORKYARD_SERVER_NAME`` is set to ``SERVER_NAME`` for the session, so
-in-process providers label their sandboxes the same way.
+1) with the containers named. Under pytest-xdist each worker is a session of its own (its own ``SERVER_NAME``)
+and the controller fails the run for any worker's leaks. ``FORKYARD_SERVER_NAME`` is set to ``SERVER_NAME`` for
+the session, so in-process providers label their sandboxes the same way.
 """
 
 import os
@@ -92,6 +93,13 @@ _run_twice: dict[str, list[str]] = {}  # documented command -> the tests of this
 
 @pytest.hookimpl(trylast=True)  # after -k / -m / --deselect have chosen the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests documented commands run are deselected here (:func:`_deselect_run_twice`), and on pytest-xdist
+    workers the documented commands go first (:func:`_documented_commands_first`)."""
+    _deselect_run_twice(config, items)
+    _documented_commands_first(items)
+
+
+def _deselect_run_twice(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test runs once per session. Two documented commands that tests/repo/test_docs_commands.py runs as
     written are pytest runs of this suite's own tests: ``make test-layer LAYER=envs`` (README: the whole envs
     layer) and docs/reliability.md's ``python -m pytest ... test_reliability.py test_schema_fuzz.py``. When such a
@@ -124,6 +132,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def _documented_commands_first(items: list[pytest.Item]) -> None:
+    """On pytest-xdist workers (``make test``: ``-n 2 --dist loadfile``), the documented commands come first: their
+    file is the longest (about half the suite), and files go to workers in collection order, so it starts at once
+    on one worker while the other takes the rest. Each worker collects the same order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not item.nodeid.startswith("tests/repo/test_docs_commands.py"))
+
+
 _leaks: list[str] = []  # what the leak check found, shown in the terminal summary
 #: Seconds each layer's tests took (setup, call and teardown), by the folder under tests/; shown in the summary.
 _layer_seconds: dict[str, float] = {}
@@ -143,9 +159,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     container labelled by this session is left."""
     close_all()
     if docker_reason() is None:
-        _leaks[:] = session_containers()
-        if _leaks:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _leaks.extend(session_containers())
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller reports and fails (pytest_testnodedown)
+        workeroutput["leaks"], workeroutput["run_twice"] = list(_leaks), dict(_run_twice)
+    elif _leaks:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller: a worker finished
+def pytest_testnodedown(node, error) -> None:
+    """Collect what a worker's leak check found, and which tests its documented commands ran."""
+    out = getattr(node, "workeroutput", None) or {}
+    _leaks.extend(out.get("leaks", []))
+    for cmd, nodeids in out.get("run_twice", {}).items():
+        _run_twice.setdefault(cmd, nodeids)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -163,5 +191,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if _leaks:
         terminalreporter.write_sep("=", "container leak check failed", red=True, bold=True)
         terminalreporter.write_line(
-            f"{len(_leaks)} container(s) labelled forkyard.sandbox={SERVER_NAME}[-...] are left after every test "
-            f"and service finished (a backend or a test did not remove them): {', '.join(_leaks)}", red=True)
+            f"{len(_leaks)} container(s) labelled by this session (forkyard.sandbox=pytest-PID...) are left after"
+            f" every test and service finished (a backend or test did not remove them): {', '.join(_leaks)}", red=True)
