@@ -79,18 +79,20 @@ class ExportingProvider(SandboxProvider, Protocol):
 PROVIDER_GROUP = "forkyard.sandbox_providers"
 
 
-def provider_for(backend: str | None, name: str = "default") -> SandboxProvider:
+def provider_for(backend: str | None, name: str = "default", **options: Any) -> SandboxProvider:
     """The provider of ``backend`` (a registered backend name such as ``"local"``, a server URL, or None for
     the factory's default), made by the factory ``name`` of :data:`PROVIDER_GROUP` and shared by every env of
-    this process.
+    this process. ``options``: keywords of that factory, passed on (forkyard's ``ray`` takes the server's
+    ``settings``); an env passes none.
 
     Raises:
-        SandboxFailure: the backend cannot start. ValueError: an unknown backend name.
+        SandboxFailure: the backend cannot start. ValueError: an unknown backend name. TypeError: ``options``
+            the factory does not take.
         ImportError: no factory of that name is installed (``pip install forkyard[server]``), it cannot be
             imported (any exception of its import, named with its distribution), or it is refused (several
             packages declare the name and none is forkyard: :func:`envs.plugins.choose`).
     """
-    return _factory(name)(backend)
+    return _factory(name)(backend, **options)
 
 
 @functools.cache

@@ -70,8 +70,10 @@ class NodeHost:
     Args:
         name: the node's name (:func:`node_name`).
         capacity: envs this node may hold at once (sessions and a rollout worker's envs together).
-        server_name: the sandbox label prefix; this host's sandboxes are labelled ``<server_name>-<name>``
-            (``FORKYARD_SERVER_NAME`` of the actor's process, set before any provider starts).
+        server_name: the sandbox label prefix; this host's sandboxes are labelled ``<server_name>-<name>``: the
+            host makes every shared provider of its process (the actor's: :meth:`sandbox`'s, its envs') with that
+            ``server_name`` (:func:`sandbox_server.embedded.use_shared_settings`; nothing is written to the
+            environment). Their other settings are the node's own ``FORKYARD_*`` variables.
         backend: the sandbox backend of :meth:`sandbox` (None: the node's ``FORKYARD_BACKEND``).
 
     Session ids are ``"<name>/<n>"``; sessions never expire. The kwargs are the operator's (the trainer's config):
@@ -85,9 +87,13 @@ class NodeHost:
     def __init__(self, name: str, capacity: int, server_name: str = "default", backend: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        os.environ["FORKYARD_SERVER_NAME"] = f"{server_name}-{name}"
+        from sandbox_server.embedded import use_shared_settings
         from sandbox_server.env_sessions import EnvSessions
         from sandbox_server.session_host import SessionHost
+
+        # One host per actor process: the providers its sandboxes and its envs' come from carry its label
+        # (restored by shutdown, for a host made in another process, as tests do).
+        self._shared_before = use_shared_settings({"server_name": f"{server_name}-{name}"})
 
         self.name = name
         self.capacity = capacity
@@ -182,11 +188,14 @@ class NodeHost:
         return getattr(provider_for(self.backend), op)(*args, **kwargs)
 
     def shutdown(self) -> int:
-        """Close every session and this process's sandbox providers. Returns the sessions closed."""
+        """Close every session and this process's sandbox providers, and give the process back the shared settings
+        it had before this host. Returns the sessions closed."""
         n = sum(self.host.close_now(list(self.store.held())))
+        from sandbox_server.embedded import use_shared_settings
         from sandbox_server.shared_providers import close_shared_providers
 
         close_shared_providers()
+        use_shared_settings(self._shared_before)
         return n
 
 
@@ -220,7 +229,8 @@ def start_hosts(cls: type = NodeHost, existing: dict[str, Any] | None = None, *,
     Hosts in ``existing`` (``{node name: actor}``) whose node is still alive are kept; nodes without one
     get a new actor (a node that came back gets a fresh host, whose sandboxes' start-up clean-up removes
     its predecessor's containers). Returns ``{node name: actor}`` of the alive nodes. Raises RuntimeError
-    when the cluster has no alive node. ``server_name`` defaults to ``FORKYARD_SERVER_NAME`` (ServerSettings);
+    when the cluster has no alive node. ``server_name``: the hosts' label prefix, passed to each host (None,
+    for a caller holding no settings: ``FORKYARD_SERVER_NAME`` of ``ServerSettings()``, read now, once);
     ``nodes``, when given, limits the hosts to the nodes of those names; ``max_concurrency``: calls a host
     serves at once (threads). Raises ValueError for ``capacity < 1``.
     """

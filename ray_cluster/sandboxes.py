@@ -12,9 +12,12 @@ front of many nodes.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_cluster.nodes import NodeHost, is_node_loss, require_ray, start_hosts, unwrap
+
+if TYPE_CHECKING:
+    from sandbox_server.settings import ServerSettings
 
 
 class RayProvider:
@@ -33,6 +36,12 @@ class RayProvider:
         address: the cluster (``auto``, an address, or ``local`` to start one here; None or ``""``:
             ``auto``); an existing connection of this process is used as it is.
         capacity: each host's ``capacity`` (envs; sandboxes are not counted against it).
+        settings: the settings of the server (or process) this provider serves
+            (:class:`~sandbox_server.settings.ServerSettings`, passed down by ``python -m sandbox_server --ray``
+            and by :mod:`sandbox_server.embedded`): the hosts label their sandboxes ``<server_name>-<node name>``,
+            and :meth:`data_dir` is ``corpus_dir(settings)``. Each node's sandboxes run on that node's own
+            backend (its ``FORKYARD_BACKEND``, local by default). None: ``ServerSettings()`` read from the
+            ``FORKYARD_*`` variables now, once.
 
     Every call raises :class:`envs.sandbox.SandboxFailure` when the sandbox's node is gone (an env then
     ends the episode as ``infra_error``; the node takes no new sandboxes afterwards), and what the node's
@@ -40,16 +49,18 @@ class RayProvider:
     are not used by it.
     """
 
-    def __init__(self, address: str | None = "auto", capacity: int = 64):
+    def __init__(self, address: str | None = "auto", capacity: int = 64, *, settings: ServerSettings | None = None):
         from envs.sandbox import SandboxFailure
+        from sandbox_server.settings import ServerSettings
 
+        self.settings = settings if settings is not None else ServerSettings()
         address = address or "auto"
         ray = require_ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False)  # "local": a new one here
         self.name = f"ray:{address}"
         self._failure = SandboxFailure
-        self.hosts = start_hosts(NodeHost, capacity=capacity)
+        self.hosts = start_hosts(NodeHost, capacity=capacity, server_name=self.settings.server_name)
         self._held = {name: 0 for name in self.hosts}
         self._lock = threading.Lock()
         self._tools: Any = None
@@ -121,12 +132,12 @@ class RayProvider:
         return self._tools
 
     def data_dir(self) -> str:
-        """This machine's corpus (``settings.corpus_dir()``), as for a remote server: the nodes build the same
+        """This machine's corpus (``corpus_dir(self.settings)``), as for a remote server: the nodes build the same
         corpus, and FileQA checks the manifest against the sandbox's own."""
         from sandbox_server.corpus import ensure_corpus
         from sandbox_server.settings import corpus_dir
 
-        return ensure_corpus(corpus_dir())
+        return ensure_corpus(corpus_dir(self.settings))
 
     def close(self) -> None:
         """Shut the hosts down (their sandboxes are destroyed) and let them go."""

@@ -13,9 +13,13 @@ cluster.
 
 Every option not given on the command line comes from its ``FORKYARD_*`` environment variable
 (:class:`~sandbox_server.settings.ServerSettings`, :class:`~sandbox_server.settings.ServiceConfig`), else
-its default. ``FORKYARD_API_KEY`` (or ``FORKYARD_API_KEY_FILE``) has no flag, so that a secret never shows in
-a process list: set, every route and transport but ``/healthz`` requires it (:mod:`sandbox_server.auth`);
-unset while the server listens beyond loopback, the server says so loudly at start-up.
+its default. The command builds the two once, at start-up, and passes them down (the app, the backend, the
+corpus, the Ray provider): a flag wins over its variable everywhere because nothing reads the variables again,
+and nothing is written to the environment.
+
+``FORKYARD_API_KEY`` (or ``FORKYARD_API_KEY_FILE``) has no flag, so that a secret never shows in a process list:
+set, every route and transport but ``/healthz`` requires it (:mod:`sandbox_server.auth`); unset while the
+server listens beyond loopback, the server says so loudly at start-up.
 """
 
 from __future__ import annotations
@@ -125,11 +129,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         problems += [BACKENDS.plugin_errors[name] for name in {given.get("backend"), os.environ.get("FORKYARD_BACKEND")}
                      if name in BACKENDS.plugin_errors]  # a backend plugin that failed to load: why
         ap.error("bad setting: " + "; ".join(problems))
-    # A flag wins over its variable everywhere: later reads of the settings (the app, the backends, the
-    # corpus) see the values this command runs with, never a bad variable the flag replaced.
-    for field in given:
-        os.environ[f"FORKYARD_{field.upper()}"] = str(getattr(settings if field in ServerSettings.model_fields
-                                                              else config, field))
+    # From here on `settings` and `config` are the one configuration, passed down (a flag wins over its
+    # variable everywhere: no variable is read again, none written).
 
     # the server's own modules only once the settings are known to be good: a refusal is quick
     from sandbox_server.env_sessions import import_env_modules
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             from envs.sandbox import provider_for
 
             try:  # the cluster's provider by name (the Ray code is a plugin of the group, never imported here)
-                provider = provider_for(settings.ray, name="ray")
+                provider = provider_for(settings.ray, name="ray", settings=settings)
             except ImportError as exc:  # no ray extra (or no factory "ray" installed): says which package
                 print(f"{prog}: {exc}", file=sys.stderr)
                 return 2
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         app = create_app(config=config, sandboxes=False, sandbox_provider=provider, api_key=key, settings=settings)
     else:
         try:  # built here, before the server listens: no isolation means no server
-            backend = make_backend(settings.backend, unsafe_no_isolation=ns.unsafe_no_isolation)
+            backend = make_backend(settings.backend, settings=settings, unsafe_no_isolation=ns.unsafe_no_isolation)
         except IsolationUnavailable as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2

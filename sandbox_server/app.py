@@ -212,8 +212,8 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
 
     Args:
         backend: a backend instance, or a registered backend name (:data:`sandbox_server.backends.BACKENDS`),
-            built with :func:`~sandbox_server.backends.make_backend` when the app starts (default:
-            ``settings.backend``).
+            built with :func:`~sandbox_server.backends.make_backend` when the app starts, with ``settings``
+            (their ``server_name``, ``sandbox_image`` and ``corpus``; default name: ``settings.backend``).
         config: service limits, env-session TTL and cap (default: :meth:`ServiceConfig.from_env`, read now).
         service: use this already-built service instead (its config then applies; the app closes it at
             shutdown). Not together with ``backend`` or ``config``.
@@ -222,8 +222,10 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
             ``ServerSettings().max_body_bytes``; with ``sandboxes=False``,
             :data:`~sandbox_server.http_contract.ENV_BATCH_BODY_BYTES`, the batched env routes' cap); other
             routes have smaller ones.
-        settings: how the server runs (body limit, env modules, snapshot key, allowed hosts and origins); default
-            :class:`~sandbox_server.settings.ServerSettings` read from ``FORKYARD_*`` now, once.
+        settings: how the server runs (body limit, env modules, snapshot key, allowed hosts and origins, and the
+            backend built from a name: its name, server name, image, corpus); default
+            :class:`~sandbox_server.settings.ServerSettings` read from ``FORKYARD_*`` now, once: nothing the app
+            or its backend does later reads a ``FORKYARD_*`` variable again.
         sandboxes: False: a server of env sessions alone (``python -m sandbox_server --no-sandboxes``): no
             sandbox service, no sandbox routes; sandbox-backed envs (FileQA) are refused with a 422 unless
             ``sandbox_provider`` is given.
@@ -268,7 +270,7 @@ def create_app(backend: Backend | str | None = None, config: ServiceConfig | Non
         b = backend
         if b is None or isinstance(b, str):
             try:
-                b = make_backend(b if b is not None else settings.backend)
+                b = make_backend(b if b is not None else settings.backend, settings=settings)
             except ServiceUnavailable as exc:  # engine down, no isolation: a degraded server that says why
                 backend_error.append(str(exc))
                 return None

@@ -12,8 +12,17 @@ variable, or the server command's flag, which passes its text on unchanged): the
 the same words (field case S33). :func:`explain` turns a refusal into the one message the server command
 prints (exit status 2), naming the flag and the variable and, for a choice, the accepted values.
 
+One configuration per server: the server command (:mod:`sandbox_server.__main__`), or whoever calls
+:func:`sandbox_server.app.create_app`, builds :class:`ServerSettings` and :class:`ServiceConfig` once, at start-up,
+and passes them down (the app, the backend: :func:`sandbox_server.backends.make_backend`, the corpus:
+:func:`corpus_dir`, the Ray provider). Nothing reads a ``FORKYARD_*`` variable again after that, and nothing
+writes one: a flag wins over its variable because the flag's value is the one in the settings passed down.
+Library callers that hold no settings (``make_backend(kind)``, an env given a backend name:
+:mod:`sandbox_server.embedded`) read ``ServerSettings()`` once, where they make what they need.
+
 Per-backend options (image, resource limits, bind mounts) are fields of each backend's config model in
-:mod:`sandbox_server.backends`; their shared defaults (``server_name``, ``sandbox_image``) come from here.
+:mod:`sandbox_server.backends`; the settings give their shared values (``server_name``, ``sandbox_image``,
+``corpus``) where a backend is made, and the defaults of those fields are this module's (one source).
 Folders the project caches into are computed by :func:`cache_dir` only.
 """
 
@@ -265,8 +274,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forkyard"
 
 
+def default_corpus_dir() -> str:
+    """The corpus folder when no setting names one: a cache folder per Python version (the corpus is that
+    interpreter's standard library), under :func:`cache_dir`."""
+    return str(cache_dir() / ("corpus-py%d.%d.%d" % sys.version_info[:3]))
+
+
 def corpus_dir(settings: ServerSettings | None = None) -> str:
-    """Where the host's corpus lives: ``FORKYARD_CORPUS``, else a cache folder per Python version (the
-    corpus is that interpreter's standard library)."""
-    configured = (settings or ServerSettings()).corpus
-    return configured or str(cache_dir() / ("corpus-py%d.%d.%d" % sys.version_info[:3]))
+    """Where the host's corpus lives: ``settings.corpus`` (``FORKYARD_CORPUS``), else :func:`default_corpus_dir`.
+
+    Args:
+        settings: the settings the caller holds (a server's, passed down from start-up); None: a library caller
+            holding none, for whom ``ServerSettings()`` is read from the ``FORKYARD_*`` variables now.
+
+    Raises:
+        pydantic.ValidationError: ``settings`` is None and a ``FORKYARD_*`` variable holds a bad value.
+    """
+    configured = (settings if settings is not None else ServerSettings()).corpus
+    return configured or default_corpus_dir()

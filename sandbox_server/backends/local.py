@@ -82,8 +82,10 @@ class LocalBackend(AgentBackend):
     """Sandboxes as local agent subprocesses (the embedded default; no Docker needed), isolated by bubblewrap.
 
     Args:
-        data_dir: host directory shown read-only as ``/data`` (default: the corpus, see
-            :func:`sandbox_server.settings.corpus_dir`).
+        data_dir: host directory shown read-only as ``/data``. :func:`~sandbox_server.backends.make_backend`
+            passes the corpus of the settings it was given (``LocalBackendConfig.corpus_data_dir``); None, for a
+            caller constructing this class directly: the corpus of :func:`sandbox_server.settings.corpus_dir`,
+            ``FORKYARD_CORPUS`` read now, built there on first use.
         state_dir: base folder of local sandbox state (default :func:`default_state_root`). This instance
             keeps its sandboxes in ``<state_dir>/<server_name>/<pid>-<random>/`` (:attr:`state_dir` after
             construction), with an ``owner.json`` naming this process; :meth:`close` removes the folder

@@ -460,32 +460,34 @@ def test_s40_property_no_two_envs_of_a_fork_tree_share_later_episodes(tree, seed
     assert len(set(later)) == len(later)
 
 
-def test_s40_copies_forked_across_nodes_draw_what_local_copies_would(monkeypatch):
+def test_s40_copies_forked_across_nodes_draw_what_local_copies_would():
     """A cross-node fork (``NodeHost.adopt``: the snapshot restored on another node and forked there) gives the
     copies the fork keys a local fork would have, and the source counts them: later local forks draw other
     episodes, never a remote copy's."""
     from ray_cluster.nodes import NodeHost
 
-    monkeypatch.setenv("FORKYARD_SERVER_NAME", "test")  # NodeHost sets it for its node's sandboxes
     kw = {"max_turns": 3}
     source, twin = (gym.make("forkyard/ClueProbe-v0", **kw).unwrapped for _ in range(2))
     for env in (source, twin):
         env.reset(seed=11)
         env.step("probe(0)")
-    host = NodeHost("n1", capacity=8)
-    sids = host.adopt("forkyard/ClueProbe-v0", kw, source.snapshot().to_bytes(), 2)
-    source.count_forks(2)
-    remote = [host.sessions[s] for s in sids]
-    local_twins = twin.fork(2)  # what a local fork(2) of the source would have made
-    later_local = source.fork(2)
-    drawn = {}
-    for name, envs_ in (("remote", remote), ("twins", local_twins), ("later", later_local)):
-        drawn[name] = []
-        for e in envs_:
-            targets = []
-            for _ in range(6):  # unseeded resets: each copy's own stream
-                e.reset()
-                targets.append(e._target)
-            drawn[name].append(tuple(targets))
+    host = NodeHost("n1", capacity=8)  # labels this process's new sandboxes <server>-n1 until its shutdown
+    try:
+        sids = host.adopt("forkyard/ClueProbe-v0", kw, source.snapshot().to_bytes(), 2)
+        source.count_forks(2)
+        remote = [host.sessions[s] for s in sids]
+        local_twins = twin.fork(2)  # what a local fork(2) of the source would have made
+        later_local = source.fork(2)
+        drawn = {}
+        for name, envs_ in (("remote", remote), ("twins", local_twins), ("later", later_local)):
+            drawn[name] = []
+            for e in envs_:
+                targets = []
+                for _ in range(6):  # unseeded resets: each copy's own stream
+                    e.reset()
+                    targets.append(e._target)
+                drawn[name].append(tuple(targets))
+    finally:
+        host.shutdown()  # gives the process its own settings back (the leak check's label)
     assert drawn["remote"] == drawn["twins"]  # the same keys as a local fork(2) would have taken
     assert len(set(drawn["remote"] + drawn["later"])) == 4  # no later local copy repeats a remote one

@@ -144,8 +144,7 @@ def test_async_single_and_batched_operations_answer_alike():
 
 
 # ----------------------------------------------------------------------------------- the Ray node host
-def test_the_node_host_holds_its_sessions_through_the_session_host(monkeypatch):
-    monkeypatch.setenv("FORKYARD_SERVER_NAME", "test")  # NodeHost sets it for its node's sandboxes
+def test_the_node_host_holds_its_sessions_through_the_session_host():
     host = NodeHost("n1", capacity=4)
     sid = host.create(CLUE, {"max_turns": 2})
     assert sid == "n1/0" and isinstance(host.host, SessionHost) and host.sessions[sid] is host.store.get(sid).env
