@@ -9,15 +9,20 @@ answers and errors of both transports the same way.
 
 Transports (``transport=``):
 
-* ``"http"`` (default): ``/v1/envs``, keep-alive connections of one ``httpx.Client``
+* ``"http"`` (default): ``/v1/envs``, keep-alive connections of one ``httpx.HTTPTransport``
   (``envs.http_connections.HttpConnections``) with a timeout per request (``timeout_s``) and retries on
   connection errors; a request that may have reached the server is repeated only when that is safe (a reset,
   a delete, a read: never a step, so a step is never applied twice).
-* ``"ws"``: the server's OpenEnv transport, one WebSocket connection per session
+* ``"ws"``: the server's OpenEnv transport, one WebSocket connection driving each session
   (``/openenv/{env_id}/ws``; ``sandbox_server/routes/openenv.py``), the least client CPU per step. The
-  session lives as long as the connection: ``close`` (or a dropped connection) ends it. A fork's children
-  each open their own connection and attach their session. A message is sent again only after a busy
-  answer (below).
+  session lives as long as the connection: ``close`` (or a dropped connection) ends it. Connections are opened
+  only when needed and a few idle ones are kept for the next session: a fork's children ride the parent's
+  connection until each is first used (then it attaches over an idle or a new connection), so a fork opens no
+  connection and children closed unused cost none (``envs.session_client.WsTransport``). A message is sent again
+  only after a busy answer (below).
+
+:func:`close_many` closes many envs (a fork's children) with one request per transport: ``/v1/envs/batch/delete``
+over HTTP, one message per connection over the WebSocket.
 
 Both send the server's API key (``api_key=``, else ``FORKYARD_API_KEY``: :mod:`envs.api_key`) and wait on a
 busy server: a ``503 unavailable`` answer (nothing ran) is retried after its ``Retry-After`` for up to
@@ -40,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import gymnasium as gym
 
@@ -151,12 +156,16 @@ class RemoteEnv(gym.Env):
         return self._session.tools()
 
     def fork(self, n: int = 1) -> list["RemoteEnv"]:
-        """n remote envs at this env's state (server-side fork: env, history and sandbox). The copies share this
-        episode; their later unseeded resets draw independent episodes (``envs.core.TextEnv.fork``, field case S40).
+        """n remote envs at this env's state (server-side fork: env, history and sandbox), in one request; they
+        share this env's transport and Gymnasium spaces (the space objects themselves, until a reset of the copy
+        names other lengths). The copies share this episode; their later unseeded resets draw independent
+        episodes (``envs.core.TextEnv.fork``, field case S40). With ``"ws"`` the children ride this env's
+        connection until each is first used (module docstring); if that connection fails first, they are lost
+        with it (their step raises EnvInfraError, a reset opens a new session). Close them together with
+        :func:`close_many` (one request).
 
         Raises:
-            EnvInfraError: the server or the connection failed (with ``"ws"``, the children whose connections
-                were opened are closed again; the others are deleted with this env's connection).
+            EnvInfraError: the server or the connection failed.
         """
         self._check_open()
         if self._session.session_id is None:
@@ -199,6 +208,14 @@ class RemoteEnv(gym.Env):
             self._session.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def close_many(envs: Iterable[RemoteEnv]) -> None:
+    """Close many :class:`RemoteEnv` (a fork's children, say) as ``close`` does, their server sessions deleted with
+    one request per transport (``/v1/envs/batch/delete`` over HTTP; over the WebSocket one message per connection,
+    one in all for children never used): :meth:`envs.session_client.SessionClient.close_many`. Best effort (the
+    server's TTL or lease reaps what could not be deleted now); never raises for a server or network failure."""
+    SessionClient.close_many([env._session for env in envs])
 
 
 @dataclass(frozen=True)

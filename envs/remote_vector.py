@@ -28,7 +28,7 @@ Used in a fork child, the vector env opens connections of its own; the sessions 
 parent's: ``reset`` opens the child's own, ``step`` and ``fork`` on the parent's raise
 :class:`~envs.process_local.InheritedConnectionError` (field case S59).
 
-Transport: :class:`envs.http_connections.HttpConnections` (one ``httpx.Client``), the HTTP connections of
+Transport: :class:`envs.http_connections.HttpConnections` (one ``httpx.HTTPTransport``), the HTTP connections of
 every forkyard env client: keep-alive connections, a timeout per request, retries on connection errors (a
 request that was sent is repeated only when that is safe, a batched reset after its connection closed with no
 answer: never a step, create, fork or delete, so a step is never applied twice); batches of more than
@@ -55,7 +55,7 @@ from gymnasium.vector.utils import batch_space
 from envs.api_key import client_credentials
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
-from envs.http_connections import HttpConnections, dumps, loads
+from envs.http_connections import BATCH_ITEMS, HttpConnections, dumps, loads
 from envs.process_local import inherited_error
 from envs.text_space import TextSpace
 
@@ -67,11 +67,6 @@ def _error_status(data: bytes) -> str | None:
     except ValueError:
         return None
     return body.get("status") if isinstance(body, dict) else None
-
-
-#: Most items the client puts in one batched request: the server's ``MAX_BATCH_ITEMS``
-#: (``sandbox_server.models``; a test checks that the two agree). Larger batches are split.
-BATCH_ITEMS = 128
 
 
 @dataclass(frozen=True)
@@ -133,22 +128,43 @@ def vector_info(n: int, infos: list[tuple[int, dict[str, Any]]]) -> dict[str, An
         ``{key: array of shape (n,), "_" + key: bool mask}`` (a nested dict for dict values): int, float
         and bool values in an array of that type (zeros where absent), anything else in an object array
         (None where absent)."""
-    columns: dict[str, list[tuple[int, Any]]] = {}
-    for i, info in infos:
-        for key, value in info.items():
-            columns.setdefault(key, []).append((i, value))
+    if not infos:
+        return {}
+    idx = [i for i, _ in infos]
+    first_keys = infos[0][1].keys()
+    columns: dict[str, tuple[list[int], list[Any]]] = {}
+    if all(info.keys() == first_keys for _, info in infos):  # the usual case: every info has the same keys
+        for key in first_keys:
+            columns[key] = (idx, [info[key] for _, info in infos])
+    else:
+        for i, info in infos:
+            for key, value in info.items():
+                col = columns.get(key)
+                if col is None:
+                    columns[key] = ([i], [value])
+                else:
+                    col[0].append(i)
+                    col[1].append(value)
     out: dict[str, Any] = {}
-    for key, pairs in columns.items():
-        first = pairs[0][1]
+    for key, (where, values) in columns.items():
+        first = values[0]
         if isinstance(first, dict):
-            array: Any = vector_info(n, [(i, v) for i, v in pairs if isinstance(v, dict)])
+            array: Any = vector_info(n, [(i, v) for i, v in zip(where, values, strict=True) if isinstance(v, dict)])
         else:
             typ = type(first)
-            array = np.zeros(n, dtype=typ) if typ in (int, float, bool) else np.full(n, None, dtype=object)
-            for i, v in pairs:
-                array[i] = v
+            if typ in (int, float, bool):
+                array = np.zeros(n, dtype=typ)
+                if all(type(v) is typ for v in values):
+                    array[where] = values  # one assignment (values of that exact type convert alike)
+                else:
+                    for i, v in zip(where, values, strict=True):
+                        array[i] = v
+            else:
+                array = np.full(n, None, dtype=object)
+                for i, v in zip(where, values, strict=True):  # one by one: a list value stays one element
+                    array[i] = v
         mask = np.zeros(n, dtype=np.bool_)
-        mask[[i for i, _ in pairs]] = True
+        mask[where] = True
         out[key], out[f"_{key}"] = array, mask
     return out
 
@@ -206,14 +222,47 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.parents: list[int] | None = None
         self._autoreset = np.zeros(num_envs, dtype=np.bool_)
         self._last_obs = [""] * num_envs
+        self._batched: dict[tuple[str, int], tuple[gym.Space, gym.Space]] = {}  # shared with forks: _batched_space
         self._set_spaces(8192, 4096)
 
     # ------------------------------------------------------------------ transport
     def _set_spaces(self, obs_len: int, action_len: int) -> None:
         self.single_observation_space = TextSpace(obs_len)
         self.single_action_space = TextSpace(action_len)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._spaces_given: dict[str, gym.Space] = {}  # batched spaces assigned by hand (the setters)
+
+    def _batched_space(self, name: str, single: gym.Space) -> gym.Space:
+        """Gymnasium's ``batch_space(single, num_envs)``, built on first use and kept in a cache this vector env
+        shares with its forks (so a fork with as many sub-envs gets the very same object): Gymnasium copies and
+        seeds one space per sub-env (about 0.35 ms each on 2026-12-02), which neither a constructor nor a
+        :meth:`fork` should pay for a space nobody reads."""
+        given = self._spaces_given.get(name)
+        if given is not None:
+            return given
+        key = (name, self.num_envs)
+        kept = self._batched.get(key)
+        if kept is None or kept[0] is not single:  # batched from this very single space, else anew
+            kept = self._batched[key] = (single, batch_space(single, self.num_envs))
+        return kept[1]
+
+    @property  # type: ignore[override]
+    def observation_space(self) -> gym.Space:
+        """The batched observation space (``batch_space`` of ``single_observation_space``: a ``Tuple`` of
+        ``num_envs`` text spaces), built on first use (:meth:`_batched_space`)."""
+        return self._batched_space("observation", self.single_observation_space)
+
+    @observation_space.setter
+    def observation_space(self, space: gym.Space) -> None:
+        self._spaces_given = {**self._spaces_given, "observation": space}  # a fresh dict: forks keep theirs
+
+    @property  # type: ignore[override]
+    def action_space(self) -> gym.Space:
+        """The batched action space, built on first use (:meth:`_batched_space`)."""
+        return self._batched_space("action", self.single_action_space)
+
+    @action_space.setter
+    def action_space(self, space: gym.Space) -> None:
+        self._spaces_given = {**self._spaces_given, "action": space}
 
     def _batch(self, route: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``POST /v1/envs/batch/{route}`` in chunks of :data:`BATCH_ITEMS`; one result per item, in order.
@@ -226,8 +275,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             chunk = items[start:start + BATCH_ITEMS]
             results = self._post_batch(route, chunk, busy)
             while True:
-                waiting = [k for k, r in enumerate(results)
-                           if is_busy(r.get("status_code", 0), (r.get("error") or {}).get("status"))]
+                waiting = [k for k, r in enumerate(results)  # (a 503 first: the usual 200 costs one lookup)
+                           if r.get("status_code") == 503 and is_busy(503, (r.get("error") or {}).get("status"))]
                 if not waiting:
                     break
                 if not busy.wait(max(retry_after_s(results[k].get("retry_after_s")) for k in waiting)):
@@ -240,6 +289,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _track_leases(self, route: str, items: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
         """Hold the leases of the sessions a create or fork made, let go those a delete closed (field case S51)."""
+        if route not in ("create", "fork", "delete"):
+            return  # steps and resets make no session
         leases = self._client.leases
         if route == "delete":
             leases.discard([it["session_id"] for it in items])
@@ -404,16 +455,24 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             missing = [i for i in go if self.session_ids[i] is None]
             if missing:
                 raise gym.error.ResetNeeded(f"sub-envs {missing} have no session: call reset()")
-            answers = self._batch("step", [{"session_id": self.session_ids[i], "action": actions[i]} for i in go])
+            sids = self.session_ids
+            answers = self._batch("step", [{"session_id": sids[i], "action": actions[i]} for i in go])
+            done: list[int] = []  # the sub-envs answered, and their values: written into the arrays at once
+            got: tuple[list[float], list[bool], list[bool]] = ([], [], [])
             for i, res in zip(go, answers, strict=True):
-                if "result" in res:
-                    data = res["result"]
-                    obs[i], rewards[i] = data["observation"], data["reward"]
-                    terms[i], truncs[i] = data["terminated"], data["truncated"]
+                data = res.get("result")
+                if data is not None:
+                    obs[i] = data["observation"]
+                    done.append(i)
+                    got[0].append(data["reward"])
+                    got[1].append(data["terminated"])
+                    got[2].append(data["truncated"])
                     infos.append((i, data["info"]))
                 else:
                     self._mark(i, self._failure(res), obs, infos, failures)
                     truncs[i] = failures[i].infra
+            if done:
+                rewards[done], terms[done], truncs[done] = got
         self._autoreset = np.logical_or(terms, truncs)
         for i in again:  # a reset that failed in mark mode: marked ended, reset again at the next step
             if i in failures:
@@ -456,7 +515,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         child.num_envs = len(child.session_ids)
         child._autoreset = self._autoreset[child.parents].copy()
         child._last_obs = [self._last_obs[i] for i in child.parents]
-        child._set_spaces(self.single_observation_space.max_length, self.single_action_space.max_length)
+        if child.num_envs != self.num_envs:  # single spaces shared; batched ones built if read (_batched_space)
+            child._spaces_given = {}
         child._closed = False
         self._client_refs[0] += 1
         return child

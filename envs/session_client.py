@@ -25,13 +25,14 @@ else raises ``InheritedConnectionError``, and the transports open the child's ow
 Transports:
 
 * :class:`HttpTransport`: ``/v1/envs`` over :class:`envs.http_connections.HttpConnections` (one
-  ``httpx.Client``: keep-alive connections shared by threads, a timeout per request, connect retries, and a
+  ``httpx.HTTPTransport``: keep-alive connections shared by threads, a timeout per request, connect retries, and a
   request repeated after a connection closed with no answer only when that is safe,
   :func:`envs.client_retry.safe_to_repeat`: never a step, a create or a fork). ``envs.remote_vector.RemoteVectorEnv``
   drives the batched routes over the same class.
-* :class:`WsTransport`: one WebSocket connection per session at ``/openenv/{env_id}/ws``; the session lives
-  as long as its connection. A fork's children each get their own connection, which attaches the child.
-  ``tools`` goes over HTTP (the OpenEnv wire has no such message).
+* :class:`WsTransport`: one WebSocket connection drives each session at ``/openenv/{env_id}/ws``; the session
+  lives as long as its connection. Connections are opened when needed and kept (a few idle ones) for the next
+  session: a fork's children ride the parent's connection, which owns them, until each is first used, when it
+  attaches over an idle connection or a new one; unused children are deleted with one message.
 
 Why one file: the transports and the client that decodes their answers are one protocol, read together (the
 HTTP connections under :class:`HttpTransport` are their own module, :mod:`envs.http_connections`).
@@ -40,7 +41,8 @@ HTTP connections under :class:`HttpTransport` are their own module, :mod:`envs.h
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+import threading
+from typing import Any, Iterable, Protocol
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
@@ -49,7 +51,7 @@ from envs.api_key import auth_headers, redact, split_credentials
 from envs.client_retry import BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError, EpisodeFinishedError
 from envs.errors import ActionTooLong, InvalidValue, SessionHeld, UnknownEnv, for_word
-from envs.http_connections import HttpConnections, dumps, loads
+from envs.http_connections import BATCH_ITEMS, HttpConnections, dumps, loads
 from envs.process_local import inherited_error, keep_inherited
 from envs.wire import EnvSnapshotResponse, ErrorBody, ForkResponse, ResetResponse, StepResponse, decode
 
@@ -104,7 +106,8 @@ class Transport(Protocol):
     ``PermissionError`` when a connection is refused for its API key.
 
     A transport is shared by a session and the sessions forked from it (``refs`` counts the
-    :class:`SessionClient` objects using it); :meth:`close` frees its connections."""
+    :class:`SessionClient` objects using it); :meth:`close` frees its connections. A transport may also have
+    ``delete_many(sids)``, which deletes many sessions in one request (:meth:`SessionClient.close_many` uses it)."""
 
     name: str
     refs: int
@@ -188,6 +191,18 @@ class HttpTransport:
         self.http.leases.discard([sid])
         self._json("DELETE", f"/v1/envs/{sid}")
 
+    def delete_many(self, sids: list[str]) -> None:
+        """Delete sessions with one ``POST /v1/envs/batch/delete`` (per :data:`~envs.http_connections.BATCH_ITEMS`);
+        ids the server does not hold (or that a connection holds) are left as they are.
+
+        Raises:
+            Refusal: an error answer to a whole request; EnvInfraError: the server could not be reached."""
+        sids = list(dict.fromkeys(sids))
+        self.http.leases.discard(sids)
+        for start in range(0, len(sids), BATCH_ITEMS):
+            self._json("POST", "/v1/envs/batch/delete", {"items": [{"session_id": s}
+                                                                   for s in sids[start:start + BATCH_ITEMS]]})
+
     def tools(self, sid) -> list[dict[str, Any]]:
         return self._json("GET", f"/v1/envs/{sid}/tools")["tools"]
 
@@ -202,12 +217,41 @@ def _reset_answer(data: dict[str, Any]) -> ResetResponse:
                                   "action_max_length": o.get("action_max_length")})
 
 
+#: Idle WebSocket connections one :class:`WsTransport` keeps open for its next session (a fork child's attach, a
+#: create, a restore); past this many, a connection whose session is deleted is closed.
+IDLE_LINKS = 8
+
+
+class _Link:
+    """One WebSocket connection of a :class:`WsTransport`: the session it drives (None: idle, kept for the next
+    one) and the fork children it made that no connection attached yet (the server deletes them with it)."""
+
+    __slots__ = ("sock", "sid", "owns", "lock")
+
+    def __init__(self, sock: ClientConnection):
+        self.sock: ClientConnection = sock
+        self.sid: str | None = None
+        self.owns: set[str] = set()
+        self.lock = threading.Lock()  # one message and its answer at a time (threads may share a connection)
+
+
 class WsTransport:
-    """Env sessions over the OpenEnv WebSocket transport of one env id (module docstring): one connection
-    per session, opened by ``create`` and ``restore`` (and by ``fork`` for each child, which it attaches),
-    closed by ``delete`` (the server then deletes the session). A connection that closed, or failed in the
-    middle of a message (its answers could no longer be paired with its messages), is dropped: its session
-    is lost (404). In a fork child the parent's connections are left untouched (field case S59).
+    """Env sessions over the OpenEnv WebSocket transport of one env id (module docstring): each session is
+    driven by a connection of its own, but connections are opened only when needed and kept for the next
+    session:
+
+    * ``create`` and ``restore`` take an idle connection (one whose session was deleted) or open one;
+    * ``fork`` makes the children over the parent's connection, which owns them, and opens nothing: a child
+      takes a connection of its own (idle, else new) and attaches there only when it is first used (a step,
+      reset, fork, snapshot or tools), so children deleted unused cost no connection at all;
+    * ``delete`` and :meth:`delete_many` send one ``delete`` message per connection for the sessions it drives or
+      owns (a fork's unused children: one message), and keep the connection for the next session
+      (:data:`IDLE_LINKS` at most; past that it is closed, which deletes its session).
+
+    A connection that closed, or failed in the middle of a message (its answers could no longer be paired with
+    its messages), is dropped: its session is lost (404), and so are the unattached children it owned. In a fork
+    child the parent's connections are left untouched (field case S59). Thread-safe: one message at a time per
+    connection.
 
     Args:
         url: the server's base URL (``http(s)://`` or ``ws(s)://``); a key in its user info is sent as the header
@@ -216,10 +260,15 @@ class WsTransport:
         kwargs: the env's constructor kwargs, sent with every reset (a connection whose session expired makes
             a new one with them).
         timeout_s: seconds to open a connection and to wait for any one answer.
-        api_key: the server's API key, or None; connect_retries: for :meth:`tools` (over HTTP).
+        api_key: the server's API key, or None; connect_retries: kept for the HTTP transport's signature.
+
+    Attributes:
+        opened: connections opened so far (a count, for tests and benchmarks).
     """
 
     name = "ws"
+    #: :meth:`close` deletes every session of the transport (the server deletes a connection's sessions with it).
+    closing_deletes = True
 
     def __init__(self, url: str, env_id: str, kwargs: dict[str, Any], timeout_s: float, connect_retries: int = 3,
                  api_key: str | None = None):
@@ -228,30 +277,46 @@ class WsTransport:
         self.connect_retries, self.api_key = connect_retries, in_url if api_key is None else api_key
         base = "ws" + url[4:] if url.startswith("http") else url
         self.ws_url, self.where = f"{base}/openenv/{env_id}/ws", f"ws /openenv/{env_id}/ws"
-        self.sockets: dict[str, ClientConnection] = {}
-        self._http: HttpTransport | None = None  # for tools
-        self.refs, self.closed, self.pid = 1, False, os.getpid()
+        self.links: dict[str, _Link] = {}  # session id -> the connection that drives it
+        self.pending: dict[str, _Link] = {}  # fork child not attached yet -> the connection that owns it
+        self.idle: list[_Link] = []  # connections that drive no session (some own unattached children)
+        self._lock = threading.Lock()  # guards the three above; never held across a message
+        self.refs, self.closed, self.pid, self.opened = 1, False, os.getpid(), 0
 
     def _here(self) -> None:
         """In a fork child, forget (untouched) the parent's connections: their sessions are the parent's."""
         if self.pid != os.getpid():
-            keep_inherited(*self.sockets.values())
-            self.sockets, self.pid = {}, os.getpid()
+            keep_inherited(*(link.sock for link in self._all_links()))
+            self.links, self.pending, self.idle = {}, {}, []
+            self._lock, self.pid = threading.Lock(), os.getpid()  # the parent's lock may be held by its thread
+
+    def _all_links(self) -> list[_Link]:
+        seen: dict[int, _Link] = {}
+        for link in [*self.links.values(), *self.pending.values(), *self.idle]:
+            seen[id(link)] = link
+        return list(seen.values())
 
     @property
     def is_closed(self) -> bool:
         return self.closed
 
+    @property
+    def open_connections(self) -> int:
+        """Connections this process holds open now (driving a session, owning children, or idle)."""
+        self._here()
+        with self._lock:
+            return len(self._all_links())
+
     def _failed(self, kind: str, exc: BaseException) -> EnvInfraError:
         return EnvInfraError(redact(f"{kind} over {self.ws_url} failed: {exc!r}", (self.api_key,)))
 
-    def _open(self, kind: str) -> ClientConnection:
+    def _open(self, kind: str) -> _Link:
         if self.closed:
             raise EnvInfraError("the transport was closed (close() was called)")
         self._here()
         try:
-            return connect(self.ws_url, open_timeout=self.timeout_s, max_size=None,
-                           additional_headers=auth_headers(self.api_key)).__enter__()  # closed by delete()
+            sock = connect(self.ws_url, open_timeout=self.timeout_s, max_size=None,
+                           additional_headers=auth_headers(self.api_key)).__enter__()  # closed by _drop()
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status == 401:
@@ -260,15 +325,18 @@ class WsTransport:
             raise self._failed(kind, exc) from exc
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise self._failed(kind, exc) from exc
+        self.opened += 1
+        return _Link(sock)
 
-    def _ask(self, sock: ClientConnection, kind: str, data: dict[str, Any], session: bool = True) -> dict[str, Any]:
+    def _ask(self, link: _Link, kind: str, data: dict[str, Any], session: bool = True) -> dict[str, Any]:
         """One message and its answer's data; Refusal for an error answer, and a 404 when the connection of a
         ``session`` closed (the session ended with it)."""
         try:
-            sock.send(dumps({"type": kind, "data": data}).decode())
-            answer = loads(sock.recv(timeout=self.timeout_s))
+            with link.lock:
+                link.sock.send(dumps({"type": kind, "data": data}).decode())
+                answer = loads(link.sock.recv(timeout=self.timeout_s))
         except (OSError, TimeoutError, WebSocketException) as exc:
-            self._drop(sock)  # closed, or a late answer may still come: no later message may read it
+            self._drop(link)  # closed, or a late answer may still come: no later message may read it
             if session and isinstance(exc, ConnectionClosed):
                 raise Refusal(404, ErrorBody(detail=f"the connection closed ({exc}): its session ended with it",
                                              status="not_found"), self.where) from None
@@ -279,90 +347,201 @@ class WsTransport:
         raise Refusal(err.get("http_status", 500), ErrorBody(detail=str(err.get("message")), status=err.get("status")),
                       self.where, code=err.get("code"), retry_after_s=err.get("retry_after_s"))
 
-    def _socket(self, sid: str) -> ClientConnection:
-        self._here()
-        sock = self.sockets.get(sid)
-        if sock is None:
-            raise Refusal(404, ErrorBody(detail=f"no connection drives session {sid!r} (closed or lost: the session "
-                                         "ended with it)", status="not_found"), self.where)
-        return sock
+    def _lost(self, sid: str) -> Refusal:
+        return Refusal(404, ErrorBody(detail=f"no connection drives session {sid!r} (closed or lost: the session "
+                                      "ended with it)", status="not_found"), self.where)
 
-    def _drop(self, sock: ClientConnection) -> None:
-        for sid in [s for s, k in self.sockets.items() if k is sock]:
-            del self.sockets[sid]
+    def _drop(self, link: _Link) -> None:
+        """Close ``link`` and forget it: the server deletes its session and the children it owned."""
+        with self._lock:
+            for sid in [s for s, k in self.links.items() if k is link]:
+                del self.links[sid]
+            for sid in link.owns:
+                if self.pending.get(sid) is link:
+                    del self.pending[sid]
+            link.owns.clear()
+            link.sid = None
+            if link in self.idle:
+                self.idle.remove(link)
         try:
-            sock.close()
+            link.sock.close()
         except (OSError, WebSocketException):
             pass
 
-    def _adopt(self, sock: ClientConnection, answer: ResetResponse, old: str | None = None) -> ResetResponse:
-        if old is not None and old != answer.session_id:
-            self.sockets.pop(old, None)  # the connection's session expired: the server made a new one
-        self.sockets[answer.session_id] = sock
+    def _release(self, link: _Link) -> None:
+        """``link`` drives no session now: kept idle for the next one (always while it owns unattached children,
+        whose sessions end with it), else closed when more than :data:`IDLE_LINKS` are idle."""
+        with self._lock:
+            if link.sid is not None:
+                return
+            if link not in self.idle:
+                self.idle.append(link)
+            surplus = not link.owns and len(self.idle) > IDLE_LINKS
+        if surplus:
+            self._drop(link)
+
+    def _idle_link(self, prefer: _Link | None = None) -> _Link | None:
+        """An idle connection taken from the pool (``prefer`` when it is idle), or None."""
+        with self._lock:
+            if prefer is not None and prefer in self.idle:
+                self.idle.remove(prefer)
+                return prefer
+            return self.idle.pop() if self.idle else None
+
+    def _session_link(self, kind: str, data: dict[str, Any], prefer: _Link | None = None
+                      ) -> tuple[_Link, dict[str, Any]]:
+        """Send ``kind`` (a message that gives its connection a session: ``reset``, ``attach``) over an idle
+        connection (``prefer`` first) or a new one: (the connection, the answer's data). An idle connection found
+        closed (the server restarted or dropped it) is dropped and the message sent over a new one."""
+        self._here()
+        link = self._idle_link(prefer)
+        while True:
+            fresh = link is None
+            if link is None:
+                link = self._open(kind)
+            try:
+                return link, self._ask(link, kind, data, session=False)
+            except Refusal:
+                self._release(link)  # an error answer: the connection is fine
+                raise
+            except EnvInfraError as exc:  # (dropped by _ask)
+                if fresh or not isinstance(exc.__cause__, ConnectionClosed):
+                    raise
+                link = None
+            except BaseException:
+                self._drop(link)
+                raise
+
+    def _adopt(self, link: _Link, answer: ResetResponse, old: str | None = None) -> ResetResponse:
+        with self._lock:
+            if old is not None and old != answer.session_id:
+                self.links.pop(old, None)  # the connection's session expired: the server made a new one
+            link.sid = answer.session_id
+            self.links[answer.session_id] = link
         return answer
 
-    def _new_session(self, kind: str, data: dict[str, Any]) -> ResetResponse:
-        sock = self._open(kind)
+    def _driving(self, sid: str) -> _Link:
+        """The connection that drives ``sid``; an unattached fork child is attached now (over its owner when
+        that drives nothing, else an idle or new connection). Refusal 404 for a session this transport lost."""
+        self._here()
+        link = self.links.get(sid)
+        if link is not None:
+            return link
+        owner = self.pending.get(sid)
+        if owner is None:
+            raise self._lost(sid)
         try:
-            return self._adopt(sock, _reset_answer(self._ask(sock, kind, data, session=False)))
-        except BaseException:
-            sock.close()
+            link, _ = self._session_link("attach", {"session_id": sid}, prefer=owner)
+        except Refusal as refusal:
+            if not is_busy(refusal.http_status, refusal.error.status):  # lost, or attached elsewhere: not ours
+                with self._lock:
+                    if self.pending.get(sid) is owner:
+                        del self.pending[sid]
+                    owner.owns.discard(sid)
+                self._release(owner)
             raise
+        with self._lock:
+            if self.pending.get(sid) is owner:
+                del self.pending[sid]
+            owner.owns.discard(sid)  # the server moved it to the attaching connection
+            link.sid = sid
+            self.links[sid] = link
+        if link is not owner:
+            self._release(owner)  # idle and owning nothing more: kept or closed
+        return link
 
     def create(self, env_id, kwargs, seed, options) -> ResetResponse:
         if env_id != self.env_id:
             raise ValueError(f"this transport's connections open {self.env_id!r}, not {env_id!r}")
-        return self._new_session("reset", {"seed": seed, "options": options, "kwargs": kwargs})
+        link, data = self._session_link("reset", {"seed": seed, "options": options, "kwargs": kwargs})
+        return self._adopt(link, _reset_answer(data))
 
     def reset(self, sid, seed, options) -> ResetResponse:
-        sock = self._socket(sid)
-        return self._adopt(sock, _reset_answer(self._ask(sock, "reset", {"seed": seed, "options": options,
-                                                                         "kwargs": self.kwargs})), sid)
+        link = self._driving(sid)
+        return self._adopt(link, _reset_answer(self._ask(link, "reset", {"seed": seed, "options": options,
+                                                                          "kwargs": self.kwargs})), sid)
 
     def step(self, sid, action) -> StepResponse:
-        data = self._ask(self._socket(sid), "step", {"action": action})
+        data = self._ask(self._driving(sid), "step", {"action": action})
         o = data["observation"]
         return decode(StepResponse, {"session_id": o["session_id"], "observation": o["text"], "reward": data["reward"],
                                      "terminated": o["terminated"], "truncated": o["truncated"], "info": o["info"]})
 
     def fork(self, sid, n) -> list[str]:
-        """``n`` children, each attached by a connection of its own (all or nothing: when one fails, the
-        connections opened are closed, and so their children deleted; the others go with ``sid``'s)."""
-        sids = list(self._ask(self._socket(sid), "fork", {"n": n})["session_ids"])
-        opened: list[str] = []
-        try:
+        """``n`` children, owned by ``sid``'s connection until each is first used (then attached by a connection
+        of its own): one message, no connection opened."""
+        link = self._driving(sid)
+        sids = [str(s) for s in self._ask(link, "fork", {"n": n})["session_ids"]]
+        with self._lock:
             for child in sids:
-                self._new_session("attach", {"session_id": child})
-                opened.append(child)
-        except BaseException:
-            for child in opened:
-                self.delete(child)
-            raise
+                self.pending[child] = link
+            link.owns.update(sids)
         return sids
 
     def snapshot(self, sid) -> str:
-        return str(self._ask(self._socket(sid), "snapshot", {})["snapshot"])
+        return str(self._ask(self._driving(sid), "snapshot", {})["snapshot"])
 
     def restore(self, token) -> ResetResponse:
-        return self._new_session("reset", {"snapshot": token})
+        link, data = self._session_link("reset", {"snapshot": token})
+        return self._adopt(link, _reset_answer(data))
 
     def delete(self, sid) -> None:
+        self.delete_many([sid])
+
+    def delete_many(self, sids: list[str]) -> None:
+        """Delete sessions of this transport: one ``delete`` message per connection (a fork's unused children
+        share their parent's: one message for all), whose connections are then kept idle or closed
+        (:data:`IDLE_LINKS`). Unknown ids are skipped. Best effort: a failed connection is dropped (the server
+        deletes what it held)."""
         self._here()
-        sock = self.sockets.pop(sid, None)
-        if sock is not None:  # the server deletes the session with its connection
-            self._drop(sock)
+        groups: dict[int, tuple[_Link, list[str]]] = {}
+        with self._lock:
+            for sid in dict.fromkeys(sids):
+                link = self.pending.pop(sid, None)
+                if link is not None:
+                    link.owns.discard(sid)
+                else:
+                    link = self.links.pop(sid, None)
+                    if link is None:
+                        continue
+                    link.sid = None
+                groups.setdefault(id(link), (link, []))[1].append(sid)
+            closing = []
+            room = IDLE_LINKS - len(self.idle)
+            for key, (link, _) in list(groups.items()):
+                if link.sid is None and not link.owns and link not in self.idle:
+                    if room > 0:
+                        room -= 1
+                    else:
+                        closing.append(link)  # closing it deletes its sessions: no message needed
+                        del groups[key]
+        for link in closing:
+            self._drop(link)
+        for link, group in groups.values():
+            try:
+                self._ask(link, "delete", {"session_ids": group}, session=False)
+            except Refusal:
+                pass  # (a session another connection holds now; the connection is fine)
+            except EnvInfraError:
+                continue  # dropped: the server deleted what it held
+            self._release(link)
 
     def tools(self, sid) -> list[dict[str, Any]]:
         # over the session's own connection: /v1/envs refuses a session a connection holds (409 held, field case S58)
-        return list(self._ask(self._socket(sid), "tools", {})["tools"])
+        return list(self._ask(self._driving(sid), "tools", {})["tools"])
 
     def close(self) -> None:
+        """Close every connection (the server deletes their sessions and unattached children)."""
         self.closed = True
         self._here()
-        for sid in list(self.sockets):
-            self.delete(sid)
-        if self._http is not None:
-            self._http.close()
+        with self._lock:
+            links = self._all_links()
+            self.links, self.pending, self.idle = {}, {}, []
+        for link in links:
+            try:
+                link.sock.close()
+            except (OSError, WebSocketException):
+                pass
 
 
 def make_transport(kind: str, url: str, env_id: str, kwargs: dict[str, Any], timeout_s: float,
@@ -478,13 +657,48 @@ class SessionClient:
         if self.closed:
             return
         self.closed = True
+        last = self.transport.refs <= 1
         if self.session_id is not None and self.pid == os.getpid():  # in a fork child: the parent's, left to it
-            self._delete(self.session_id)
+            if not (last and getattr(self.transport, "closing_deletes", False)):  # else closing deletes it
+                self._delete(self.session_id)
         self.session_id = None
         self.transport.refs -= 1
         if self.transport.refs <= 0:
             self.transport.close()
 
+    @staticmethod
+    def close_many(clients: Iterable["SessionClient"]) -> None:
+        """Close many clients (a fork's children, say) as :meth:`close` does, their sessions deleted with one
+        request per transport: its ``delete_many`` (``/v1/envs/batch/delete``; over the WebSocket one message per
+        connection, one in all for unused fork children), else one ``delete`` each. Best effort, as :meth:`close`."""
+        groups: dict[int, tuple[Transport, dict[int, SessionClient]]] = {}
+        for c in clients:
+            if not c.closed:
+                groups.setdefault(id(c.transport), (c.transport, {}))[1][id(c)] = c
+        pid = os.getpid()
+        for transport, group in groups.values():
+            sids = [c.session_id for c in group.values() if c.session_id is not None and c.pid == pid]
+            if transport.refs <= len(group) and getattr(transport, "closing_deletes", False):
+                sids = []  # the transport closes below, and its sessions with it
+            many = getattr(transport, "delete_many", None)
+            try:
+                if many is not None:
+                    if sids:
+                        many(sids)
+                else:
+                    for sid in sids:
+                        try:
+                            transport.delete(sid)
+                        except (Refusal, EnvInfraError, ValueError):
+                            pass
+            except (Refusal, EnvInfraError, ValueError):
+                pass  # the server's TTL reaps what could not be closed now
+            for c in group.values():
+                c.closed, c.session_id = True, None
+                transport.refs -= 1
+            if transport.refs <= 0:
+                transport.close()
 
-__all__ = ["HttpTransport", "Refusal", "SessionClient", "Transport", "WsTransport", "error_for",
+
+__all__ = ["IDLE_LINKS", "HttpTransport", "Refusal", "SessionClient", "Transport", "WsTransport", "error_for",
            "make_transport"]
