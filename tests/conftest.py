@@ -24,6 +24,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: each worker's torch (and the commands it starts) computes on one thread, instead of
+    # both spreading over both cores and waiting on each other's threads (set before anything imports torch).
+    for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_threads, "1")
 
 from tests.docker_support import (  # noqa: E402 - after the path set-up above
     IN_CI,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -227,7 +228,11 @@ def test_a_real_ctrl_c_while_a_plugin_loads_still_stops_the_process(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
         time.sleep(30)
     """}, "[forkyard.estimators]\nsigint = forkyard_sigint_plugin:fn\n")
-    r = run_python("from trainer.estimators import estimator_names; print(estimator_names()); print('survived')",
-                   folder, timeout=120)
+    # Ctrl-C as in a terminal: SIGINT's default action restored in the child (a runner that started this suite in
+    # the background, as a non-interactive shell does with `cmd &`, ignores SIGINT, and a child inherits that)
+    r = subprocess.run([sys.executable, "-c", "from trainer.estimators import estimator_names; "
+                        "print(estimator_names()); print('survived')"], capture_output=True, text=True, cwd=ROOT,
+                       env=plugin_env(folder), timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode != 0 and "survived" not in r.stdout, r.stdout
     assert "KeyboardInterrupt" in r.stderr, r.stderr[-2000:]
