@@ -24,6 +24,13 @@ Env-reported episode metrics: the ``info`` of the step that ends an episode may 
 ``info["episode_metrics"]`` (:data:`EPISODE_METRICS`), a dict of numbers the env computes about the
 whole episode (ClueProbe: ``distinct_probes``). The rollout keeps it as :attr:`Episode.env_metrics`;
 the trainer averages it (:class:`EpisodeMetrics`) without knowing what the names mean.
+
+A tree's fork-turn choice (:class:`ForkTurn`) and the spreading of a base's checkpoint into branches
+(:func:`spread_branches`) are written once, here, and called by every sampler: these serial loops, the batched
+engine (:mod:`trainer.text.engine`) and TRL's batched rollout (:mod:`trainer.trl_engine`).
+
+Why one file: the serial rollouts are the reference the batched samplers are tested against, and the pieces of the
+algorithm every sampler shares (streams, the fork-turn choice, branch spreading, counting) sit beside them.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
 
@@ -237,6 +244,98 @@ def _fork(env, n: int, counter: _Counter) -> list | None:
         return None
 
 
+@dataclass
+class Checkpoint:
+    """A tree base's fork point: the turn, the env's copy there (None when that fork failed: no branch), the policy
+    session's copy, and the reward the base had gathered before that turn."""
+
+    turn: int
+    env: Any
+    session: Any
+    prefix_reward: float
+
+
+@dataclass
+class ForkTurn:
+    """The fork-turn choice of one tree base, called by every sampler (serial, batched, TRL) once per turn, before
+    the turn's action is drawn: uniform over the turns the base takes (reservoir sampling: at turn t a fork replaces
+    the kept one with probability 1/(t+1), the draw from the base's own stream), or the turn of highest action
+    entropy (earliest on ties; ARPO, arXiv:2507.19849). A new choice forks the env (one ``fork(1)``, counted) and the
+    policy session and closes the copy it replaces. ``branches == 1`` never forks."""
+
+    selection: str
+    branches: int
+    best_entropy: float = float("-inf")
+    checkpoint: Checkpoint | None = None
+
+    def consider(self, turn: int, rng: random.Random, entropy: Callable[[], float], env: Any, session: Any,
+                 reward: float, counter: _Counter) -> None:
+        """Turn ``turn`` of the base: keep a fork of ``env`` / ``session`` here if the rule chooses it.
+
+        Args:
+            rng: the base's sampling stream (read by ``uniform`` only).
+            entropy: the action entropy at this turn, in nats (called by ``entropy`` only, once).
+            reward: the base's reward so far (the branches' prefix reward).
+        """
+        if self.branches == 1:
+            return
+        if self.selection == "uniform":
+            take = rng.random() * (turn + 1) < 1.0
+        else:
+            value = entropy()
+            take = value > self.best_entropy
+        if not take:
+            return
+        if self.checkpoint is not None and self.checkpoint.env is not None:
+            self.checkpoint.env.close()
+        forked = _fork(env, 1, counter)
+        # A failed fork still takes this turn's place in the choice (the fork-turn distribution stays as
+        # documented); its branches are recorded as lost by spread_branches.
+        self.checkpoint = Checkpoint(turn, forked[0] if forked else None, session.fork() if forked else None, reward)
+        if self.selection == "entropy":
+            self.best_entropy = value
+
+
+@dataclass
+class BranchStart:
+    """A live branch ready to run from its base's checkpoint: its env, policy session, episode and sampling stream."""
+
+    env: Any
+    session: Any
+    episode: "Episode"
+    rng: random.Random
+
+
+def spread_branches(base: "Episode", checkpoint: Checkpoint | None, branches: int, stream_seed: int,
+                    counter: _Counter) -> tuple[list["Episode"], list[BranchStart], int]:
+    """Branches 1..branches-1 of ``base`` from its ``checkpoint`` (every sampler's one spreading): the env copies of
+    :func:`branch_envs`, the policy session forked per branch (the last takes the checkpoint's own), branch j
+    sampling from ``stream(stream_seed, j)``; sets ``base.fork_turn`` when the checkpoint's fork held.
+
+    Returns:
+        (the branch episodes in order, those that can run as :class:`BranchStart`, how many were lost: their
+        episodes have no steps, ``infra_failure=True`` and ``reason="infra_error"``). No checkpoint: nothing.
+    """
+    if checkpoint is None:
+        return [], [], 0
+    if checkpoint.env is not None:
+        base.fork_turn = checkpoint.turn
+    envs_ = branch_envs(checkpoint.env, branches, counter)
+    live = len(envs_)
+    episodes, starts, lost = [], [], 0
+    for j in range(1, branches):
+        ep = Episode(seed=base.seed, base=base.base, branch=j, fork_turn=checkpoint.turn,
+                     reward=checkpoint.prefix_reward)
+        episodes.append(ep)
+        if j > live:
+            ep.infra_failure, ep.reason = True, "infra_error"
+            lost += 1
+            continue
+        session = checkpoint.session if j == live else checkpoint.session.fork()
+        starts.append(BranchStart(envs_[j - 1], session, ep, stream(stream_seed, j)))
+    return episodes, starts, lost
+
+
 def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter: _Counter) -> bool:
     """Take one action. Returns True when the episode has ended."""
     step = session.act(rng)
@@ -353,48 +452,19 @@ def tree_rollout(
         if session is None:
             episodes.append(base)
             continue
-        # (turn, env copy or None if the fork failed, session copy, prefix reward)
-        checkpoint = None
-        best_entropy = float("-inf")
+        choice = ForkTurn(fork_selection, branches)
         turn = 0
         done = False
         while not done:
-            take = False
-            if branches > 1:
-                if fork_selection == "uniform":
-                    take = base_rng.random() * (turn + 1) < 1.0
-                else:
-                    take = session.entropy() > best_entropy
-            if take:
-                if checkpoint is not None and checkpoint[1] is not None:
-                    checkpoint[1].close()
-                forked = _fork(env, 1, counter)
-                # A failed fork still takes this turn's place in the selection (the fork-turn
-                # distribution stays as documented); its branches are recorded as lost below.
-                checkpoint = (turn, forked[0] if forked else None, session.fork() if forked else None, base.reward)
-                if fork_selection == "entropy":
-                    best_entropy = session.entropy()
+            choice.consider(turn, base_rng, session.entropy, env, session, base.reward, counter)
             done = _step(env, session, base, base_rng, counter)
             turn += 1
         episodes.append(base)
-        if checkpoint is None:
-            continue
-        t, fork_env, fork_session, prefix_reward = checkpoint
-        if fork_env is not None:
-            base.fork_turn = t
-        envs_ = branch_envs(fork_env, branches, counter)
-        live = len(envs_)
-        for j in range(1, branches):
-            ep = Episode(seed=seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
-            episodes.append(ep)
-            if j > live:
-                ep.infra_failure, ep.reason = True, "infra_error"
-                lost += 1
-                continue
-            branch_env = envs_[j - 1]
-            branch_session = fork_session if j == live else fork_session.fork()
-            branch_rng = stream(stream_seeds[b], j)
-            while not _step(branch_env, branch_session, ep, branch_rng, counter):
+        branch_eps, starts, n_lost = spread_branches(base, choice.checkpoint, branches, stream_seeds[b], counter)
+        episodes += branch_eps
+        lost += n_lost
+        for start in starts:
+            while not _step(start.env, start.session, start.episode, start.rng, counter):
                 pass
-            branch_env.close()
+            start.env.close()
     return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)

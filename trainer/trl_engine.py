@@ -33,8 +33,8 @@ from typing import Any, Callable, Collection
 import torch
 
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
-from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
-                             branch_envs, episode_seeds, stream)
+from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter,
+                             episode_seeds, spread_branches, stream)
 
 #: Default cap on the sessions sampled in one batched forward.
 MAX_BATCH = 64
@@ -164,8 +164,7 @@ class _Row:
     own_env: bool = True
     done: bool = False
     turn: int = 0
-    checkpoint: tuple | None = None  # tree base: (turn, env copy or None, session copy, prefix reward)
-    best_entropy: float = float("-inf")
+    fork: ForkTurn | None = None  # a tree base's fork-turn choice (its checkpoint)
 
 
 def _apply_step(row: _Row, step: Step) -> None:
@@ -276,42 +275,21 @@ def tree_rollouts(trees: list[Tree], fork_selection: str = "uniform", max_batch:
             rows[k] = _Row(t.env, session, base, stream(seeds[k]), counters[k], own_env=False)
     branches = {id(r): trees[k].branches for k, r in rows.items()}
 
-    def before_draw(row: _Row, entropy: float) -> None:  # the serial loop's fork-turn choice
-        if branches[id(row)] == 1:
-            return
-        if fork_selection == "uniform":
-            take = row.rng.random() * (row.turn + 1) < 1.0
-        else:
-            take = entropy > row.best_entropy
-        if take:
-            if row.checkpoint is not None and row.checkpoint[1] is not None:
-                row.checkpoint[1].close()
-            forked = _fork(row.env, 1, row.counter)
-            row.checkpoint = (row.turn, forked[0] if forked else None, row.session.fork() if forked else None,
-                              row.ep.reward)
-            if fork_selection == "entropy":
-                row.best_entropy = entropy
+    def before_draw(row: _Row, entropy: float) -> None:  # the one fork-turn choice (trainer.rollout.ForkTurn)
+        if row.fork is None:
+            row.fork = ForkTurn(fork_selection, branches[id(row)])
+        row.fork.consider(row.turn, row.rng, lambda: entropy, row.env, row.session, row.ep.reward, row.counter)
 
     _run(list(rows.values()), max_batch, before_draw)
     episodes: list[list[Episode]] = [[b] for b in bases]
     lost = [0] * len(trees)
     branch_rows = []
     for k, row in rows.items():
-        if row.checkpoint is None:
-            continue
-        turn, fork_env, fork_session, prefix_reward = row.checkpoint
-        if fork_env is not None:
-            bases[k].fork_turn = turn
-        envs_ = branch_envs(fork_env, trees[k].branches, counters[k])
-        for j in range(1, trees[k].branches):
-            ep = Episode(seed=trees[k].seed, base=0, branch=j, fork_turn=turn, reward=prefix_reward)
-            episodes[k].append(ep)
-            if j > len(envs_):
-                ep.infra_failure, ep.reason = True, "infra_error"
-                lost[k] += 1
-                continue
-            session = fork_session if j == len(envs_) else fork_session.fork()
-            branch_rows.append(_Row(envs_[j - 1], session, ep, stream(seeds[k], j), counters[k], turn=turn))
+        checkpoint = row.fork.checkpoint if row.fork is not None else None
+        branch_eps, starts, lost[k] = spread_branches(bases[k], checkpoint, trees[k].branches, seeds[k], counters[k])
+        episodes[k] += branch_eps
+        branch_rows += [_Row(st.env, st.session, st.episode, st.rng, counters[k], turn=checkpoint.turn)
+                        for st in starts if checkpoint is not None]
     _run(branch_rows, max_batch)
     return [Rollout("tree", eps, c.env_calls, c.forks, c.forks_failed, n)
             for eps, c, n in zip(episodes, counters, lost, strict=True)]

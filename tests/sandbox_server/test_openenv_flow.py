@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 import httpx
 import pytest
@@ -124,6 +125,30 @@ def send(s: socket.socket, data: bytes) -> None:
         pass
 
 
+def _while_flooding(s: socket.socket, flood: bytes, measure: Callable[[], float]) -> tuple[float, int]:
+    """Send ``flood`` on ``s`` from a thread (another drains its answers, so the flood goes on) and return
+    (``measure()`` taken meanwhile, bytes answered on ``s`` while it ran); ``s`` is closed after."""
+    got = [0]
+
+    def drain() -> None:
+        try:
+            while chunk := s.recv(1 << 16):
+                got[0] += len(chunk)
+        except OSError:
+            pass
+
+    try:
+        threading.Thread(target=drain, daemon=True).start()
+        threading.Thread(target=send, args=(s, flood), daemon=True).start()
+        time.sleep(0.3)
+        before = got[0]
+        value = measure()
+        return value, got[0] - before
+    finally:
+        s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+
 #: Seconds added to twice the idle p99: a loaded two-core machine preempts a server at 100% CPU for some ms
 #: (seen: 9-11 ms busy against 0.5-4.8 ms idle while other test suites ran); a starved connection waits 100s of ms.
 SLACK_S = 0.025
@@ -157,26 +182,8 @@ def test_field_case_s56_a_pipelining_connection_does_not_starve_the_others(comma
             ask(ws, "reset", seed=0)
             idle = _p99(ws, 1.0)
             s = _raw_ws(command_server)
-            got = [0]
-
-            def drain(s: socket.socket = s, got: list[int] = got) -> None:
-                try:
-                    while chunk := s.recv(1 << 16):
-                        got[0] += len(chunk)
-                except OSError:
-                    pass
-
-            try:
-                s.sendall(_frame(b'{"type": "reset", "data": {"kwargs": {"max_turns": 64}}}'))
-                threading.Thread(target=drain, daemon=True).start()
-                threading.Thread(target=send, args=(s, flood), daemon=True).start()
-                time.sleep(0.3)
-                before = got[0]
-                busy = _p99(ws, 1.0)
-                answered = got[0] - before
-            finally:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
+            s.sendall(_frame(b'{"type": "reset", "data": {"kwargs": {"max_turns": 64}}}'))
+            busy, answered = _while_flooding(s, flood, lambda: _p99(ws, 1.0))
             assert answered > 100_000, answered  # the flood was being answered all along (> 1,000 answers)
             results.append((busy, idle))
         if busy <= 2 * idle + SLACK_S:
@@ -216,25 +223,7 @@ def test_field_case_s56_a_connection_pipelining_http_requests_does_not_starve_th
         for _ in range(5):
             idle = _http_p99(c, sid, 1.0)
             s = socket.create_connection(("127.0.0.1", command_server))
-            got = [0]
-
-            def drain(s: socket.socket = s, got: list[int] = got) -> None:
-                try:
-                    while chunk := s.recv(1 << 16):
-                        got[0] += len(chunk)
-                except OSError:
-                    pass
-
-            try:
-                threading.Thread(target=drain, daemon=True).start()
-                threading.Thread(target=send, args=(s, request * 200_000), daemon=True).start()
-                time.sleep(0.3)
-                before = got[0]
-                busy = _http_p99(c, sid, 1.0)
-                answered = got[0] - before
-            finally:
-                s.shutdown(socket.SHUT_RDWR)
-                s.close()
+            busy, answered = _while_flooding(s, request * 200_000, lambda: _http_p99(c, sid, 1.0))
             assert answered > 40_000, answered  # the flood was being answered all along (> 100 answers)
             results.append((busy, idle))
             if busy <= 2 * idle + SLACK_S:

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import torch
 
 from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
-from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, Rollout, Step, _Counter, _fork,
-                             branch_envs, episode_seeds, given_streams, stream)
+from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter,
+                             episode_seeds, given_streams, spread_branches, stream)
 from trainer.text.text_policy import TextSession, _sample_index, policy_log_softmax
 
 #: Default cap on the rows sampled at once (sequences in one batched forward).
@@ -71,8 +71,7 @@ class _Row:
     rng: random.Random
     done: bool = False
     turn: int = 0
-    checkpoint: tuple | None = None  # tree base: (turn, env copy or None, session copy, prefix reward)
-    best_entropy: float = float("-inf")
+    fork: ForkTurn | None = None  # a tree base's fork-turn choice (its checkpoint)
 
 
 def _row_cache(cache, r: int, mask_row: torch.Tensor):
@@ -483,22 +482,10 @@ class RolloutEngine:
         stream_seeds = given_streams(rng, n_base, stream_seeds)
         bases = [Episode(seed=s, base=b, branch=0) for b, s in enumerate(seeds)]
 
-        def before_act(row: _Row) -> None:  # the serial loop's fork-turn choice, before the action's draws
-            if branches == 1:
-                return
-            if fork_selection == "uniform":
-                take = row.rng.random() * (row.turn + 1) < 1.0
-            else:
-                entropy = row.session.entropy()
-                take = entropy > row.best_entropy
-            if take:
-                if row.checkpoint is not None and row.checkpoint[1] is not None:
-                    row.checkpoint[1].close()
-                forked = _fork(row.env, 1, counter)
-                row.checkpoint = (row.turn, forked[0] if forked else None, row.session.fork() if forked else None,
-                                  row.ep.reward)
-                if fork_selection == "entropy":
-                    row.best_entropy = entropy
+        def before_act(row: _Row) -> None:  # the one fork-turn choice (trainer.rollout.ForkTurn), before the draws
+            if row.fork is None:
+                row.fork = ForkTurn(fork_selection, branches)
+            row.fork.consider(row.turn, row.rng, row.session.entropy, row.env, row.session, row.ep.reward, counter)
 
         episodes: list[Episode] = []
         lost = 0
@@ -518,23 +505,13 @@ class RolloutEngine:
         for b, base in enumerate(bases, first):
             episodes.append(base)
             row = by_base.get(b)
-            if row is None or row.checkpoint is None:
-                continue
-            t, fork_env, fork_session, prefix_reward = row.checkpoint
-            if fork_env is not None:
-                base.fork_turn = t
+            checkpoint = row.fork.checkpoint if row is not None and row.fork is not None else None
             t0 = time.perf_counter()
-            envs_ = branch_envs(fork_env, branches, counter)
+            branch_eps, starts, n_lost = spread_branches(base, checkpoint, branches, stream_seeds[b], counter)
             self._add(env=time.perf_counter() - t0)
-            live = len(envs_)
-            for j in range(1, branches):
-                ep = Episode(seed=base.seed, base=b, branch=j, fork_turn=t, reward=prefix_reward)
-                episodes.append(ep)
-                if j > live:
-                    ep.infra_failure, ep.reason = True, "infra_error"
-                    lost += 1
-                    continue
-                session = fork_session if j == live else fork_session.fork()
-                branch_rows.append(_Row(envs_[j - 1], session, ep, stream(stream_seeds[b], j), turn=t))
+            episodes += branch_eps
+            lost += n_lost
+            branch_rows += [_Row(st.env, st.session, st.episode, st.rng, turn=checkpoint.turn)
+                            for st in starts if checkpoint is not None]
         self._run(branch_rows, counter)
         return lost
