@@ -17,13 +17,32 @@ asks the env's parser, never string equality.
 from __future__ import annotations
 
 import ast
+import threading
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 #: Longest action text accepted, in characters.
 MAX_ACTION_CHARS = 4096
+_PARSE_LOCK = threading.Lock()
+
+
+@overload
+def parse_python(text: str, mode: Literal["exec"] = "exec") -> ast.Module: ...
+@overload
+def parse_python(text: str, mode: Literal["eval"]) -> ast.Expression: ...
+def parse_python(text: str, mode: str = "exec") -> ast.AST:
+    """:func:`ast.parse` of ``text`` (``mode`` ``"exec"`` or ``"eval"``) under one process-wide lock.
+
+    CPython 3.11 keeps the AST constructor's recursion depth in interpreter state shared by every thread; two
+    threads parsing at once can end one parse with ``SystemError: AST constructor recursion depth mismatch``
+    (CPython gh-106905; seen here when a Ray collector's FileQA envs read the corpus at once). Every parse
+    forkyard does (actions, corpus facts, puzzle expressions) goes through this function. Raises what
+    :func:`ast.parse` raises: ``SyntaxError``, ``ValueError`` (NUL bytes), ``RecursionError``, ``MemoryError``.
+    """
+    with _PARSE_LOCK:
+        return ast.parse(text, mode=mode)
 
 Scalar = str | int | float | bool | None
 
@@ -102,7 +121,7 @@ def _parse_text(text: str) -> ToolCall:
     try:
         with warnings.catch_warnings():  # e.g. "1if" warns "invalid imaginary literal": the action is the
             warnings.simplefilter("ignore", SyntaxWarning)  # agent's text, not our code; errors still raise
-            tree = ast.parse(stripped, mode="eval")
+            tree = parse_python(stripped, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         msg = getattr(exc, "msg", None) or type(exc).__name__
         raise ActionParseError(f"could not parse the action ({msg}). {FORMAT_HELP}") from None

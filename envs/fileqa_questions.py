@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.actions import format_action
+from envs.actions import format_action, parse_python
 
 QUESTION_KINDS = ("defines", "line_count", "constant", "imports", "log_errors")
 LOG_PATH = "/scratch/app.log"
@@ -42,7 +42,7 @@ def corpus_facts(root: str) -> dict[str, Any]:
     importers: dict[str, set[str]] = {}
     for path, text in sorted(texts.items()):
         try:
-            tree = ast.parse(text)
+            tree = parse_python(text)
         except SyntaxError:
             continue
         names_here: dict[str, int] = {}

@@ -16,6 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from envs.actions import parse_python
+
 OPS = ("+", "-", "*", "/")
 MAX_EXPRESSION_CHARS = 200
 _TARGET_TRIES = 200  # combinations drawn per puzzle before the smallest target seen is taken
@@ -137,7 +139,7 @@ def evaluate(expression: str) -> tuple[Fraction | None, list[int]]:
     if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
         raise ExpressionError(f"an expression is a string of at most {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse_python(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise ExpressionError("the expression does not parse") from None
     numbers: list[int] = []

@@ -243,6 +243,35 @@ def test_corpus_facts_are_real():
     assert any(p == "Lib/json/decoder.py" for p, _ in facts["lines"])
 
 
+def test_corpus_facts_computed_by_threads_at_once_agree():
+    """Threads at different stack depths compute the corpus facts at once (as a Ray collector's envs reset
+    together), each through the uncached function: every thread gets the same facts and none a SystemError
+    (CPython 3.11's shared AST recursion counter, CPython gh-106905)."""
+    import threading
+
+    from sandbox_server.corpus import ensure_corpus
+    from sandbox_server.settings import corpus_dir
+
+    root = ensure_corpus(corpus_dir())
+    results, errors = [], []
+
+    def at_depth(depth):
+        if depth:
+            return at_depth(depth - 1)
+        try:
+            results.append(corpus_facts.__wrapped__(root))
+        except Exception as exc:  # noqa: BLE001 - the test reports any error
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=at_depth, args=(7 * i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 4
+    assert all(r == results[0] for r in results[1:])
+
+
 def test_the_right_answer_has_no_fixed_position_in_the_menu():
     env = make(kinds=["line_count", "imports", "log_errors"])
     ranks = set()

@@ -237,3 +237,19 @@ def test_no_status_code_below_the_routes():
     bad = {f: sorted(m & http) for f, m in graph().items()
            if f.startswith(("sandbox_server/", "ray_cluster/")) and not f.startswith(HTTP_EDGE) and m & http}
     assert bad == {}
+
+
+def test_every_python_parse_goes_through_the_one_locked_parser():
+    """CPython 3.11's AST constructor keeps its recursion depth in state shared by threads (CPython gh-106905):
+    a Ray collector's FileQA envs parsing the corpus at once raised ``SystemError``. So no shipped module calls
+    ``ast.parse`` (or ``compile`` to an AST) but :func:`envs.actions.parse_python`, which holds one lock."""
+    calls = {}
+    for pkg in PACKAGES + ("benchmarks", "experiments"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "parse" and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id == "ast"):
+                    calls.setdefault(rel, []).append(node.lineno)
+    assert list(calls) == ["envs/actions.py"] and len(calls["envs/actions.py"]) == 1, calls
