@@ -39,11 +39,10 @@ lint: $(STAMP)
 lint-baseline: $(STAMP)
 	$(BIN)/mypy | $(BIN)/mypy-baseline sync
 
-# TEST_WORKERS=2 runs the suite on two pytest-xdist workers, a test file to a worker at a time (--dist loadfile: a
-# file's tests share its fixtures and run in order; the documented commands, the longest file, start first:
-# tests/conftest.py): 19 minutes instead of 30 here, but the in-process server of tests/sandbox_server/test_key_leaks.py
-# stalls now and then while another worker runs (not understood yet), so the default is one process.
-TEST_WORKERS ?= 0
+# The suite runs on two pytest-xdist workers, a test file to a worker at a time (--dist loadfile: a file's tests
+# share its fixtures and run in order; the documented commands, the longest file, start first: tests/conftest.py):
+# about 19 minutes of pytest here instead of 30 in one process. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh

@@ -51,6 +51,7 @@ import gymnasium as gym
 
 from envs.api_key import client_credentials, conceal, redact
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait
+from envs.finalize import run_finalizer
 from envs.session_client import SessionClient, make_transport
 from envs.text_space import TextSpace
 
@@ -203,11 +204,10 @@ class RemoteEnv(gym.Env):
         self.__dict__.update(state)  # the API key (``_api_key``) travels with the settings
         self._session = self._new_session()
 
-    def __del__(self):  # best effort: a garbage-collected env frees its server session
-        try:
-            self._session.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def __del__(self):  # best effort: a garbage-collected env frees its server session, never on an event loop
+        session = self.__dict__.get("_session")
+        if session is not None:
+            run_finalizer(session.close)
 
 
 def close_many(envs: Iterable[RemoteEnv]) -> None:

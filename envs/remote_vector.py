@@ -55,6 +55,7 @@ from gymnasium.vector.utils import batch_space
 from envs.api_key import client_credentials
 from envs.client_retry import BUSY_TIMEOUT_S, BusyWait, is_busy, retry_after_s
 from envs.core import EnvInfraError
+from envs.finalize import run_finalizer
 from envs.http_connections import BATCH_ITEMS, HttpConnections, dumps, loads
 from envs.process_local import inherited_error
 from envs.text_space import TextSpace
@@ -542,12 +543,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if self._client_refs[0] <= 0:
             self._client.close()
 
-    def __del__(self):  # best effort: a garbage-collected vector env frees its server sessions
-        try:
-            if not self._client.closed:
-                self.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def __del__(self):  # best effort: a garbage-collected vector env frees its server sessions, never on a loop
+        client = self.__dict__.get("_client")
+        if client is not None and not client.closed:
+            run_finalizer(self.close)
 
 
 __all__ = ["BATCH_ITEMS", "BatchInfraError", "BatchItemError", "ItemFailure", "RemoteVectorEnv", "vector_info"]

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Iterator
 
 from envs.core import EnvInfraError, IllegalActionError, Outcome, TextEnv
+from envs.finalize import run_finalizer
 from envs.sandbox import ExportingProvider, SandboxFailure, SandboxProvider, SandboxRefusal, provider_for
 from envs.tool_calls import function_tool
 
@@ -129,11 +130,9 @@ class SandboxedTextEnv(TextEnv):
         """Release the sandbox (the pool resets and reuses it, or destroys and replaces it)."""
         self._release()
 
-    def __del__(self):
-        try:
-            self._release()
-        except Exception:  # noqa: BLE001
-            pass
+    def __del__(self):  # best effort: a garbage-collected env gives its sandbox back, never on an event loop
+        if self.__dict__.get("_sandbox") is not None:
+            run_finalizer(self._release)
 
     def _fork_into(self, children: list[Any]) -> None:
         for child in children:

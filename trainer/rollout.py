@@ -347,6 +347,16 @@ def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter:
         log.warning("episode lost to infrastructure at turn %d: %s", step.turn, exc)
         ep.infra_failure, ep.reason = True, "infra_error"
         return True
+    if record_outcome(ep, reward, terminated, truncated, info):
+        return True
+    session.observe(obs, info)
+    return False
+
+
+def record_outcome(ep: Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
+    """Add one env step's outcome to ``ep`` (its reward, an invalid action, and, when the episode ended, the reason,
+    whether the infrastructure ended it and the env's episode metrics), as every sampler records it. Returns True
+    when the episode ended."""
     ep.reward += reward
     ep.invalid_actions += bool(info.get("invalid_action"))
     if terminated or truncated:
@@ -354,7 +364,6 @@ def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter:
         ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
         ep.env_metrics = info.get(EPISODE_METRICS)
         return True
-    session.observe(obs, info)
     return False
 
 

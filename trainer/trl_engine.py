@@ -11,33 +11,25 @@ batch give the same token ids for the same seeds; padding changes only the reduc
 (tested on CPU in float32, ``tests/integrations/test_trl.py``: ids equal, log-probs within 5e-5; measured 3e-6
 to 1.2e-5 on the tiny test model, whose logits of size ~10 differ by about 1e-6 relative under SDPA attention).
 
-:func:`group_rollouts` and :func:`tree_rollouts` run the group and tree rollouts of
-:mod:`trainer.rollout` (one :class:`~trainer.rollout.Rollout` per group or tree, equal to what
-:func:`~trainer.rollout.group_rollout` / :func:`~trainer.rollout.tree_rollout` with one base return for the
-same seeds) for many groups at once, in waves of at most ``max_batch`` sessions: each wave samples its
-actions with :func:`sample_rows`, then its env steps run. Every episode samples from its stream
-(:func:`trainer.rollout.stream`), a tree's fork-turn draws come from its base's stream before the action's
-draws, and entropy fork selection reads the prefill's first-token distribution, as the serial loop's
-``session.entropy()`` does. A group's episodes run on copies of its env (``env.fork(G)``, each reset with
-its seed; not counted in :attr:`Rollout.forks`, which counts the tree's forks as the serial loop does); a
-tree's base runs on the env itself.
+:class:`HFChatSampler` is that sampling as a :class:`trainer.waves.Sampler`; :func:`group_rollouts` and
+:func:`tree_rollouts` run the group and tree rollouts of :mod:`trainer.rollout` for many groups at once through the
+one wave driver (:class:`trainer.waves.WaveDriver`): one :class:`~trainer.rollout.Rollout` per group or tree, equal
+to what :func:`~trainer.rollout.group_rollout` / :func:`~trainer.rollout.tree_rollout` with one base return for the
+same seeds. Entropy fork selection reads the prefill's first-token distribution, as the serial loop's
+``session.entropy()`` does.
 """
 
 from __future__ import annotations
 
 import inspect
 import random
-from dataclasses import dataclass
+import time
 from typing import Any, Callable, Collection
 
 import torch
 
-from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
-from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter,
-                             episode_seeds, spread_branches, stream)
-
-#: Default cap on the sessions sampled in one batched forward.
-MAX_BATCH = 64
+from trainer.rollout import Rollout, Step
+from trainer.waves import MAX_BATCH, BeforeDraw, Group, Row, Tree, WaveDriver
 
 #: ``(new token ids up to and including the stop id, their log-probs, first-token entropy in nats)`` of one reply.
 Reply = tuple[list[int], list[float], float]
@@ -129,170 +121,45 @@ def sample_rows(model: Any, contexts: list[list[int]], rngs: list[random.Random]
     return [(g, lp, e) for g, lp, e in zip(gens, logps, entropies, strict=True)]
 
 
-@dataclass
-class Group:
-    """One group to play: :func:`trainer.rollout.group_rollout`'s arguments."""
+class HFChatSampler:
+    """:func:`sample_rows` as a :class:`trainer.waves.Sampler` of :class:`trainer.trl_rollout.ChatSession` rows: a
+    wave's replies sampled together by the first row's ``policy.sample_many`` (every row's policy shares one model
+    and its sampling settings), each recorded into its session. The fork-turn hook gets the prefill's first-token
+    entropy. ``slots(row)``: its context plus ``max_new_tokens``."""
 
-    env: Any
-    policy: Any
-    group_size: int
-    seeds: list[int]
-    rng: random.Random
+    def __init__(self) -> None:
+        self.seconds = {"decode": 0.0}
 
+    def sample(self, rows: list[Row], before_draw: BeforeDraw | None) -> list[Step]:
+        t0 = time.perf_counter()
+        hook = None if before_draw is None else (lambda b, e: before_draw(rows[b], lambda: e))
+        replies = rows[0].session.policy.sample_many([r.session.ids for r in rows], [r.rng for r in rows], hook)
+        out = [r.session.record(*reply) for r, reply in zip(rows, replies, strict=True)]
+        self.seconds["decode"] += time.perf_counter() - t0
+        return out
 
-@dataclass
-class Tree:
-    """One tree to play: :func:`trainer.rollout.tree_rollout`'s arguments with one base."""
-
-    env: Any
-    policy: Any
-    branches: int
-    seed: int
-    rng: random.Random
-
-
-@dataclass
-class _Row:
-    """One live episode branch: its env (closed when it ends unless ``own_env`` is False), session, episode,
-    stream and its rollout's counter."""
-
-    env: Any
-    session: Any
-    ep: Episode
-    rng: random.Random
-    counter: _Counter
-    own_env: bool = True
-    done: bool = False
-    turn: int = 0
-    fork: ForkTurn | None = None  # a tree base's fork-turn choice (its checkpoint)
-
-
-def _apply_step(row: _Row, step: Step) -> None:
-    """``env.step`` of ``step`` for ``row``, recorded as :func:`trainer.rollout._step` records it."""
-    ep = row.ep
-    ep.steps.append(step)
-    row.counter.env_calls += 1
-    row.turn += 1
-    try:
-        obs, reward, terminated, truncated, info = row.env.step(step.action)
-    except EnvInfraError:
-        ep.infra_failure, ep.reason, row.done = True, "infra_error", True
-        return
-    ep.reward += reward
-    ep.invalid_actions += bool(info.get("invalid_action"))
-    if terminated or truncated:
-        ep.reason = info.get("termination_reason")
-        ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
-        ep.env_metrics = info.get(EPISODE_METRICS)
-        row.done = True
-        return
-    row.session.observe(obs, info)
-
-
-def _run(rows: list[_Row], max_batch: int, before_draw: Callable[[_Row, float], None] | None = None) -> None:
-    """Advance ``rows`` in waves of at most ``max_batch`` until every episode has ended. Every session's
-    policy must share one model and its sampling settings (the first row's ``policy.sample_many`` samples the
-    whole wave)."""
-    live = [r for r in rows if not r.done]
-    while live:
-        for i in range(0, len(live), max_batch):
-            wave = live[i:i + max_batch]
-            hook = None if before_draw is None else (lambda b, e, wave=wave: before_draw(wave[b], e))
-            replies = wave[0].session.policy.sample_many([r.session.ids for r in wave], [r.rng for r in wave],
-                                                         hook)
-            for r, reply in zip(wave, replies, strict=True):
-                _apply_step(r, r.session.record(*reply))
-        for r in live:
-            if r.done and r.own_env:
-                r.env.close()
-        live = [r for r in live if not r.done]
-
-
-def _reset(env: Any, ep: Episode, policy: Any) -> Any:
-    """``env.reset(seed=ep.seed)`` and the policy's session; None (``ep`` marked lost) when the env is None (its
-    copy failed) or the reset failed through the infrastructure."""
-    if env is not None:
-        try:
-            obs, info = env.reset(seed=ep.seed)
-            return policy.session(obs, info)
-        except EnvInfraError:
-            pass
-    ep.infra_failure, ep.reason = True, "infra_error"
-    return None
+    def slots(self, row: Row) -> int:
+        return len(row.session.ids) + row.session.policy.max_new_tokens
 
 
 def group_rollouts(groups: list[Group], max_batch: int = MAX_BATCH) -> list[Rollout]:
-    """:func:`trainer.rollout.group_rollout` of every group in ``groups``, their episodes sampled together.
-
-    Returns:
-        one :class:`Rollout` per group, in order.
-
-    Raises:
-        ValueError: a group whose ``len(seeds) != group_size``.
-    """
-    rollouts, rows = [], []
-    for grp in groups:
-        if len(grp.seeds) != grp.group_size:
-            raise ValueError(f"{len(grp.seeds)} seeds for a group of {grp.group_size}")
-        counter = _Counter()
-        episodes = [Episode(seed=s) for s in grp.seeds]
-        try:
-            copies = grp.env.fork(grp.group_size)
-        except EnvInfraError:
-            copies = [None] * grp.group_size
-        for ep, env, s in zip(episodes, copies, episode_seeds(grp.rng, grp.group_size), strict=True):
-            session = _reset(env, ep, grp.policy)
-            if session is not None:
-                rows.append(_Row(env, session, ep, stream(s), counter))
-            elif env is not None:
-                env.close()
-        rollouts.append((episodes, counter))
-    _run(rows, max_batch)
-    return [Rollout("group", eps, c.env_calls, c.forks, c.forks_failed) for eps, c in rollouts]
+    """:func:`trainer.rollout.group_rollout` of every group in ``groups``, their episodes sampled together
+    (:meth:`trainer.waves.WaveDriver.groups` over :class:`HFChatSampler`). Returns one :class:`Rollout` per group, in
+    order."""
+    return WaveDriver(HFChatSampler(), max_batch).groups(groups)
 
 
 def tree_rollouts(trees: list[Tree], fork_selection: str = "uniform", max_batch: int = MAX_BATCH) -> list[Rollout]:
-    """:func:`trainer.rollout.tree_rollout` with one base of every tree in ``trees``: the bases sampled
-    together, then every tree's branches together (each from its base's session and env at the fork turn).
-
-    Returns:
-        one :class:`Rollout` per tree, in order (episodes: the base, then its branches 1..m-1).
+    """:func:`trainer.rollout.tree_rollout` of every tree in ``trees``: the bases sampled together, then every tree's
+    branches together, each from its base's session and env at the fork turn (:meth:`trainer.waves.WaveDriver.trees`
+    over :class:`HFChatSampler`). Returns one :class:`Rollout` per tree, in order (episodes: each base, then its
+    branches 1..m-1).
 
     Raises:
         ValueError: an unknown ``fork_selection`` or ``branches < 1``.
     """
-    if fork_selection not in FORK_SELECTIONS:
-        raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
-    if any(t.branches < 1 for t in trees):
-        raise ValueError("need branches >= 1")
-    counters = [_Counter() for _ in trees]
-    seeds = [episode_seeds(t.rng, 1)[0] for t in trees]
-    bases = [Episode(seed=t.seed, base=0, branch=0) for t in trees]
-    rows: dict[int, _Row] = {}
-    for k, (t, base) in enumerate(zip(trees, bases, strict=True)):
-        session = _reset(t.env, base, t.policy)
-        if session is not None:
-            rows[k] = _Row(t.env, session, base, stream(seeds[k]), counters[k], own_env=False)
-    branches = {id(r): trees[k].branches for k, r in rows.items()}
-
-    def before_draw(row: _Row, entropy: float) -> None:  # the one fork-turn choice (trainer.rollout.ForkTurn)
-        if row.fork is None:
-            row.fork = ForkTurn(fork_selection, branches[id(row)])
-        row.fork.consider(row.turn, row.rng, lambda: entropy, row.env, row.session, row.ep.reward, row.counter)
-
-    _run(list(rows.values()), max_batch, before_draw)
-    episodes: list[list[Episode]] = [[b] for b in bases]
-    lost = [0] * len(trees)
-    branch_rows = []
-    for k, row in rows.items():
-        checkpoint = row.fork.checkpoint if row.fork is not None else None
-        branch_eps, starts, lost[k] = spread_branches(bases[k], checkpoint, trees[k].branches, seeds[k], counters[k])
-        episodes[k] += branch_eps
-        branch_rows += [_Row(st.env, st.session, st.episode, st.rng, counters[k], turn=checkpoint.turn)
-                        for st in starts if checkpoint is not None]
-    _run(branch_rows, max_batch)
-    return [Rollout("tree", eps, c.env_calls, c.forks, c.forks_failed, n)
-            for eps, c, n in zip(episodes, counters, lost, strict=True)]
+    return WaveDriver(HFChatSampler(), max_batch).trees(trees, fork_selection)
 
 
-__all__ = ["MAX_BATCH", "Group", "Reply", "Tree", "draw", "group_rollouts", "sample_rows", "tree_rollouts"]
+__all__ = ["MAX_BATCH", "Group", "HFChatSampler", "Reply", "Tree", "draw", "group_rollouts", "sample_rows",
+           "tree_rollouts"]

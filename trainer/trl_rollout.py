@@ -295,10 +295,10 @@ class TreeForkRollout:
                 return [self._serial(spec, g) for spec in specs]
             live = [spec for spec in specs if spec is not None]
             if self.fork_turn == "none":
-                played = iter(group_rollouts([Group(env, policy, g, [seed] * g, random.Random(seed))
+                played = iter(group_rollouts([Group(env, policy, [seed] * g, random.Random(seed))
                                               for env, policy, seed in live], self.max_batch))
             else:
-                played = iter(tree_rollouts([Tree(env, policy, g, seed, random.Random(seed))
+                played = iter(tree_rollouts([Tree(env, policy, g, [seed], random.Random(seed))
                                              for env, policy, seed in live], self.fork_turn, self.max_batch))
             return [next(played) if spec is not None else Rollout("tree", []) for spec in specs]
         finally:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from envs.clueprobe import ClueProbeEnv
-from trainer.text.engine import RolloutEngine, _Row, blocking
+from trainer.text.engine import RolloutEngine
+from trainer.waves import Row, blocking
 from trainer.text.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
 from trainer.rollout import Rollout, episode_seeds, group_rollout, stream, tree_rollout
@@ -209,7 +210,7 @@ def test_a_small_kv_cap_gives_the_same_episodes_in_more_waves(env):
     same(group_rollout(env, policy, 6, list(range(6)), random.Random(1)),
          RolloutEngine(max_kv_tokens=1).group_rollout(env, policy, 6, list(range(6)), random.Random(1)))
     obs, info = env.reset(seed=0)
-    rows = [_Row(env, policy.session(obs, info), None, random.Random(0)) for _ in range(7)]
+    rows = [Row(env, policy.session(obs, info), None, random.Random(0)) for _ in range(7)]
     need = min(len(rows[0].session.ids) + 8, 160)  # window + max_new_tokens, at most the context
     assert [len(w) for w in capped.waves(rows)] == [300 // need] * (7 // (300 // need)) + (
         [7 % (300 // need)] if 7 % (300 // need) else [])

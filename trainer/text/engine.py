@@ -1,17 +1,15 @@
-"""Batched rollouts for the text policy: every live episode of a rollout advances together.
+"""Batched rollouts for the text policy: forkyard's torch engine as a sampler of the one wave driver.
 
-:class:`RolloutEngine` runs the group and tree rollouts of :mod:`trainer.rollout` (same arguments, same
-:class:`~trainer.rollout.Rollout`) in waves. A wave takes up to ``max_batch`` live episode branches (more wait for
-the next wave), brings their KV caches up to date in batched prefills (each row's new context: the end of its last
-action and the observation since; rows bucketed by its length, right-padded, with a slot mask and per-row
-positions, :meth:`trainer.text.lm.TinyCausalLM.forward` / :meth:`trainer.text.hf.HFCausalLM.forward`), then
-samples the next action of every row with one batched decode step per token, rows leaving the batch as they stop
-(a stop id of the policy, :func:`trainer.stops.stop_ids`; stop string; ``max_new_tokens``); then the env steps of
-the wave run: in worker threads when the env blocks (:func:`blocking`: FileQA's sandbox calls; ``env_threads``),
-inline for pure-Python envs (ClueProbe), their results applied in row order either way. ``max_kv_tokens`` caps the
-KV-cache slots of a wave and ``max_live`` the episodes live at once (:class:`RolloutEngine`). Decoding is what
-batching makes cheaper; the prefill is the same work as the serial loop's (docs/performance.md: what bounds the
-speed-up; ``benchmarks/bench_rollout.py``).
+:class:`TorchSampler` is the :class:`trainer.waves.Sampler` of :class:`trainer.text.text_policy.TextPolicy`
+sessions, and :class:`RolloutEngine` the :class:`trainer.waves.WaveDriver` over it with the serial loops'
+signatures (group, tree, evaluation episodes; waves, ``max_batch``, ``max_kv_tokens``, ``env_threads`` and
+``max_live`` are the driver's). A wave brings its rows' KV caches up to date in batched prefills (each row's new
+context: the end of its last action and the observation since; rows bucketed by its length, right-padded, with a
+slot mask and per-row positions, :meth:`trainer.text.lm.TinyCausalLM.forward` /
+:meth:`trainer.text.hf.HFCausalLM.forward`), then samples the next action of every row with one batched decode step
+per token, rows leaving the batch as they stop (a stop id of the policy, :func:`trainer.stops.stop_ids`; stop
+string; ``max_new_tokens``). Decoding is what batching makes cheaper; the prefill is the same work as the serial
+loop's (docs/performance.md: what bounds the speed-up; ``benchmarks/bench_rollout.py``).
 
 Same episodes as the serial loops: each row samples from its own episode stream
 (:func:`trainer.rollout.stream`) with the arithmetic of :meth:`trainer.text.text_policy.TextSession.act` (tempered,
@@ -19,61 +17,32 @@ suppressed log-softmax, inverse-CDF draw from one ``rng.random()`` per token, to
 (left truncation) and the prefill chunks are the serial session's, and turns are closed by
 :meth:`~trainer.text.text_policy.TextSession.finish`. So the same seeds give the same episodes batched or one at a
 time; what padding changes is the reduction order of float sums (tested on CPU in float32: sampled ids
-equal, behavior log-probs within 1e-5). Each episode gets its own env: ``env.fork(n)`` copies, each reset with
-its episode's seed (``reset(seed=s)`` of a copy is a fresh env's episode for ``s``; these copies are not
-counted in :attr:`Rollout.forks`, which counts the tree's forks as the serial loop does).
+equal, behavior log-probs within 1e-5).
 
-Tree rollouts: the bases run together, drawing their uniform fork turns from their own streams before each
-action as the serial loop does (entropy selection reads the prefilled logits); at its fork turn a base's
-session is snapshotted with its KV cache after the prefill (:meth:`~trainer.text.text_policy.TextSession.fork`:
-the cache tensors are shared, never mutated), and the branches of every base then run together from those
-snapshots: the common prefix is never recomputed.
+Tree rollouts: entropy fork selection reads the prefilled logits; at its fork turn a base's session is snapshotted
+with its KV cache after the prefill (:meth:`~trainer.text.text_policy.TextSession.fork`: the cache tensors are
+shared, never mutated), and the branches of every base then run together from those snapshots: the common prefix
+is never recomputed.
 
-Why one file: the batched prefill, the decode loop and the wave loop hold one invariant together (each row's
-cache slots, positions, window and sampling stream are its serial session's, and its env results are applied
-in the serial order); split, a change to one could break the token-for-token equality unseen by the others.
+Why one file: the batched prefill and the decode loop hold one invariant together (each row's cache slots,
+positions, window and sampling stream are its serial session's); split, a change to one could break the
+token-for-token equality unseen by the other.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 
-from envs.core import INFRA_FAILURE_REASONS, EnvInfraError
-from trainer.rollout import (EPISODE_METRICS, FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter,
-                             episode_seeds, given_streams, spread_branches, stream)
+from trainer.rollout import FORK_SELECTIONS, Episode, Rollout, Step, episode_seeds
 from trainer.text.text_policy import TextSession, _sample_index, policy_log_softmax
-
-#: Default cap on the rows sampled at once (sequences in one batched forward).
-MAX_BATCH = 64
+from trainer.waves import ENV_THREADS, MAX_BATCH, BeforeDraw, Group, Row, Tree, WaveDriver
 #: Most tokens one batched prefill forward takes (rows x padded length; a row longer than it runs alone). On a
 #: CPU, a 64 x 500-token forward of the tiny model ran 1.5x slower than the same rows in forwards of about
 #: 2,000 tokens (activations past the caches; docs/performance.md).
 PREFILL_TOKENS = 2048
-#: Most env copies one ``env.fork`` call makes (a sandbox fork makes at most 64: ``sandbox_server``'s
-#: ``MAX_CLONES``); a rollout's copies come in calls of at most this many.
-FORK_CHUNK = 64
-#: Default worker threads for the env calls of a wave when the env blocks (:class:`RolloutEngine`).
-ENV_THREADS = 16
-
-
-@dataclass
-class _Row:
-    """One live episode branch: its env, policy session, episode record and sampling stream."""
-
-    env: object
-    session: TextSession
-    ep: Episode
-    rng: random.Random
-    done: bool = False
-    turn: int = 0
-    fork: ForkTurn | None = None  # a tree base's fork-turn choice (its checkpoint)
-
-
 def _row_cache(cache, r: int, mask_row: torch.Tensor):
     """Row ``r`` of a batched cache (its first ``len(mask_row)`` slots), its real slots only, copied:
     [(k [1, H, L, dh], v), ...] per layer."""
@@ -159,7 +128,7 @@ def _prefill_rows(todo: list[TextSession], news: list[list[int]]) -> None:
         s._next_logits = out[r]
 
 
-def _draw(logp: torch.Tensor, rows: list[_Row], temperature: float, top_p: float) -> list[int]:
+def _draw(logp: torch.Tensor, rows: list[Row], temperature: float, top_p: float) -> list[int]:
     """One token per row of ``logp`` [B, V], as :meth:`TextSession.act` draws it (one ``rng.random()`` per
     sampled token from the row's stream; argmax at temperature 0)."""
     if temperature == 0:
@@ -175,7 +144,7 @@ def _draw(logp: torch.Tensor, rows: list[_Row], temperature: float, top_p: float
     return j.clamp(max=probs.shape[1] - 1).tolist()
 
 
-def generate(rows: list[_Row]) -> list[Step]:
+def generate(rows: list[Row]) -> list[Step]:
     """Sample the next action of every row (their caches prefilled, :func:`prefill`) with one batched decode
     step per token; returns one :class:`Step` per row, each session's turn closed as
     :meth:`TextSession.act` closes it. With a model that writes its cache in place (``in_place_cache``:
@@ -246,56 +215,36 @@ def generate(rows: list[_Row]) -> list[Step]:
     return [s.finish(contexts[a], wss[a], gens[a], logps[a], ents[a], stops[a]) for a, s in enumerate(sessions)]
 
 
-def _call_step(env, action: str):
-    """``env.step(action)``'s 5-tuple, or None when the infrastructure failed (:class:`EnvInfraError`)."""
-    try:
-        return env.step(action)
-    except EnvInfraError:
-        return None
+class TorchSampler:
+    """The batched torch engine as a :class:`trainer.waves.Sampler` of :class:`trainer.text.text_policy.TextPolicy`
+    sessions: a wave's caches brought up to date by :func:`prefill`, the fork-turn hook called with each session's
+    prefilled entropy, then :func:`generate`. ``slots(row)``: the row's window plus ``max_new_tokens``, at most the
+    model context. ``seconds``: ``prefill`` and ``decode`` wall seconds."""
+
+    def __init__(self) -> None:
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+
+    def sample(self, rows: list[Row], before_draw: BeforeDraw | None) -> list[Step]:
+        t0 = time.perf_counter()
+        prefill([r.session for r in rows])
+        t1 = time.perf_counter()
+        self.seconds["prefill"] += t1 - t0
+        if before_draw is not None:
+            for r in rows:
+                before_draw(r, r.session.entropy)
+        t2 = time.perf_counter()
+        steps = generate(rows)
+        self.seconds["decode"] += time.perf_counter() - t2
+        return steps
+
+    def slots(self, row: Row) -> int:
+        policy = row.session.policy
+        return min(len(row.session.ids) + policy.sampling.max_new_tokens, policy.model.config.context)
 
 
-def _call_reset(env, ep: Episode, options):
-    """``env.reset(seed=ep.seed, options=options)``'s pair, or None when ``env`` is None (its copy failed) or the
-    infrastructure failed (:class:`EnvInfraError`)."""
-    if env is None:
-        return None
-    try:
-        return env.reset(seed=ep.seed, options=options)
-    except EnvInfraError:
-        return None
-
-
-def _apply_step(row: _Row, step: Step, result, counter: _Counter) -> None:
-    """Record the env step of ``step`` for ``row`` (as :func:`trainer.rollout._step` takes it) from ``result``
-    (:func:`_call_step`'s); marks the row done when its episode ended."""
-    ep = row.ep
-    ep.steps.append(step)
-    counter.env_calls += 1
-    row.turn += 1
-    if result is None:
-        ep.infra_failure, ep.reason, row.done = True, "infra_error", True
-        return
-    obs, reward, terminated, truncated, info = result
-    ep.reward += reward
-    ep.invalid_actions += bool(info.get("invalid_action"))
-    if terminated or truncated:
-        ep.reason = info.get("termination_reason")
-        ep.infra_failure = ep.reason in INFRA_FAILURE_REASONS
-        ep.env_metrics = info.get(EPISODE_METRICS)
-        row.done = True
-        return
-    row.session.observe(obs, info)
-
-
-def blocking(env) -> bool:
-    """Whether ``env``'s calls wait on I/O: its class's ``blocking`` flag (:attr:`envs.core.TextEnv.blocking`,
-    the one a server reads to run an env's steps in worker threads: FileQA's sandbox calls), read through
-    Gymnasium wrappers (``unwrapped``). Pure-Python envs (ClueProbe) are not."""
-    return bool(getattr(getattr(env, "unwrapped", env), "blocking", False))
-
-
-class RolloutEngine:
-    """Batched group and tree rollouts of a :class:`trainer.text.text_policy.TextPolicy` (module docstring).
+class RolloutEngine(WaveDriver):
+    """Batched group and tree rollouts of a :class:`trainer.text.text_policy.TextPolicy` (module docstring): the
+    wave driver (:class:`trainer.waves.WaveDriver`) over :class:`TorchSampler`, with the serial loops' signatures.
 
     Args:
         max_batch: most rows sampled in one batched forward (>= 1); rows past it wait for the next wave.
@@ -309,7 +258,7 @@ class RolloutEngine:
             between turns (at most one window's slots), as the serial loop's sessions do: ``max_live`` bounds
             how many.
         env_threads: worker threads for the env calls of a wave (steps, and the resets of new episodes) when
-            the env blocks (:func:`blocking`: FileQA's sandbox calls); 1: one after another.
+            the env blocks (:func:`trainer.waves.blocking`: FileQA's sandbox calls); 1: one after another.
             Pure-Python envs always run inline. Results are gathered, then applied in row order, so episodes
             and counters are the serial order's.
         max_live: most episodes live at once, or None: all of a rollout. Each live episode holds an env copy
@@ -323,26 +272,7 @@ class RolloutEngine:
 
     def __init__(self, max_batch: int = MAX_BATCH, max_kv_tokens: int | None = None,
                  env_threads: int = ENV_THREADS, max_live: int | None = None):
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if max_kv_tokens is not None and max_kv_tokens < 1:
-            raise ValueError(f"max_kv_tokens must be >= 1 (or None), got {max_kv_tokens}")
-        if env_threads < 1:
-            raise ValueError(f"env_threads must be >= 1, got {env_threads}")
-        if max_live is not None and max_live < 1:
-            raise ValueError(f"max_live must be >= 1 (or None), got {max_live}")
-        self.max_batch = max_batch
-        self.max_kv_tokens = max_kv_tokens
-        self.env_threads = env_threads
-        self.max_live = max_live
-        #: wall seconds spent since construction, by phase: ``prefill`` (:func:`prefill`), ``decode``
-        #: (:func:`generate`), ``env`` (env copies, resets, steps, closes; a tree's branch copies) and ``other``
-        #: (a tree's fork-turn choices); ``benchmarks/bench_rollout.py`` prints them.
-        self.seconds = dict.fromkeys(("prefill", "decode", "env", "other"), 0.0)
-
-    def _add(self, **seconds: float) -> None:
-        for k, v in seconds.items():
-            self.seconds[k] += v
+        super().__init__(TorchSampler(), max_batch, max_kv_tokens, env_threads, max_live)
 
     @classmethod
     def from_config(cls, cfg) -> "RolloutEngine":
@@ -351,123 +281,21 @@ class RolloutEngine:
         return cls(cfg.max_batch, getattr(cfg, "max_kv_tokens", None), getattr(cfg, "env_threads", ENV_THREADS),
                    getattr(cfg, "max_live", None))
 
-    def waves(self, rows: list[_Row]) -> list[list[_Row]]:
-        """``rows`` cut, in order, into waves of at most ``max_batch`` rows and ``max_kv_tokens`` slots (class
-        docstring)."""
-        out: list[list[_Row]] = []
-        wave: list[_Row] = []
-        longest = 0
-        for r in rows:
-            policy = r.session.policy
-            need = min(len(r.session.ids) + policy.sampling.max_new_tokens, policy.model.config.context)
-            if wave and (len(wave) == self.max_batch or (self.max_kv_tokens is not None and
-                                                         (len(wave) + 1) * max(longest, need) > self.max_kv_tokens)):
-                out.append(wave)
-                wave, longest = [], 0
-            wave.append(r)
-            longest = max(longest, need)
-        if wave:
-            out.append(wave)
-        return out
-
-    def _cohorts(self, n: int, per: int = 1) -> list[slice]:
-        """Slices of ``range(n)`` of at most ``max_live // per`` items (at least one; one slice without
-        ``max_live``): the episodes (``per`` = 1) or tree bases (``per`` = branches) live at once."""
-        size = n if self.max_live is None else max(1, self.max_live // per)
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    def _pool(self, rows: list[_Row]) -> ThreadPoolExecutor | None:
-        """Worker threads for the env calls of ``rows`` (None: inline; :func:`blocking`)."""
-        if self.env_threads > 1 and len(rows) > 1 and blocking(rows[0].env):
-            return ThreadPoolExecutor(min(self.env_threads, len(rows)), thread_name_prefix="forkyard-env")
-        return None
-
-    def _run(self, rows: list[_Row], counter: _Counter, before_act=None) -> None:
-        """Advance ``rows`` wave by wave until every episode has ended."""
-        live = [r for r in rows if not r.done]
-        pool = self._pool(live)
-        try:
-            while live:
-                for wave in self.waves(live):
-                    t0 = time.perf_counter()
-                    prefill([r.session for r in wave])
-                    t1 = time.perf_counter()
-                    if before_act is not None:
-                        for r in wave:
-                            before_act(r)
-                    t2 = time.perf_counter()
-                    steps = generate(wave)
-                    t3 = time.perf_counter()
-                    envs_, actions = [r.env for r in wave], [s.action for s in steps]
-                    results = pool.map(_call_step, envs_, actions) if pool is not None and len(wave) > 1 \
-                        else map(_call_step, envs_, actions)
-                    for r, step, result in zip(wave, steps, list(results), strict=True):
-                        _apply_step(r, step, result, counter)
-                    self._add(prefill=t1 - t0, other=t2 - t1, decode=t3 - t2, env=time.perf_counter() - t3)
-                t0 = time.perf_counter()
-                for r in live:
-                    if r.done:
-                        r.env.close()
-                self._add(env=time.perf_counter() - t0)
-                live = [r for r in live if not r.done]
-        finally:
-            if pool is not None:
-                pool.shutdown()
-
-    def _start(self, env, policy, episodes: list[Episode], rngs: list[random.Random],
-               options: list | None = None) -> list[_Row]:
-        """One env copy per episode (``env.fork``), reset with its seed (and ``options``), and its session; an
-        episode whose copy or reset failed through the infrastructure is marked lost and gets no row."""
-        t0 = time.perf_counter()
-        copies: list = []
-        for i in range(0, len(episodes), FORK_CHUNK):
-            n = min(FORK_CHUNK, len(episodes) - i)
-            try:
-                copies += env.fork(n)
-            except EnvInfraError:
-                copies += [None] * n
-        opts = options or [None] * len(episodes)
-        threads = min(self.env_threads, len(episodes)) if blocking(env) else 1
-        if threads > 1:  # the resets of a blocking env (sandbox resets) run in worker threads
-            with ThreadPoolExecutor(threads, thread_name_prefix="forkyard-env") as pool:
-                resets = list(pool.map(_call_reset, copies, episodes, opts))
-        else:
-            resets = list(map(_call_reset, copies, episodes, opts))
-        rows = []
-        for ep, rng, e, reset in zip(episodes, rngs, copies, resets, strict=True):
-            if reset is None:
-                ep.infra_failure, ep.reason = True, "infra_error"
-                if e is not None:
-                    e.close()
-                continue
-            obs, info = reset
-            rows.append(_Row(e, policy.session(obs, info), ep, rng))
-        self._add(env=time.perf_counter() - t0)
-        return rows
-
     def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
                       stream_seeds: list[int] | None = None) -> Rollout:
         """:func:`trainer.rollout.group_rollout`, batched (same arguments, returns and errors; ``stream_seeds``
         as there: given, ``rng`` is not read)."""
         if len(seeds) != group_size:
             raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
-        counter = _Counter()
-        episodes = [Episode(seed=s) for s in seeds]
-        streams = [stream(s) for s in given_streams(rng, group_size, stream_seeds)]
-        for c in self._cohorts(group_size):
-            self._run(self._start(env, policy, episodes[c], streams[c]), counter)
-        return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
+        return self.groups([Group(env, policy, list(seeds), rng, stream_seeds)])[0]
 
     def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
         """Independent episodes, the i-th reset with ``resets[i]`` = ``(seed, options)`` and sampled from the
         i-th stream of ``rng`` (:func:`trainer.rollout.episode_seeds`), batched; the evaluations of
         :mod:`trainer.text.text_eval`. Returns the episodes in order."""
-        episodes = [Episode(seed=seed) for seed, _ in resets]
-        streams = [stream(s) for s in episode_seeds(rng, len(resets))]
-        options = [opt for _, opt in resets]
-        for c in self._cohorts(len(resets)):
-            self._run(self._start(env, policy, episodes[c], streams[c], options[c]), _Counter())
-        return episodes
+        group = Group(env, policy, [seed for seed, _ in resets], None, episode_seeds(rng, len(resets)),
+                      [opt for _, opt in resets])
+        return self.groups([group])[0].episodes
 
     def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random | None,
                      fork_selection: str = "uniform", stream_seeds: list[int] | None = None) -> Rollout:
@@ -478,40 +306,7 @@ class RolloutEngine:
         if n_base < 1 or branches < 1 or len(seeds) != n_base:
             raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, "
                              f"{len(seeds)}")
-        counter = _Counter()
-        stream_seeds = given_streams(rng, n_base, stream_seeds)
-        bases = [Episode(seed=s, base=b, branch=0) for b, s in enumerate(seeds)]
+        return self.trees([Tree(env, policy, branches, list(seeds), rng, stream_seeds)], fork_selection)[0]
 
-        def before_act(row: _Row) -> None:  # the one fork-turn choice (trainer.rollout.ForkTurn), before the draws
-            if row.fork is None:
-                row.fork = ForkTurn(fork_selection, branches)
-            row.fork.consider(row.turn, row.rng, row.session.entropy, row.env, row.session, row.ep.reward, counter)
 
-        episodes: list[Episode] = []
-        lost = 0
-        for c in self._cohorts(n_base, branches):  # bases, then their branches; then the next cohort's
-            rows = self._start(env, policy, bases[c], [stream(s) for s in stream_seeds[c]])
-            self._run(rows, counter, before_act)
-            lost += self._branches(rows, bases[c], c.start, branches, stream_seeds, counter, episodes)
-        return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)
-
-    def _branches(self, rows: list[_Row], bases: list[Episode], first: int, branches: int, stream_seeds: list[int],
-                  counter: _Counter, episodes: list[Episode]) -> int:
-        """Run the branches of ``bases`` (base ids ``first``...; their rows ``rows``) from their checkpoints,
-        appending each base and its branches to ``episodes``; returns the branches lost to the infrastructure."""
-        by_base = {r.ep.base: r for r in rows}
-        branch_rows: list[_Row] = []
-        lost = 0
-        for b, base in enumerate(bases, first):
-            episodes.append(base)
-            row = by_base.get(b)
-            checkpoint = row.fork.checkpoint if row is not None and row.fork is not None else None
-            t0 = time.perf_counter()
-            branch_eps, starts, n_lost = spread_branches(base, checkpoint, branches, stream_seeds[b], counter)
-            self._add(env=time.perf_counter() - t0)
-            episodes += branch_eps
-            lost += n_lost
-            branch_rows += [_Row(st.env, st.session, st.episode, st.rng, turn=checkpoint.turn)
-                            for st in starts if checkpoint is not None]
-        self._run(branch_rows, counter)
-        return lost
+__all__ = ["ENV_THREADS", "MAX_BATCH", "PREFILL_TOKENS", "RolloutEngine", "TorchSampler", "generate", "prefill"]
