@@ -10,5 +10,8 @@ shift $(( $# >= 2 ? 2 : 1 ))
 test -x .venv-vllm/bin/python || { echo "no .venv-vllm: run make vllm first" >&2; exit 2; }
 # KV cache size in GiB on a CPU (vLLM's default, 4, is more than a test machine's tiny models need)
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# the development endpoints: the sampler's weight sync (reload_weights through /collective_rpc, /reset_prefix_cache);
+# they run what they are asked, so the server listens on loopback only
+export VLLM_SERVER_DEV_MODE=1
 exec .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$model" --host 127.0.0.1 --port "$port" \
   --dtype float32 --max-model-len 2048 --enable-prefix-caching --logprobs-mode processed_logprobs "$@"

@@ -29,7 +29,9 @@ Rows: sessions with ``ids`` (the context) and ``record(ids, logps, entropy)`` (t
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -90,6 +92,31 @@ class VLLMSampler:
     def close(self) -> None:
         """Close the HTTP connections."""
         self.client.close()
+
+    def load_weights(self, folder: str) -> None:
+        """Sync the server to the weights saved in ``folder`` (``save_pretrained`` of the trained model, the
+        architecture the server was started with): vLLM reloads them in place (``reload_weights`` through
+        ``POST /collective_rpc``) and drops its prefix cache (whose keys and values the old weights computed).
+        Needs the server's development endpoints (``VLLM_SERVER_DEV_MODE=1``, which ``scripts/vllm-serve.sh``
+        sets; the script binds to loopback). Every reply sampled after it returns comes from the new weights.
+
+        A model whose output layer is tied to its input embeddings (``tie_word_embeddings`` in its config) is
+        refused: vLLM 0.32's in-place reload leaves the tied output layer unloaded ("ParallelLMHead: Failed to load
+        weights" in its log, then replies from a broken head); save such a model untied.
+
+        Raises:
+            VLLMError: the server refused (no development endpoints: HTTP 404) or failed to load, or the folder's
+                model ties its embeddings.
+        """
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            if json.load(f).get("tie_word_embeddings"):
+                raise VLLMError(f"{folder}: a model with tied embeddings does not reload in vLLM (its output layer "
+                                "stays unloaded); save it with tie_word_embeddings=False")
+        for path, body in (("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": folder}}),
+                           ("/reset_prefix_cache", None)):
+            r = self.client.post(path, json=body)
+            if r.status_code != 200:
+                raise VLLMError(f"vLLM answered HTTP {r.status_code} to {path}: {r.text[:500]}")
 
     def complete(self, ids: list[int], max_tokens: int, temperature: float, stops: list[int],
                  seed: int | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ branch's context the base's up to it; the branches' shared prefixes hit vLLM's p
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -38,6 +39,8 @@ def served(tmp_path_factory):
         pytest.skip("no .venv-vllm (make vllm builds it)")
     chats, tools = demo_chats(CLUE, {"max_turns": 3}, 8)
     model, tok = tiny_policy(chats, tools, steps=0)
+    model.config.tie_word_embeddings = False  # vLLM reloads an untied output layer only (VLLMSampler.load_weights)
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     folder = tmp_path_factory.mktemp("tinyq")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -124,6 +127,37 @@ def test_the_same_seeds_give_the_same_group_through_vllm(served):
     assert [[s.data.completion for s in e.steps[-1:]] for e in a.episodes] == [
         [s.data.completion for s in e.steps[-1:]] for e in b.episodes]
     assert a.env_calls == b.env_calls > 0
+
+
+def test_weights_saved_after_an_update_are_what_the_server_samples_next(served, tmp_path):
+    """An update (here: the weights perturbed), saved and loaded into the running server: the replies sampled next
+    carry the new model's log-probs, not the old one's."""
+    url, folder, model, tok = served
+    new = type(model)(model.config)
+    new.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    new.eval().save_pretrained(tmp_path)
+    sampler = VLLMSampler(url, folder)
+    env = ClueProbeEnv(max_turns=2)
+    try:
+        tied = tmp_path / "tied"
+        tied.mkdir()
+        (tied / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+        with pytest.raises(VLLMError, match="tied embeddings"):
+            sampler.load_weights(str(tied))
+        sampler.load_weights(str(tmp_path))
+        played = WaveDriver(sampler).groups([Group(env, policy_for(new, tok, env), [1, 2], random.Random(3))])[0]
+        sampler.load_weights(folder)  # the module's other tests sample the original weights
+    finally:
+        sampler.close()
+    for ep in played.episodes:
+        s = ep.steps[-1].data
+        mine = [lp for lp, m in zip(s.logprobs, s.mask, strict=True) if m]
+        assert mine == pytest.approx(recompute(new, s), abs=1e-4)
+        assert mine != pytest.approx(recompute(model, s), abs=1e-2)
 
 
 def test_a_refused_request_is_a_vllm_error_naming_the_status(served):
