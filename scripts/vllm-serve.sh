@@ -13,5 +13,9 @@ export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 # the development endpoints: the sampler's weight sync (reload_weights through /collective_rpc, /reset_prefix_cache);
 # they run what they are asked, so the server listens on loopback only
 export VLLM_SERVER_DEV_MODE=1
+# No chunked prefill: vLLM 0.32 rewinds a seeded request's generator after a partial prefill, and a CPU generator
+# cannot rewind ("CPU Generator does not use offset": the engine dies). Each prompt is prefilled whole (at most
+# --max-num-batched-tokens tokens a step, at least --max-model-len).
 exec .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$model" --host 127.0.0.1 --port "$port" \
-  --dtype float32 --max-model-len 2048 --enable-prefix-caching --logprobs-mode processed_logprobs "$@"
+  --dtype float32 --max-model-len 2048 --enable-prefix-caching --logprobs-mode processed_logprobs \
+  --no-enable-chunked-prefill --max-num-batched-tokens 8192 "$@"
