@@ -160,6 +160,22 @@ def test_weights_saved_after_an_update_are_what_the_server_samples_next(served, 
         assert mine != pytest.approx(recompute(model, s), abs=1e-2)
 
 
+def test_a_wave_of_more_prompt_tokens_than_one_engine_step_takes_runs_whole(served):
+    """32 seeded requests of about 340 prompt tokens each: more than one engine step's 8,192 tokens. With chunked
+    prefill on, vLLM 0.32 split a prompt across steps and then rewound its seeded CPU generator, which cannot rewind:
+    the engine died (scripts/vllm-serve.sh turns chunked prefill off)."""
+    url, folder, model, tok = served
+    sampler = VLLMSampler(url, folder)
+    env = ClueProbeEnv(max_turns=1)
+    try:
+        played = WaveDriver(sampler).groups([Group(env, policy_for(model, tok, env), list(range(32)),
+                                                   random.Random(11))])[0]
+    finally:
+        sampler.close()
+    assert sum(len(p) for p in (e.steps[0].data.prompt for e in played.episodes)) > 8192
+    assert played.env_calls == 32 and not any(e.infra_failure for e in played.episodes)
+
+
 def test_a_refused_request_is_a_vllm_error_naming_the_status(served):
     url, folder, _, _ = served
     sampler = VLLMSampler(url, "no-such-model")
