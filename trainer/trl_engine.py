@@ -131,6 +131,7 @@ class HFChatSampler:
         self.seconds = {"decode": 0.0}
 
     def sample(self, rows: list[Row], before_draw: BeforeDraw | None) -> list[Step]:
+        """Each row's reply, sampled together by :func:`sample_rows` (:class:`trainer.waves.Sampler`)."""
         t0 = time.perf_counter()
         hook = None if before_draw is None else (lambda b, e: before_draw(rows[b], lambda: e))
         replies = rows[0].session.policy.sample_many([r.session.ids for r in rows], [r.rng for r in rows], hook)
@@ -139,6 +140,7 @@ class HFChatSampler:
         return out
 
     def slots(self, row: Row) -> int:
+        """KV-cache slots the row holds at the end of its reply: its context plus ``max_new_tokens``."""
         return len(row.session.ids) + row.session.policy.max_new_tokens
 
 

@@ -163,6 +163,7 @@ class VLLMSampler:
         return [r.session.record(*reply) for r, reply in zip(rows, replies, strict=True)]
 
     def slots(self, row: Row) -> int:
+        """KV-cache slots the row's request holds on the server: its context plus ``max_new_tokens``."""
         return len(row.session.ids) + row.session.policy.max_new_tokens
 
 

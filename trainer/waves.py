@@ -101,6 +101,7 @@ class SerialSampler:
         self.seconds: dict[str, float] = {"decode": 0.0}
 
     def sample(self, rows: list[Row], before_draw: BeforeDraw | None) -> list[Step]:
+        """Each row's action, one row after another (:class:`Sampler`)."""
         t0 = time.perf_counter()
         out = []
         for r in rows:
@@ -111,6 +112,7 @@ class SerialSampler:
         return out
 
     def slots(self, row: Row) -> int:
+        """1: a serial session holds no batched KV cache."""
         return 1
 
 
@@ -234,6 +236,7 @@ class WaveDriver:
 
     @property
     def seconds(self) -> dict[str, float]:
+        """Wall seconds by phase since construction: the driver's (``env``, ``other``) and the sampler's."""
         return {**self.sampler.seconds, **self._seconds}
 
     def _add(self, phase: str, t0: float) -> None:

@@ -225,6 +225,7 @@ class TorchSampler:
         self.seconds = {"prefill": 0.0, "decode": 0.0}
 
     def sample(self, rows: list[Row], before_draw: BeforeDraw | None) -> list[Step]:
+        """Each row's next action, the wave prefilled then decoded together (:class:`trainer.waves.Sampler`)."""
         t0 = time.perf_counter()
         prefill([r.session for r in rows])
         t1 = time.perf_counter()
@@ -238,6 +239,8 @@ class TorchSampler:
         return steps
 
     def slots(self, row: Row) -> int:
+        """KV-cache slots the row holds at the end of its action: its window plus ``max_new_tokens``, at most the
+        model context."""
         policy = row.session.policy
         return min(len(row.session.ids) + policy.sampling.max_new_tokens, policy.model.config.context)
 
