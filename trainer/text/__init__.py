@@ -14,6 +14,7 @@ above it in this list and the trainer's core (:mod:`trainer.loop`, :mod:`trainer
 ``hf``              Hugging Face causal LMs behind the same interface (LoRA, chat templates)
 ``checkpoints``     saving and loading either kind of model
 ``engine``          batched rollouts across every live episode and branch
+``tree_update``     the update's rows as prefix trees: one forward per shared prefix
 ``text_config``     the settings of SFT, RL and evaluation (no torch import)
 ``text_eval``       sampled, greedy and exact evaluation
 ``text_sft``        supervised warm start on demonstrations
@@ -23,5 +24,5 @@ above it in this list and the trainer's core (:mod:`trainer.loop`, :mod:`trainer
 """
 
 #: The package's modules, each importing only those before it (and the trainer's core).
-IMPORT_ORDER = ("losses", "monitors", "lm", "tokenizer", "text_policy", "hf", "checkpoints", "engine", "text_config",
-                "text_eval", "text_sft", "text_train", "text_cli")
+IMPORT_ORDER = ("losses", "monitors", "lm", "tokenizer", "text_policy", "hf", "checkpoints", "engine", "tree_update",
+                "text_config", "text_eval", "text_sft", "text_train", "text_cli")

@@ -108,14 +108,18 @@ class HFCausalLM(nn.Module):
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+                mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                attention: torch.Tensor | None = None):
         """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the slots ``past`` holds (None: none).
         The ``past`` given is never modified. ``mask`` [B, P + T] bool (True: a real token) and ``positions``
         [B, T] int64 go to the model as ``attention_mask`` and ``position_ids`` (padded batches,
         :meth:`trainer.text.lm.TinyCausalLM.forward`). In training mode or with gradients on (the RL update's eval-mode
         forward, :func:`trainer.update.dropout_off`), without ``past``, no cache is built (the cache returned is
-        None): gradient checkpointing recomputes activations and cannot keep one. Raises
-        ValueError past ``config.context`` positions."""
+        None): gradient checkpointing recomputes activations and cannot keep one. ``attention`` [B, T, T] bool
+        (without ``past`` and ``mask``; True: query i attends key j) goes to the model as a 4D additive mask,
+        which ``transformers`` uses as given (a packed prefix tree, :mod:`trainer.text.tree_update`). Raises
+        ValueError past ``config.context`` positions, and with ``attention`` under an attention implementation other
+        than sdpa or eager (flash-attention kernels would drop the mask)."""
         from transformers import DynamicCache
 
         p = 0 if past is None else past[0][0].shape[2]
@@ -123,6 +127,15 @@ class HFCausalLM(nn.Module):
         if last > self.config.context:
             raise ValueError(f"{last} positions exceed the model context {self.config.context}")
         extra = {} if mask is None else {"attention_mask": mask.long(), "position_ids": positions}
+        if attention is not None:
+            kind = getattr(self.hf.config, "_attn_implementation", None) or "eager"
+            if kind not in ("sdpa", "eager"):  # flash-attention kernels take no arbitrary mask
+                raise ValueError(f"a tree attention mask needs the sdpa or eager attention, not {kind!r}; "
+                                 "load the model with attn_implementation='sdpa' or train with --update flat")
+            dtype = self.hf.get_input_embeddings().weight.dtype
+            additive = torch.zeros(attention.shape, dtype=dtype, device=ids.device)
+            additive.masked_fill_(~attention, torch.finfo(dtype).min)
+            extra = {"attention_mask": additive[:, None], "position_ids": positions}
         if past is None and (self.hf.training or torch.is_grad_enabled()):
             return self.hf(input_ids=ids, use_cache=False, **extra).logits, None
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()

@@ -156,7 +156,7 @@ class _Block(nn.Module):
             v = torch.cat([past[1], v], dim=2)
         s = k.shape[2]
         drop = self.dropout if self.training else 0.0
-        if attn is not None:  # [B, 1, t, s] bool from TinyCausalLM.forward's mask
+        if attn is not None:  # [B, 1, t, s] from TinyCausalLM.forward's mask (bool) or attention (additive float)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, dropout_p=drop)
         elif s == t:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
@@ -203,7 +203,8 @@ class TinyCausalLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, past: KVCache | None = None, mask: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, fill: int | None = None,
-                logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
+                logits_at: torch.Tensor | None = None,
+                attention: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
         """Logits of the next token at every position.
 
         Args:
@@ -220,6 +221,9 @@ class TinyCausalLM(nn.Module):
                 is never modified.
             logits_at: [B] int64: the logits of only that position of each row are computed (returned as
                 [B, 1, vocab_size]; a prefill needs the last real one). None: every position's.
+            attention: [B, T, T] bool, without ``past`` and ``mask``: True where query i may attend key j (a packed
+                prefix tree's ancestor mask, :mod:`trainer.text.tree_update`, with ``positions`` the nodes'
+                depths). None: causal.
 
         Returns:
             ``(logits, cache)``: logits [B, T, vocab_size] in the parameters' dtype, and the cache of the P + T
@@ -240,6 +244,9 @@ class TinyCausalLM(nn.Module):
                 raise ValueError(f"position {int(positions.max())} is past the model context {self.config.context}")
             x = self.tok(ids) + self.pos(positions)
         attn = None
+        if attention is not None:  # additive, built once: a bool mask is converted again by every layer's attention
+            attn = torch.zeros(attention.shape, dtype=x.dtype, device=x.device).masked_fill_(~attention, -math.inf)
+            attn = attn[:, None]
         if mask is not None:
             q = torch.arange(t, device=ids.device)[:, None] + p  # [t, 1] slot of each query
             slot = torch.arange(p + t, device=ids.device)[None]  # [1, s]

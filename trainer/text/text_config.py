@@ -100,6 +100,10 @@ class TextTrainConfig(LoopConfig):
     kl_coef: float = setting(0.0, group="loop", help="KL weight against the starting model (0: no reference model)")
     reduction: str = setting("token-mean", choices=_reductions, group="loop",
                              help="loss reduction (trainer/text/losses.py)")
+    update: str = setting("flat", choices=("flat", "tree"), group="loop",
+                          help="the PPO forward: flat (one padded row per episode) or tree (rows merged into prefix "
+                               "trees, one forward per shared prefix; same loss and gradients, trainer/text/"
+                               "tree_update.py)")
     invalid_penalty: float = setting(0.0, group="loop",
                                      help="shaping: subtract this from an episode's return per illegal action on its "
                                           "path")

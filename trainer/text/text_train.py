@@ -14,7 +14,8 @@ One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, th
 3. Rows (:func:`build_batch`): one token row per episode or branch, exactly the ids it sampled and was
    shown (the last step's context plus its action; a branch's row contains the base prefix with mask 0).
    Each step's tokens are located by position and checked against the row (no re-tokenisation; a
-   mismatch raises).
+   mismatch raises). With ``--update tree`` the rows are merged into prefix trees and each shared prefix is
+   computed once (:mod:`trainer.text.tree_update`): the same log-probs, loss and gradients.
 4. ``ppo_epochs`` full-batch epochs of :func:`trainer.text.losses.ppo_loss` (ratio against the recorded
    behavior log-probs; on the first epoch the ratio is 1 up to float rounding: every forward runs with
    dropout off, as sampling does, :func:`trainer.update.dropout_off`), Adam, grad-norm clip
@@ -45,6 +46,7 @@ from trainer.text.text_eval import evaluate
 from trainer.text.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
 from trainer.text.text_sft import new_model, training_model
 from trainer.text.tokenizer import model_tokenizer
+from trainer.text.tree_update import pack_rows, tree_token_logprobs
 from trainer.update import dropout_off
 
 
@@ -143,11 +145,19 @@ class PPOTextPolicy(TextPolicy):
             of ``model`` as the KL reference (a LoRA model: itself with its adapters disabled, no copy).
         ppo_epochs: full-batch epochs per update (>= 1).
         max_grad_norm: gradient-norm clip.
+        update: ``"flat"`` (padded rows) or ``"tree"`` (the rows' prefix trees, :mod:`trainer.text.tree_update`):
+            the same log-probs, loss and gradients up to float rounding, one forward per shared prefix.
+
+    Raises:
+        ValueError: on an unknown ``update``.
     """
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig, *, lr: float, ppo: PPOConfig,
-                 ppo_epochs: int, max_grad_norm: float):
+                 ppo_epochs: int, max_grad_norm: float, update: str = "flat"):
         super().__init__(model, tokenizer, sampling)
+        if update not in ("flat", "tree"):
+            raise ValueError(f"update must be flat or tree, got {update!r}")
+        self.update_layout = update
         self.ppo = ppo
         self.ppo_epochs = ppo_epochs
         self.max_grad_norm = max_grad_norm
@@ -164,7 +174,7 @@ class PPOTextPolicy(TextPolicy):
         through the batched engine (:class:`trainer.text.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
         policy = cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
                      ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
-                     ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm)
+                     ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm, update=cfg.update)
         if cfg.sampler == "batched":
             from trainer.text.engine import RolloutEngine
 
@@ -215,7 +225,8 @@ class PPOTextPolicy(TextPolicy):
         Returns:
             ``grad_norm`` (first epoch, before clipping), ``clip_frac``, ``ratio_mean``/``min``/``max``
             and ``loss`` (last epoch), ``trained_tokens``, and ``first_epoch_ratio_max_dev``
-            (``max |ratio - 1|`` of the first epoch: ~0 on policy) when trained.
+            (``max |ratio - 1|`` of the first epoch: ~0 on policy) when trained; ``forward_tokens``: the token
+            slots one forward pass computes (flat: rows x longest row; tree: the prefix trees' nodes).
 
         Raises:
             RuntimeError: if a step's token ids drifted from what was sampled (:func:`build_batch`).
@@ -225,19 +236,27 @@ class PPOTextPolicy(TextPolicy):
             return dict(grad_norm=0.0, clip_frac=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0, loss=0.0,
                         trained_tokens=0)
         model, temperature, suppress = self.model, self.sampling.temperature, self.tok.suppressed_ids
+        if self.update_layout == "tree":
+            packed = pack_rows(batch.rows, self.tok.pad_id, self.device)
+
+            def forward(m) -> tuple[torch.Tensor, torch.Tensor]:
+                return tree_token_logprobs(m, packed, temperature, suppress)
+        else:
+            def forward(m) -> tuple[torch.Tensor, torch.Tensor]:
+                return token_logprobs(m, batch.ids, temperature, suppress)[:2]
         # every forward of the update without dropout, as the sampling forward: the first epoch's ratio is 1 up to
         # float rounding for any checkpoint (field case S37; trainer.update.dropout_off)
         with dropout_off(model):
             ref_logp = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref_logp = token_logprobs(self.ref, batch.ids, temperature, suppress)[0]
+                    ref_logp = forward(self.ref)[0]
             elif self._ref_is_base:
                 with torch.no_grad(), model.hf.disable_adapter():
-                    ref_logp = token_logprobs(model, batch.ids, temperature, suppress)[0]
+                    ref_logp = forward(model)[0]
             out: dict[str, float] = {}
             for epoch in range(self.ppo_epochs):
-                logp, ent, _ = token_logprobs(model, batch.ids, temperature, suppress)
+                logp, ent = forward(model)
                 loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp,
                                     batch.group)
                 self.optimizer.zero_grad()
@@ -247,6 +266,7 @@ class PPOTextPolicy(TextPolicy):
                 if epoch == 0:
                     out["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
                     out["grad_norm"], out["trained_tokens"] = g, st["tokens"]
+                    out["forward_tokens"] = float(packed.nodes if self.update_layout == "tree" else batch.ids.numel())
                 last = st
         out.update(clip_frac=last["clip_frac"], ratio_mean=last["ratio_mean"], ratio_min=last["ratio_min"],
                    ratio_max=last["ratio_max"], loss=float(loss.detach()))
