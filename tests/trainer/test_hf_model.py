@@ -422,3 +422,28 @@ def test_the_kl_reference_of_a_lora_model_is_its_base_without_a_copy(tok):
             ref = token_logprobs(lora, ids, 1.0, tok.suppressed_ids)[0]
         assert torch.allclose(ref, token_logprobs(before, ids, 1.0, tok.suppressed_ids)[0], atol=1e-5)
         assert not torch.allclose(token_logprobs(lora, ids, 1.0, tok.suppressed_ids)[0], ref, atol=1e-4)
+
+
+def test_decoding_into_preallocated_buffers_is_the_concatenating_cache(model):
+    """``fill``: the engine's batched decoding writes each token's keys and values into buffers allocated once
+    (transformers' own cache copies the whole cache at every token); logits and cache equal the concatenating path's."""
+    model.eval()
+    ids = torch.tensor([[5, 9, 12, 7, 3, 30], [8, 8, 2, 41, 6, 11]])
+    with torch.no_grad():
+        want, want_cache = model(ids)
+        _, past = model(ids[:, :3])
+        buffers = [(torch.zeros(2, k.shape[1], 8, k.shape[3]), torch.zeros(2, v.shape[1], 8, v.shape[3]))
+                   for k, v in past]
+        for (bk, bv), (k, v) in zip(buffers, past, strict=True):
+            bk[:, :, :3], bv[:, :, :3] = k, v
+        got = []
+        for j in range(3, 6):
+            out, cache = model(ids[:, j:j + 1], buffers, fill=j, logits_at=torch.tensor([0, 0]))
+            assert cache is buffers  # written in place, nothing copied
+            got.append(out[:, 0])
+    assert torch.allclose(torch.stack(got, 1), want[:, 3:], atol=1e-5)
+    for (bk, bv), (k, v) in zip(buffers, want_cache, strict=True):
+        assert torch.allclose(bk[:, :, :6], k, atol=1e-5) and torch.allclose(bv[:, :, :6], v, atol=1e-5)
+        assert not bk[:, :, 6:].any()
+    with pytest.raises(ValueError, match="preallocated"), torch.no_grad():
+        model(torch.tensor([[1, 2, 3], [4, 5, 6]]), buffers, fill=6)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,37 @@ RESPONSE_TEMPLATE = {
 }
 
 
+@lru_cache(maxsize=1)
+def _fill_layer():
+    """transformers' ``DynamicLayer`` over preallocated buffers ``[B, H, S, dh]`` whose first ``fill`` slots hold the
+    cache: ``update`` writes the new keys and values into the next slots in place and returns views of the filled
+    slots (a ``DynamicLayer`` concatenates, copying the whole cache at every decoded token). Built on first use:
+    transformers is imported only by the ``hf`` extra's code paths."""
+    from transformers.cache_utils import DynamicLayer
+
+    class FillLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, fill: int):
+            super().__init__()
+            self.device, self.buffers, self.fill, self.is_initialized = keys.device, (keys, values), fill, True
+            self.keys, self.values = keys[:, :, :fill], values[:, :, :fill]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            k, v = self.buffers
+            t = key_states.shape[-2]
+            if self.fill + t > k.shape[2]:
+                raise ValueError(f"{self.fill + t} slots exceed the preallocated cache of {k.shape[2]}")
+            k[:, :, self.fill:self.fill + t] = key_states
+            v[:, :, self.fill:self.fill + t] = value_states
+            self.fill += t
+            self.keys, self.values = k[:, :, :self.fill], v[:, :, :self.fill]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.fill
+
+    return FillLayer
+
+
 @dataclass
 class HFModelConfig:
     """The part of a model's config the text policy reads: ``context`` (longest window, tokens) and
@@ -107,22 +139,30 @@ class HFCausalLM(nn.Module):
         base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
+    #: :meth:`forward` takes ``fill`` (preallocated cache buffers written in place) and ``logits_at``, as
+    #: :meth:`trainer.text.lm.TinyCausalLM.forward` does: the batched engine's decoding then never copies the cache.
+    in_place_cache = True
+
     def forward(self, ids: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                 mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                attention: torch.Tensor | None = None):
+                attention: torch.Tensor | None = None, fill: int | None = None,
+                logits_at: torch.Tensor | None = None):
         """``(logits [B, T, V], cache)`` of ``ids`` [B, T] after the slots ``past`` holds (None: none).
-        The ``past`` given is never modified. ``mask`` [B, P + T] bool (True: a real token) and ``positions``
-        [B, T] int64 go to the model as ``attention_mask`` and ``position_ids`` (padded batches,
+        Without ``fill`` the ``past`` given is never modified. ``mask`` [B, P + T] bool (True: a real token) and
+        ``positions`` [B, T] int64 go to the model as ``attention_mask`` and ``position_ids`` (padded batches,
         :meth:`trainer.text.lm.TinyCausalLM.forward`). In training mode or with gradients on (the RL update's eval-mode
         forward, :func:`trainer.update.dropout_off`), without ``past``, no cache is built (the cache returned is
         None): gradient checkpointing recomputes activations and cannot keep one. ``attention`` [B, T, T] bool
         (without ``past`` and ``mask``; True: query i attends key j) goes to the model as a 4D additive mask,
-        which ``transformers`` uses as given (a packed prefix tree, :mod:`trainer.text.tree_update`). Raises
+        which ``transformers`` uses as given (a packed prefix tree, :mod:`trainer.text.tree_update`). ``fill``: with
+        ``past``, its tensors are buffers of at least ``fill + T`` slots whose first ``fill`` hold the cache; the new
+        keys and values are written into them in place and the buffers are returned (``past`` is then modified).
+        ``logits_at`` [B] int64: only that position's logits of each row are returned ([B, 1, V]). Raises
         ValueError past ``config.context`` positions, and with ``attention`` under an attention implementation other
         than sdpa or eager (flash-attention kernels would drop the mask)."""
         from transformers import DynamicCache
 
-        p = 0 if past is None else past[0][0].shape[2]
+        p = fill if fill is not None else 0 if past is None else past[0][0].shape[2]
         last = p + ids.shape[1] if positions is None else int(positions.max()) + 1
         if last > self.config.context:
             raise ValueError(f"{last} positions exceed the model context {self.config.context}")
@@ -138,10 +178,19 @@ class HFCausalLM(nn.Module):
             extra = {"attention_mask": additive[:, None], "position_ids": positions}
         if past is None and (self.hf.training or torch.is_grad_enabled()):
             return self.hf(input_ids=ids, use_cache=False, **extra).logits, None
-        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
+        if fill is not None and past is not None:
+            cache = DynamicCache()
+            cache.layers = [_fill_layer()(k, v, fill) for k, v in past]
+        else:
+            cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
         out = self.hf(input_ids=ids, use_cache=True, **extra, **{self._cache_kw: cache})
+        logits = out.logits
+        if logits_at is not None:
+            logits = logits[torch.arange(logits.shape[0], device=logits.device), logits_at][:, None]
+        if fill is not None and past is not None:
+            return logits, past
         new = out.get("cache", None) or out.get("past_key_values", None)
-        return out.logits, [(layer.keys, layer.values) for layer in new.layers]
+        return logits, [(layer.keys, layer.values) for layer in new.layers]
 
     @property
     def lora(self) -> bool:
