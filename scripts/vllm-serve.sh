@@ -16,6 +16,9 @@ export VLLM_SERVER_DEV_MODE=1
 # No chunked prefill: vLLM 0.32 rewinds a seeded request's generator after a partial prefill, and a CPU generator
 # cannot rewind ("CPU Generator does not use offset": the engine dies). Each prompt is prefilled whole (at most
 # --max-num-batched-tokens tokens a step, at least --max-model-len).
+# the model's own context, at most 2048 tokens (a later --max-model-len among the extra flags wins)
+ctx="$(.venv-vllm/bin/python -c 'import json, sys; c = json.load(open(sys.argv[1] + "/config.json"))
+print(min(int(c.get("max_position_embeddings") or 2048), 2048))' "$model")"
 exec .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model "$model" --host 127.0.0.1 --port "$port" \
-  --dtype float32 --max-model-len 2048 --enable-prefix-caching --logprobs-mode processed_logprobs \
+  --dtype float32 --max-model-len "$ctx" --enable-prefix-caching --logprobs-mode processed_logprobs \
   --no-enable-chunked-prefill --max-num-batched-tokens 8192 "$@"

@@ -21,19 +21,32 @@ first token's entropy is estimated from them, the remaining mass counted as one 
 entropy; exact when the distribution has at most ``top_logprobs`` tokens). Entropy fork selection asks for it before
 the reply is drawn: one extra one-token request on the cached prefix.
 
-Rows: sessions with ``ids`` (the context) and ``record(ids, logps, entropy)`` (the reply appended, the action read),
-:class:`trainer.trl_rollout.ChatSession` (TRL's tree-fork rollouts), whose ``policy`` gives ``temperature``,
-``max_new_tokens`` and ``stops``.
+Rows: two kinds of session.
+
+* :class:`trainer.trl_rollout.ChatSession` (TRL's tree-fork rollouts): ``ids`` (the context) and ``record(ids, logps,
+  entropy)`` (the reply appended, the action read); its ``policy`` gives ``temperature``, ``max_new_tokens`` and
+  ``stops``.
+* :class:`trainer.text.text_policy.TextSession` (``forkyard train-lm --sampler vllm``): the context is the session's
+  window (``_pending``: the ids that fit the model context with room for the reply), sampled with the policy's
+  ``SamplingConfig`` (temperature, top-p, ``max_new_tokens``) and stop ids; the tokenizer's suppressed ids get a logit
+  bias of -100 (the OpenAI API's floor: a probability below e^-100 of the others', never drawn in practice, where the
+  torch samplers give exactly 0); each token's entropy is estimated from its top log-probs; the turn is closed by
+  ``finish`` as every sampler closes it. Stop strings are refused (vLLM would cut the text, not the token ids).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import math
 import os
+import signal
+import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,6 +65,19 @@ class VLLMError(RuntimeError):
 def _ids(tokens: list[str]) -> list[int]:
     """Token ids of ``return_tokens_as_token_ids`` tokens (``"token_id:123"``)."""
     return [int(t.rsplit(":", 1)[1]) for t in tokens]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to a started server's process group (the script's vLLM processes), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
 
 
 def top_entropy(top: dict[str, float]) -> float:
@@ -88,10 +114,63 @@ class VLLMSampler:
                                    limits=httpx.Limits(max_connections=max_concurrency))
         self.model, self.top_logprobs, self.max_concurrency = model, top_logprobs, max_concurrency
         self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self._server: subprocess.Popen | None = None  # the server process when launch() started it
+
+    @classmethod
+    def connect(cls, base_url: str, **kwargs: Any) -> "VLLMSampler":
+        """A sampler of the model ``base_url``'s server serves (the first of ``GET /v1/models``); ``kwargs`` as the
+        constructor's. Raises :class:`VLLMError` when the server lists no model, httpx.HTTPError when it cannot be
+        reached."""
+        r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30)
+        models = r.json().get("data") if r.status_code == 200 else None
+        if not models:
+            raise VLLMError(f"{base_url} lists no model (HTTP {r.status_code}): {r.text[:300]}")
+        return cls(base_url, models[0]["id"], **kwargs)
+
+    @classmethod
+    def launch(cls, folder: str, port: int | None = None, timeout_s: float = 600.0, **kwargs: Any) -> "VLLMSampler":
+        """Start vLLM's server on the model ``folder`` on loopback (``scripts/vllm-serve.sh FOLDER PORT``, from the
+        venv ``make vllm`` builds; its output in ``FOLDER.vllm.log``), wait until it lists the model, and return a
+        sampler of it that stops the server on :meth:`close` (and at interpreter exit). ``port``: None, a free one.
+
+        Raises:
+            VLLMError: no ``scripts/vllm-serve.sh`` beside this package (a source checkout has it), or the server
+                exited or did not answer within ``timeout_s`` seconds (the log's tail in the message).
+        """
+        script = Path(__file__).resolve().parents[1] / "scripts" / "vllm-serve.sh"
+        if not script.exists():
+            raise VLLMError(f"no {script}: start vLLM's server yourself and pass its URL (--vllm-url)")
+        if port is None:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        log = Path(f"{folder.rstrip('/')}.vllm.log")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(script), folder, str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop(proc)
+                raise VLLMError(f"vLLM's server on {folder} {'exited' if proc.returncode else 'did not answer'}; "
+                                f"its log ({log}) ends: {log.read_text(errors='replace')[-1500:]}")
+            time.sleep(1.0)
+        sampler = cls.connect(url, **kwargs)
+        sampler._server = proc
+        atexit.register(sampler.close)
+        return sampler
 
     def close(self) -> None:
-        """Close the HTTP connections."""
+        """Close the HTTP connections; stop the server when :meth:`launch` started it."""
         self.client.close()
+        server, self._server = getattr(self, "_server", None), None
+        if server is not None:
+            _stop(server)
 
     def load_weights(self, folder: str) -> None:
         """Sync the server to the weights saved in ``folder`` (``save_pretrained`` of the trained model, the
@@ -119,12 +198,13 @@ class VLLMSampler:
                 raise VLLMError(f"vLLM answered HTTP {r.status_code} to {path}: {r.text[:500]}")
 
     def complete(self, ids: list[int], max_tokens: int, temperature: float, stops: list[int],
-                 seed: int | None) -> dict[str, Any]:
-        """One ``/v1/completions`` request after the token context ``ids``: the answer's first choice. Raises
-        :class:`VLLMError` on an error answer or one without log-probs."""
+                 seed: int | None, **params: Any) -> dict[str, Any]:
+        """One ``/v1/completions`` request after the token context ``ids`` (``params``: more sampling parameters, such
+        as ``top_p`` and ``logit_bias``): the answer's first choice. Raises :class:`VLLMError` on an error answer or
+        one without log-probs."""
         body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature,
                 "seed": seed, "logprobs": self.top_logprobs, "return_tokens_as_token_ids": True,
-                "stop_token_ids": stops, "skip_special_tokens": False, "n": 1}
+                "stop_token_ids": stops, "skip_special_tokens": False, "n": 1, **params}
         r = self.client.post("/v1/completions", json=body)
         if r.status_code != 200:
             raise VLLMError(f"vLLM answered HTTP {r.status_code}: {r.text[:500]}")
@@ -133,19 +213,38 @@ class VLLMSampler:
             raise VLLMError("vLLM answered without log-probs")
         return choice
 
-    def _reply(self, row: Row, seed: int) -> tuple[list[int], list[float], float]:
-        p = row.session.policy
-        choice = self.complete(row.session.ids, p.max_new_tokens, p.temperature, sorted(p.stops), seed)
+    @staticmethod
+    def _request(session: Any) -> tuple[list[int], int, dict[str, Any]]:
+        """``(context ids, max_new_tokens, sampling parameters)`` of a row's next reply (module docstring, Rows)."""
+        p = session.policy
+        if not hasattr(session, "finish"):  # a ChatSession
+            return session.ids, p.max_new_tokens, {"temperature": p.temperature, "stops": sorted(p.stops)}
+        sc, tok = p.sampling, p.tok
+        if sc.stop_strings:
+            raise ValueError("the vLLM sampler does not take stop strings (it would cut the text, not the token ids)")
+        context = session.ids[session._window():]
+        return context, sc.max_new_tokens, {"temperature": sc.temperature, "stops": sorted(p.stops), "top_p": sc.top_p,
+                                            "logit_bias": {str(i): -100 for i in tok.suppressed_ids}}
+
+    def _reply(self, row: Row, seed: int) -> tuple[list[int], list[float], list[float]]:
+        ids, max_tokens, params = self._request(row.session)
+        choice = self.complete(ids, max_tokens, params.pop("temperature"), params.pop("stops"), seed, **params)
         lp = choice["logprobs"]
-        ids = _ids(lp["tokens"])
-        entropy = top_entropy(lp["top_logprobs"][0]) if ids else 0.0
-        return ids, [float(x) for x in lp["token_logprobs"]], entropy
+        ents = [top_entropy(t) for t in lp["top_logprobs"]]
+        return _ids(lp["tokens"]), [float(x) for x in lp["token_logprobs"]], ents
+
+    def _finish(self, session: Any, reply: tuple[list[int], list[float], list[float]]) -> Step:
+        ids, logps, ents = reply
+        if not hasattr(session, "finish"):
+            return session.record(ids, logps, ents[0] if ents else 0.0)
+        stop = "eot" if ids and ids[-1] in session.policy.stops else "max_tokens"
+        return session.finish(list(session.ids), session._window(), ids, logps, ents, stop)
 
     def entropy(self, row: Row) -> float:
         """The estimated entropy (nats) of the row's next token: a one-token request on its (cached) context."""
         t0 = time.perf_counter()
-        p = row.session.policy
-        choice = self.complete(row.session.ids, 1, p.temperature, sorted(p.stops), 0)
+        ids, _, params = self._request(row.session)
+        choice = self.complete(ids, 1, params.pop("temperature"), params.pop("stops"), 0, **params)
         self.seconds["prefill"] += time.perf_counter() - t0
         return top_entropy(choice["logprobs"]["top_logprobs"][0])
 
@@ -160,11 +259,12 @@ class VLLMSampler:
         with ThreadPoolExecutor(min(self.max_concurrency, len(rows)), thread_name_prefix="forkyard-vllm") as pool:
             replies = list(pool.map(self._reply, rows, seeds))
         self.seconds["decode"] += time.perf_counter() - t0
-        return [r.session.record(*reply) for r, reply in zip(rows, replies, strict=True)]
+        return [self._finish(r.session, reply) for r, reply in zip(rows, replies, strict=True)]
 
     def slots(self, row: Row) -> int:
         """KV-cache slots the row's request holds on the server: its context plus ``max_new_tokens``."""
-        return len(row.session.ids) + row.session.policy.max_new_tokens
+        ids, max_tokens, _ = self._request(row.session)
+        return len(ids) + max_tokens
 
 
 __all__ = ["TOP_LOGPROBS", "VLLMError", "VLLMSampler", "top_entropy"]

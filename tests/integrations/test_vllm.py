@@ -190,3 +190,61 @@ def test_top_entropy_is_exact_for_a_small_support_and_a_lower_bound_otherwise():
     assert top_entropy({"a": math.log(0.5), "b": math.log(0.5)}) == pytest.approx(math.log(2))
     full = [1 / 50] * 50
     assert top_entropy({str(i): math.log(p) for i, p in enumerate(full[:20])}) < math.log(50)
+
+
+def test_train_lm_samples_through_a_vllm_server_it_starts_and_syncs_after_every_update():
+    """``forkyard train-lm --arch llama --sampler vllm``: the policy starts vLLM's server on its own weights (its output
+    layer untied first), samples a tree-fork rollout from it each iteration and syncs the server after each update, so
+    vLLM's behaviour log-probs stay the trainer's recompute (the gap a stale server shows is measured too), every step
+    records the policy version that sampled it, and the truncated importance weight is 1 where nothing differs."""
+    if not (VENV / "bin" / "python").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true and no .venv-vllm: make test builds it (make vllm)")
+        pytest.skip("no .venv-vllm (make vllm builds it)")
+    from trainer.estimators import Assigned
+    from trainer.loop import collect, make_env
+    from trainer.text.text_config import TextTrainConfig
+    from trainer.text.text_policy import token_logprobs
+    from trainer.text.text_sft import new_model
+    from trainer.text.text_train import PPOTextPolicy, build_batch
+
+    cfg = TextTrainConfig(arch="llama", max_turns=3, d_model=64, n_layers=2, n_heads=2, context=512, vocab=300,
+                          device="cpu", sampler="vllm", n_base=2, branches=3, max_new_tokens=6, lr=1e-2, ppo_epochs=1,
+                          tis_cap=2.0)
+    cfg.validate()
+    model = new_model(cfg)
+    policy = PPOTextPolicy.from_config(model, cfg)
+    sampler = policy.engine.sampler
+    server = sampler._server
+    env = make_env(cfg.env_id, cfg.env_options())
+
+    def gap(ro) -> float:
+        """Largest |trainer's log-prob - vLLM's behaviour log-prob| over the rollout's sampled tokens."""
+        batch = build_batch(ro, ro.steps, [1.0] * len(ro.steps), policy.tok.pad_id, "cpu")
+        with torch.no_grad():
+            logp = token_logprobs(model, batch.ids, cfg.temperature, policy.tok.suppressed_ids)[0]
+        return float((logp - batch.old_logp)[batch.mask > 0].abs().max())
+
+    try:
+        assert isinstance(sampler, VLLMSampler) and server is not None and not model.hf.config.tie_word_embeddings
+        start = [p.detach().clone() for p in model.parameters()]
+        for it in range(3):
+            ro, assigned = collect(cfg, env, policy, random.Random(it), it)
+            assert ro.episodes and all(s.data.version == it for s in ro.steps)
+            signs = Assigned(assigned.steps, [(-1.0) ** i for i in range(len(assigned.steps))], assigned.n_episodes,
+                             assigned.stats)
+            out = policy.update(ro, signs)
+            assert out["behavior_logp_gap_max"] < 1e-4 and out["policy_lag"] == 0.0
+            assert out["tis_weight_mean"] == pytest.approx(1.0, abs=1e-4) and out["tis_clipped_frac"] == 0.0
+        assert policy.version == 3
+        moved = max(float((p.detach() - q).abs().max()) for p, q in zip(model.parameters(), start, strict=True))
+        assert moved > 1e-3  # the updates changed the weights the server was synced to
+        assert gap(collect(cfg, env, policy, random.Random(7), 7)[0]) < 1e-4
+        with torch.no_grad():  # weights the server was not given: the gap shows it
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        assert gap(collect(cfg, env, policy, random.Random(8), 8)[0]) > 1e-2
+    finally:
+        env.close()
+        sampler.close()
+    assert server.poll() is not None  # close() stopped the server it started

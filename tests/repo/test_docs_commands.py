@@ -146,6 +146,12 @@ TABLE: dict[str, Entry] = {
     ".venv/bin/python benchmarks/bench_suite.py --only forkyard/Sokoban-v0 --reps 5": Entry(
         RUN, "a loopback server of its own; about 4 s here",
         check=lambda out: out.count("forkyard/Sokoban-v0") == 2 and "x |" in out),
+    # docs/integrations.md: train-lm sampling through vLLM's server, which the policy starts and stops
+    "make vllm": Entry(RUN, "vLLM's venv (.venv-vllm); nothing to do once built, about 2 min cold"),
+    (".venv/bin/forkyard train-lm --arch llama --sampler vllm --d-model 64 --n-heads 2 --vocab 300 --max-turns 3 "
+     "--n-base 2 --branches 4 --iterations 3 --eval-samples 16 --tis-cap 2 --threads 1 --run-dir runs/vllm-train"):
+    Entry(RUN, "3 iterations sampled by a vLLM server it starts and stops: about 60 s here (the server's start)",
+          ("slow",), check=lambda out: "\"greedy_accuracy\"" in out),
     # README, first block
     "make run": Entry(RUN, "install (when pyproject.toml changed) + demo + 60-run sweep: 13-18 s here", ("slow",),
                       check=lambda out: "60 runs in" in out),

@@ -269,20 +269,23 @@ class RolloutEngine(WaveDriver):
             episodes past it start when the cohort before them has ended (tree rollouts: ``max_live //
             branches`` bases at a time, then their branches). The episodes do not depend on it.
 
+        sampler: what draws a wave's actions: None, :class:`TorchSampler` (this process's model); or
+            :class:`trainer.vllm_sampler.VLLMSampler` (a vLLM server; ``--sampler vllm``).
+
     Raises:
         ValueError: ``max_batch < 1``, ``max_kv_tokens < 1``, ``env_threads < 1`` or ``max_live < 1``.
     """
 
     def __init__(self, max_batch: int = MAX_BATCH, max_kv_tokens: int | None = None,
-                 env_threads: int = ENV_THREADS, max_live: int | None = None):
-        super().__init__(TorchSampler(), max_batch, max_kv_tokens, env_threads, max_live)
+                 env_threads: int = ENV_THREADS, max_live: int | None = None, sampler=None):
+        super().__init__(sampler or TorchSampler(), max_batch, max_kv_tokens, env_threads, max_live)
 
     @classmethod
-    def from_config(cls, cfg) -> "RolloutEngine":
+    def from_config(cls, cfg, sampler=None) -> "RolloutEngine":
         """The engine of a :class:`trainer.text.text_config.TextTrainConfig` (``max_batch``, and ``max_kv_tokens`` /
-        ``env_threads`` where the config has them)."""
+        ``env_threads`` where the config has them) over ``sampler`` (None: :class:`TorchSampler`)."""
         return cls(cfg.max_batch, getattr(cfg, "max_kv_tokens", None), getattr(cfg, "env_threads", ENV_THREADS),
-                   getattr(cfg, "max_live", None))
+                   getattr(cfg, "max_live", None), sampler)
 
     def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
                       stream_seeds: list[int] | None = None) -> Rollout:

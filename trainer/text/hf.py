@@ -473,6 +473,19 @@ class HFTokenizerAdapter(SpecialTokenIds):
         return (HFChatTemplate if self.own_template else ChatTemplate)(self, max_obs_tokens, tools)
 
 
+def untie_output(model: HFCausalLM) -> bool:
+    """Give the output layer a weight of its own, a copy of the input embeddings it was tied to (the same function,
+    two parameters from now on; ``tie_word_embeddings`` turned off), for a vLLM server that reloads the weights in
+    place (:meth:`trainer.vllm_sampler.VLLMSampler.load_weights`: vLLM 0.32 leaves a tied output layer unloaded).
+    Call it before an optimizer is built over the parameters. Returns whether the layer was tied."""
+    hf = model.hf.get_base_model() if hasattr(model.hf, "get_base_model") else model.hf
+    if not getattr(hf.config, "tie_word_embeddings", False):
+        return False
+    hf.get_output_embeddings().weight = nn.Parameter(hf.get_input_embeddings().weight.detach().clone())
+    hf.config.tie_word_embeddings = False
+    return True
+
+
 def save_folder(model: HFCausalLM, folder: str | Path, **extra: Any) -> Path:
     """Write ``model`` as a Hugging Face folder (module docstring); ``extra``: JSON-able metadata kept in
     ``forkyard.json``. Returns the folder."""

@@ -101,8 +101,8 @@ class PPOConfig:
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              cfg: PPOConfig | None = None, entropy: torch.Tensor | None = None,
-             ref_logp: torch.Tensor | None = None,
-             group: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             ref_logp: torch.Tensor | None = None, group: torch.Tensor | None = None,
+             is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate loss (module docstring) reduced with ``cfg.reduction``.
 
     Args:
@@ -114,6 +114,12 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
         entropy: [B, L] per-token entropy (nats) with grad, needed when ``entropy_coef != 0``.
         ref_logp: [B, L] reference-policy log-probs, needed when ``kl_coef != 0``.
         group: [B] group ids for the ``group-mean`` reduction.
+        is_weight: [B, L] per-token weights (no grad) multiplying the clipped surrogate: the truncated importance
+            weight ``min(pi_old / pi_behavior, C)`` that corrects for a sampler whose distribution differs from the
+            trainer's (vLLM's kernels: the token-level truncated importance sampling of verl's
+            ``verl/trainer/ppo/rollout_corr_helper.py`` and of TRL's
+            ``GRPOConfig.vllm_importance_sampling_correction``),
+            with ``old_logp`` then the trainer's own recompute. None: 1.
 
     Returns:
         ``(loss, stats)``: a scalar tensor and floats over the masked tokens: ``clip_frac`` (share of
@@ -135,6 +141,10 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     a = torch.where(on, advantages.detach().to(logp.dtype), zero)
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     pg = -torch.minimum(ratio * a, clipped * a)
+    if is_weight is not None:
+        if is_weight.shape != logp.shape:
+            raise ValueError(f"is_weight {tuple(is_weight.shape)} differs from logp {tuple(logp.shape)}")
+        pg = pg * torch.where(on, is_weight.detach().to(logp.dtype), zero)
     token = pg
     stats: dict[str, float] = {}
     if cfg.entropy_coef:

@@ -113,10 +113,21 @@ class TextTrainConfig(LoopConfig):
     temperature: float = setting(1.0, group="loop", help="sampling temperature (0: greedy)")
     top_p: float = setting(1.0, group="loop", help="nucleus sampling: sample from the smallest token set of this mass")
     max_new_tokens: int = setting(16, group="loop", help="token limit of one action")
-    sampler: str = setting("batched", choices=("batched", "serial"), group="loop",
+    sampler: str = setting("batched", choices=("batched", "serial", "vllm"), group="loop",
                            help="rollout sampling: batched (trainer/text/engine.py: every live episode advances "
-                                "together; the same episodes as serial for the same seeds) or serial (one session at "
-                                "a time)")
+                                "together; the same episodes as serial for the same seeds), serial (one session at "
+                                "a time) or vllm (a vLLM server, --vllm-url; a Hugging Face model, its weights synced "
+                                "after every update: trainer/vllm_sampler.py)")
+    vllm_url: str | None = setting(None, group="loop",
+                                   help="--sampler vllm: a running server's root URL (scripts/vllm-serve.sh MODEL_DIR "
+                                        "PORT on a folder of the model's architecture, output layer untied: the "
+                                        "weights are synced before the first rollout); None: one is started on "
+                                        "loopback (make vllm first) and stopped at exit")
+    tis_cap: float | None = setting(None, group="loop",
+                                    help="truncated importance sampling: the PPO ratio against the trainer's "
+                                         "recompute, "
+                                         "each token weighted by min(recompute / behavior, TIS_CAP) (for a sampler "
+                                         "whose numbers differ from the trainer's, vLLM; None: off)")
     max_batch: int = setting(64, group="loop", help="batched sampling: most sequences in one forward pass (more wait)")
     max_kv_tokens: int | None = setting(None, group="loop",
                                         help="batched sampling: most KV-cache slots (rows x tokens) of one wave; "
@@ -167,7 +178,8 @@ class TextTrainConfig(LoopConfig):
         return _env_tools(self.env_id, json.dumps(self.env_options(), sort_keys=True))
 
     def validate(self) -> None:
-        """:meth:`LoopConfig.validate`, and ``lr > 0``. Raises ValueError."""
+        """:meth:`LoopConfig.validate`, ``lr > 0``, and the settings that need one another (LoRA and a Hugging Face
+        model, the vLLM sampler and its URL). Raises ValueError."""
         super().validate()
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
@@ -180,6 +192,11 @@ class TextTrainConfig(LoopConfig):
         if (self.lora_rank or self.gradient_checkpointing) and not hf_model:
             raise ValueError("--lora-rank and --gradient-checkpointing need a Hugging Face model: --arch llama, or "
                              "--model FOLDER")
+        if self.sampler == "vllm" and not hf_model:
+            raise ValueError("--sampler vllm needs a Hugging Face model (--arch llama, or --model FOLDER): vLLM serves "
+                             "Hugging Face folders")
+        if self.tis_cap is not None and not self.tis_cap >= 1:
+            raise ValueError(f"tis_cap must be >= 1, got {self.tis_cap}")
 
 
 @dataclass

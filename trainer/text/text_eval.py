@@ -72,7 +72,7 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         total = invalid = actions = 0.0
         env_metrics = EpisodeMetrics()
         rng = random.Random(12345)  # one sampling stream per episode (trainer.rollout.episode_seeds)
-        if getattr(cfg, "sampler", "serial") == "batched":
+        if getattr(cfg, "sampler", "serial") in ("batched", "vllm"):  # the trainer's weights, in this process
             from trainer.text.engine import RolloutEngine
 
             episodes = RolloutEngine.from_config(cfg).play(env, policy, resets, rng)

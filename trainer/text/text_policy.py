@@ -203,6 +203,7 @@ class TextRecord:
         legal: whether the action text means one of ``info["legal_actions"]`` to the env
             (:func:`envs.actions.is_legal_action`: canonical forms, not strings; field case S43), None when
             the env's action set is open.
+        version: the policy version that sampled it (:attr:`TextPolicy.version`: updates made before it).
     """
 
     context: list[int]
@@ -214,6 +215,7 @@ class TextRecord:
     top_p: float
     stop: str
     legal: bool | None = None
+    version: int = 0
 
 
 def _sample_index(probs: torch.Tensor, top_p: float, u: float) -> int:
@@ -255,6 +257,8 @@ class TextPolicy:
         self.stops = stop_ids(model, self.tok)
         self.sampling = sampling or SamplingConfig()
         self.template = chat_template(self.tok, self.sampling.max_obs_tokens, self.sampling.tools)
+        #: updates made to the weights so far (recorded with every step it samples; a learner counts its updates)
+        self.version = 0
 
     @property
     def device(self) -> torch.device:
@@ -388,7 +392,7 @@ class TextSession:
         self._next_logits = None
         text = self.policy.to_action(tok.decode([i for i in gen if i not in self.policy.stops]))
         legal = None if self.legal_actions is None else is_legal_action(text, self.legal_actions)
-        record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal)
+        record = TextRecord(context, gen, logps, ents, ws, sc.temperature, sc.top_p, stop, legal, self.policy.version)
         return Step(self.turn, self.anchor_key, text, math.fsum(logps), sum(ents) / max(len(ents), 1), record,
                     self.state_key)
 
@@ -397,13 +401,19 @@ class TextSession:
         t = self.policy.sampling.temperature
         return 1.0 if t == 0 else t
 
-    def _pending(self) -> list[int]:
-        """The ids the KV cache lacks: set the window start for this turn (the cache dropped when the window
-        moved) and return ``ids[window start + cached:]``."""
+    def _window(self) -> int:
+        """The window start of this turn: the first id of the context the next action is sampled after (the history
+        cut on the left so that it and ``max_new_tokens`` fit the model context, in steps of ``window_step``)."""
         ctx, sc = self.policy.model.config.context, self.policy.sampling
         ws = max(0, len(self.ids) + sc.max_new_tokens - ctx)
         if ws and sc.window_step > 1:  # the next multiple of the step (at least one token in the window)
             ws = min(-(-ws // sc.window_step) * sc.window_step, len(self.ids) - 1)
+        return ws
+
+    def _pending(self) -> list[int]:
+        """The ids the KV cache lacks: set the window start for this turn (the cache dropped when the window
+        moved) and return ``ids[window start + cached:]``."""
+        ws = self._window()
         if ws != self._ws or self._past is None or ws + self._cached >= len(self.ids):
             self._past, self._cached, self._ws = None, 0, ws
         return self.ids[ws + self._cached:]

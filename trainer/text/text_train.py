@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import tempfile
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -147,14 +148,22 @@ class PPOTextPolicy(TextPolicy):
         max_grad_norm: gradient-norm clip.
         update: ``"flat"`` (padded rows) or ``"tree"`` (the rows' prefix trees, :mod:`trainer.text.tree_update`):
             the same log-probs, loss and gradients up to float rounding, one forward per shared prefix.
+        tis_cap: None, or the truncated importance sampling cap C: the PPO ratio is taken against the trainer's own
+            recompute of the sampled tokens before the update, each token weighted by ``min(recompute / behavior,
+            C)`` (:func:`trainer.text.losses.ppo_loss`'s ``is_weight``), for a sampler whose numbers differ (vLLM).
+
+    Attributes:
+        version: updates made so far; every step records the version that sampled it (``TextRecord.version``).
 
     Raises:
         ValueError: on an unknown ``update``.
     """
 
     def __init__(self, model, tokenizer, sampling: SamplingConfig, *, lr: float, ppo: PPOConfig,
-                 ppo_epochs: int, max_grad_norm: float, update: str = "flat"):
+                 ppo_epochs: int, max_grad_norm: float, update: str = "flat", tis_cap: float | None = None):
         super().__init__(model, tokenizer, sampling)
+        self.tis_cap = tis_cap
+        self._sync_dir: tempfile.TemporaryDirectory | None = None
         if update not in ("flat", "tree"):
             raise ValueError(f"update must be flat or tree, got {update!r}")
         self.update_layout = update
@@ -172,14 +181,45 @@ class PPOTextPolicy(TextPolicy):
     def from_config(cls, model, cfg: TextTrainConfig) -> "PPOTextPolicy":
         """The policy ``cfg`` describes, around ``model`` (its ``tokenizer`` attribute, or bytes); it samples
         through the batched engine (:class:`trainer.text.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
+        if cfg.sampler == "vllm":
+            from trainer.text.hf import untie_output
+
+            untie_output(model)  # before the optimizer sees the parameters
         policy = cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
                      ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
-                     ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm, update=cfg.update)
-        if cfg.sampler == "batched":
+                     ppo_epochs=cfg.ppo_epochs, max_grad_norm=cfg.max_grad_norm, update=cfg.update,
+                     tis_cap=cfg.tis_cap)
+        if cfg.sampler in ("batched", "vllm"):
             from trainer.text.engine import RolloutEngine
 
-            policy.engine = RolloutEngine.from_config(cfg)
+            sampler = None
+            if cfg.sampler == "vllm":
+                from trainer.vllm_sampler import VLLMSampler
+
+                sampler = (VLLMSampler.connect(cfg.vllm_url) if cfg.vllm_url
+                           else VLLMSampler.launch(policy.save_weights()))
+            policy.engine = RolloutEngine.from_config(cfg, sampler)
+            if cfg.vllm_url:
+                policy.sync_sampler()
         return policy
+
+    def save_weights(self) -> str:
+        """The current weights as a Hugging Face folder (:func:`trainer.text.hf.save_folder`), in a temporary folder
+        this policy keeps (removed with it); returns its path."""
+        from trainer.text.hf import save_folder
+
+        if self._sync_dir is None:
+            self._sync_dir = tempfile.TemporaryDirectory(prefix="forkyard-weights-")
+        save_folder(self.model, self._sync_dir.name)
+        return self._sync_dir.name
+
+    def sync_sampler(self) -> None:
+        """Give a sampler outside this process (vLLM's server, :class:`trainer.vllm_sampler.VLLMSampler`) the current
+        weights (:meth:`save_weights`, then reloaded there). Nothing to do for the torch samplers, which read this
+        process's model. Raises what ``load_weights`` raises."""
+        load = getattr(getattr(getattr(self, "engine", None), "sampler", None), "load_weights", None)
+        if load is not None:
+            load(self.save_weights())
 
     def rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
         """``entropy`` (nats, mean over every generated token), ``response_length`` (tokens per action) and
@@ -195,9 +235,10 @@ class PPOTextPolicy(TextPolicy):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume state: model weights, Adam's state and the KL reference's weights (None without one)."""
+        """The resume state: model weights, Adam's state, the KL reference's weights (None without one) and the
+        policy version."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "ref": self.ref.state_dict() if self.ref is not None else None}
+                "ref": self.ref.state_dict() if self.ref is not None else None, "version": self.version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`, into a policy built as the saved one was (same model and settings)."""
@@ -205,14 +246,20 @@ class PPOTextPolicy(TextPolicy):
         self.optimizer.load_state_dict(state["optimizer"])
         if self.ref is not None and state.get("ref") is not None:
             self.ref.load_state_dict(state["ref"])
+        self.version = int(state.get("version", 0))
+        self.sync_sampler()  # a server outside this process samples the resumed weights
 
     def behavior_copy(self) -> TextPolicy:
         """A sampling copy of the current weights on the CPU, for a Ray rollout worker (:mod:`ray_cluster.collector`):
         model, tokenizer and sampling settings, no optimizer; a batched engine of this policy's engine settings
         when it has one (``engine``: the worker samples through it)."""
         behavior = TextPolicy(copy.deepcopy(self.model).cpu().eval(), self.tok, self.sampling)
+        behavior.version = self.version
         if self.engine is not None:
             e = self.engine
+            if hasattr(e.sampler, "load_weights"):
+                raise ValueError("Ray rollout workers sample with this process's torch engine; --sampler vllm runs "
+                                 "without --ray")
             behavior.engine = type(e)(e.max_batch, e.max_kv_tokens, e.env_threads, e.max_live)
         return behavior
 
@@ -226,7 +273,12 @@ class PPOTextPolicy(TextPolicy):
             ``grad_norm`` (first epoch, before clipping), ``clip_frac``, ``ratio_mean``/``min``/``max``
             and ``loss`` (last epoch), ``trained_tokens``, and ``first_epoch_ratio_max_dev``
             (``max |ratio - 1|`` of the first epoch: ~0 on policy) when trained; ``forward_tokens``: the token
-            slots one forward pass computes (flat: rows x longest row; tree: the prefix trees' nodes).
+            slots one forward pass computes (flat: rows x longest row; tree: the prefix trees' nodes);
+            ``behavior_logp_gap`` / ``_max``: mean and largest ``|trainer's log-prob - behavior log-prob|`` over the
+            trained tokens before the first step (nats; float rounding on policy, more from a sampler whose numbers
+            differ or whose weights lag); ``policy_lag``: the most updates between a trained step's sampling and
+            this update (0 on policy); with ``tis_cap``, ``tis_weight_mean`` and ``tis_clipped_frac``. After a
+            step the version counts one more and an outside sampler gets the new weights (:meth:`sync_sampler`).
 
         Raises:
             RuntimeError: if a step's token ids drifted from what was sampled (:func:`build_batch`).
@@ -255,10 +307,18 @@ class PPOTextPolicy(TextPolicy):
                 with torch.no_grad(), model.hf.disable_adapter():
                     ref_logp = forward(model)[0]
             out: dict[str, float] = {}
+            on = batch.mask > 0
+            old, weight = batch.old_logp, None
+            if self.tis_cap is not None:  # the ratio against the trainer's recompute, weighted back to the sampler's
+                with torch.no_grad():
+                    old = forward(model)[0]
+                weight = torch.exp(old - batch.old_logp).clamp(max=self.tis_cap)
+                out["tis_weight_mean"] = float(weight[on].mean())
+                out["tis_clipped_frac"] = float((torch.exp(old - batch.old_logp)[on] > self.tis_cap).float().mean())
             for epoch in range(self.ppo_epochs):
                 logp, ent = forward(model)
-                loss, st = ppo_loss(logp, batch.old_logp, batch.advantages, batch.mask, self.ppo, ent, ref_logp,
-                                    batch.group)
+                loss, st = ppo_loss(logp, old, batch.advantages, batch.mask, self.ppo, ent, ref_logp, batch.group,
+                                    weight)
                 self.optimizer.zero_grad()
                 loss.backward()
                 g = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm))
@@ -267,9 +327,14 @@ class PPOTextPolicy(TextPolicy):
                     out["first_epoch_ratio_max_dev"] = max(abs(st["ratio_max"] - 1), abs(st["ratio_min"] - 1))
                     out["grad_norm"], out["trained_tokens"] = g, st["tokens"]
                     out["forward_tokens"] = float(packed.nodes if self.update_layout == "tree" else batch.ids.numel())
+                    gap = (logp.detach() - batch.old_logp)[on].abs()
+                    out["behavior_logp_gap"], out["behavior_logp_gap_max"] = float(gap.mean()), float(gap.max())
                 last = st
         out.update(clip_frac=last["clip_frac"], ratio_mean=last["ratio_mean"], ratio_min=last["ratio_min"],
-                   ratio_max=last["ratio_max"], loss=float(loss.detach()))
+                   ratio_max=last["ratio_max"], loss=float(loss.detach()),
+                   policy_lag=float(max(self.version - s.data.version for s in assigned.steps)))
+        self.version += 1
+        self.sync_sampler()
         return out
 
 
