@@ -46,6 +46,7 @@ from trainer.text.text_config import TextTrainConfig
 from trainer.text.text_eval import evaluate
 from trainer.text.text_policy import SamplingConfig, TextPolicy, pad_rows, token_logprobs
 from trainer.text.text_sft import new_model, training_model
+from trainer.text.hf import save_folder, untie_output
 from trainer.text.tokenizer import model_tokenizer
 from trainer.text.tree_update import pack_rows, tree_token_logprobs
 from trainer.update import dropout_off
@@ -166,10 +167,7 @@ class PPOTextPolicy(TextPolicy):
         self._sync_dir: tempfile.TemporaryDirectory | None = None
         if update not in ("flat", "tree"):
             raise ValueError(f"update must be flat or tree, got {update!r}")
-        self.update_layout = update
-        self.ppo = ppo
-        self.ppo_epochs = ppo_epochs
-        self.max_grad_norm = max_grad_norm
+        self.update_layout, self.ppo, self.ppo_epochs, self.max_grad_norm = update, ppo, ppo_epochs, max_grad_norm
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         # the KL reference: a frozen copy, or for a LoRA model the same model with its adapters disabled (the
         # base weights are the starting model's and never move), which costs no second copy
@@ -182,8 +180,6 @@ class PPOTextPolicy(TextPolicy):
         """The policy ``cfg`` describes, around ``model`` (its ``tokenizer`` attribute, or bytes); it samples
         through the batched engine (:class:`trainer.text.engine.RolloutEngine`) unless ``cfg.sampler == "serial"``."""
         if cfg.sampler == "vllm":
-            from trainer.text.hf import untie_output
-
             untie_output(model)  # before the optimizer sees the parameters
         policy = cls(model, model_tokenizer(model), cfg.sampling(), lr=cfg.lr,
                      ppo=PPOConfig(cfg.clip_low, cfg.clip_high, cfg.entropy_coef, cfg.kl_coef, cfg.reduction),
@@ -191,13 +187,10 @@ class PPOTextPolicy(TextPolicy):
                      tis_cap=cfg.tis_cap)
         if cfg.sampler in ("batched", "vllm"):
             from trainer.text.engine import RolloutEngine
+            from trainer.vllm_sampler import VLLMSampler
 
-            sampler = None
-            if cfg.sampler == "vllm":
-                from trainer.vllm_sampler import VLLMSampler
-
-                sampler = (VLLMSampler.connect(cfg.vllm_url) if cfg.vllm_url
-                           else VLLMSampler.launch(policy.save_weights()))
+            sampler = None if cfg.sampler != "vllm" else (
+                VLLMSampler.connect(cfg.vllm_url) if cfg.vllm_url else VLLMSampler.launch(policy.save_weights()))
             policy.engine = RolloutEngine.from_config(cfg, sampler)
             if cfg.vllm_url:
                 policy.sync_sampler()
@@ -206,8 +199,6 @@ class PPOTextPolicy(TextPolicy):
     def save_weights(self) -> str:
         """The current weights as a Hugging Face folder (:func:`trainer.text.hf.save_folder`), in a temporary folder
         this policy keeps (removed with it); returns its path."""
-        from trainer.text.hf import save_folder
-
         if self._sync_dir is None:
             self._sync_dir = tempfile.TemporaryDirectory(prefix="forkyard-weights-")
         save_folder(self.model, self._sync_dir.name)
@@ -225,18 +216,16 @@ class PPOTextPolicy(TextPolicy):
         """``entropy`` (nats, mean over every generated token), ``response_length`` (tokens per action) and
         ``invalid_share`` (share of actions that mean none of ``info["legal_actions"]``, by the env's parser
         (:func:`envs.actions.is_legal_action`), over the steps whose env has such a menu)."""
-        steps = rollout.steps
+        steps, ents = rollout.steps, [x for s in rollout.steps for x in s.data.entropies]
         legal_known = [s for s in steps if s.data.legal is not None]
         return {
-            "entropy": (sum(x for s in steps for x in s.data.entropies)
-                        / max(sum(len(s.data.entropies) for s in steps), 1)),
+            "entropy": sum(ents) / max(len(ents), 1),
             "response_length": sum(len(s.data.action_ids) for s in steps) / max(len(steps), 1),
             "invalid_share": sum(not s.data.legal for s in legal_known) / max(len(legal_known), 1),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume state: model weights, Adam's state, the KL reference's weights (None without one) and the
-        policy version."""
+        """The resume state: weights, Adam's state, the KL reference's weights (None without one), the version."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "ref": self.ref.state_dict() if self.ref is not None else None, "version": self.version}
 
