@@ -130,8 +130,9 @@ class VLLMSampler:
     @classmethod
     def launch(cls, folder: str, port: int | None = None, timeout_s: float = 600.0, **kwargs: Any) -> "VLLMSampler":
         """Start vLLM's server on the model ``folder`` on loopback (``scripts/vllm-serve.sh FOLDER PORT``, from the
-        venv ``make vllm`` builds; its output in ``FOLDER.vllm.log``), wait until it lists the model, and return a
-        sampler of it that stops the server on :meth:`close` (and at interpreter exit). ``port``: None, a free one.
+        venv ``make vllm`` builds; its output in ``FOLDER/vllm.log``, removed with the folder), wait until it lists
+        the model, and return a sampler of it that stops the server on :meth:`close` (and at interpreter exit).
+        ``port``: None, a free one.
 
         Raises:
             VLLMError: no ``scripts/vllm-serve.sh`` beside this package (a source checkout has it), or the server
@@ -144,7 +145,7 @@ class VLLMSampler:
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-        log = Path(f"{folder.rstrip('/')}.vllm.log")
+        log = Path(folder) / "vllm.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen([str(script), folder, str(port)], stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
