@@ -30,7 +30,7 @@ from trainer.text.hf import build_llama  # noqa: E402
 from trainer.text.lm import build_model  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.text.losses import PPOConfig  # noqa: E402
-from trainer.rollout import tree_rollout  # noqa: E402
+from trainer.waves import tree_rollout  # noqa: E402
 from trainer.text.text_config import TextTrainConfig  # noqa: E402
 from trainer.text.text_policy import SamplingConfig  # noqa: E402
 from trainer.text.text_sft import make_tokenizer  # noqa: E402

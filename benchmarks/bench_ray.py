@@ -7,7 +7,7 @@ own). Measured in one run, interleaved repeats, medians:
 * **throughput**: tree-fork FileQA rollouts (``--n-base`` bases x ``--branches``, a fresh tabular policy, the
   iteration's seeds), in env steps/s and episodes/s, with 1, 2 and 3 nodes
   (:class:`ray_cluster.collector.RayCollector` limited to n0.., node_capacity large: every fork local), against
-  the baseline: the same rollout in one process (:func:`trainer.rollout.tree_rollout`, as ``forkyard train``
+  the baseline: the same rollout in one process (:func:`trainer.waves.tree_rollout`, as ``forkyard train``
   without ``--ray`` runs it);
 * **fork cost**: a FileQA env forked on its node (``NodeHost.fork``) against one sent to another node
   (``NodeHost.snapshot`` then ``NodeHost.adopt`` on the other: what a rollout worker does past its node's
@@ -38,7 +38,7 @@ from ray_cluster.nodes import NodeHost, alive_nodes, node_name, start_hosts  # n
 from trainer.estimators import step_advantages  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.rollout import training_seeds  # noqa: E402
-from trainer.rollout import tree_rollout  # noqa: E402
+from trainer.waves import tree_rollout  # noqa: E402
 from trainer.tabular import TabularPolicy  # noqa: E402
 from trainer.tabular_config import TrainConfig  # noqa: E402
 

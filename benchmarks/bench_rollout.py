@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from trainer.text.engine import ENV_THREADS, RolloutEngine  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
-from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
+from trainer.waves import group_rollout, tree_rollout  # noqa: E402
 from trainer.text.text_config import TextTrainConfig  # noqa: E402
 from trainer.text.text_policy import SamplingConfig, TextPolicy, TextSession  # noqa: E402
 from trainer.text.text_sft import new_model  # noqa: E402

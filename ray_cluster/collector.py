@@ -9,7 +9,7 @@ when ``cfg.ray`` is set. The learner stays on the driver (its GPU when there is 
    dealt round-robin to the workers in node-name order, each with its seed and its own sampling RNG
    ``random.Random(f"{seed}:{it}:{b}")``. So a base's episodes depend on its seed and the weights only,
    not on which node ran it or what ran before it there: the same seeds give the same rollouts on 1 and
-   on 3 nodes (tested), and equal the single-process :func:`trainer.rollout.tree_rollout` of that base
+   on 3 nodes (tested), and equal the single-process :func:`trainer.waves.tree_rollout` of that base
    with that RNG. They differ from a run without ``--ray``, whose one RNG runs through every base in turn.
 2. **Forks stay local**: a worker's env forks on its own node while the node holds fewer than
    ``node_capacity`` envs; past that the fork (the copies of a ``fork(n)`` that do not fit) travels as snapshot
@@ -58,7 +58,8 @@ from typing import Any
 from envs.core import EnvInfraError
 from ray_cluster.nodes import NodeHost, is_node_loss, require_ray, start_hosts
 from ray_cluster.transport import ClusterEnv
-from trainer.rollout import Episode, Rollout, episode_seeds, group_rollout, training_seeds, tree_rollout
+from trainer.rollout import Episode, Rollout, episode_seeds, training_seeds
+from trainer.waves import group_rollout, tree_rollout
 
 log = logging.getLogger(__name__)
 

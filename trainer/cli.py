@@ -133,7 +133,7 @@ def _rollout_openai(args: argparse.Namespace) -> int:
     from trainer.loop import env_id_arg, make_env
     from trainer.rollout import training_seeds
     from trainer.openai_rollout import OpenAIPolicy, episode_rows, require_token_ids
-    from trainer.rollout import group_rollout, tree_rollout
+    from trainer.waves import group_rollout, tree_rollout
 
     env = make_env(env_id_arg(args.env), json.loads(args.env_kwargs))
     schemas = env.tool_schemas() if hasattr(env, "tool_schemas") else None

@@ -10,7 +10,7 @@ no more of where the episodes ran. A collector is made by a factory registered u
 Built in:
 
 * ``local`` (:class:`InProcessCollector`): this process steps the env given to the loop, with the loop's
-  sampling RNG, as :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` (or the
+  sampling RNG, as :func:`trainer.waves.tree_rollout` / :func:`trainer.waves.group_rollout` (or the
   policy's batched engine, ``policy.engine``) on the iteration's training seeds.
 
 From an installed package, declare the factory in the entry-point group ``forkyard.collectors`` under its name
@@ -31,7 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from envs.plugins import PluginRegistry
 from trainer.estimators import rollout_kind
-from trainer.rollout import Rollout, group_rollout, training_seeds, tree_rollout
+from trainer.rollout import Rollout, training_seeds
+from trainer.waves import group_rollout, tree_rollout
 
 #: The entry-point group of collector factories (``name = "pkg.mod:factory"``).
 COLLECTOR_GROUP = "forkyard.collectors"
@@ -69,7 +70,7 @@ class CollectorFactory(Protocol):
 class InProcessCollector:
     """The rollouts of this process (the ``local`` collector): on ``env``, with ``policy`` and ``rng``, as
     ``cfg`` shapes them; the policy's batched engine (``policy.engine``, :mod:`trainer.text.engine`) when it has
-    one, else the serial :func:`~trainer.rollout.tree_rollout` / :func:`~trainer.rollout.group_rollout`.
+    one, else the serial :func:`~trainer.waves.tree_rollout` / :func:`~trainer.waves.group_rollout`.
 
     Args:
         cfg: a :class:`trainer.loop.LoopConfig` (``estimator``, ``rollout``, ``seed``, ``n_base``,

@@ -4,7 +4,7 @@ One iteration of :func:`train_loop`:
 
 1. **Rollout** (:func:`collect`): on the iteration's training seeds, a tree-fork rollout (``n_base``
    bases x ``branches``) or a group of ``group_size`` independent episodes
-   (:func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout`), shape per
+   (:func:`trainer.waves.tree_rollout` / :func:`trainer.waves.group_rollout`), shape per
    :func:`trainer.estimators.rollout_kind`. Optional reward shaping (the text policy's invalid-action
    penalty) changes the returns the advantages see.
 2. **Advantages**: the registered estimator ``cfg.estimator`` and the group filters

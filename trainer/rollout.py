@@ -1,7 +1,9 @@
-"""Rollouts over any forkyard env: independent groups and tree forks.
+"""The pieces of forkyard's rollouts over any env: episodes, streams, the fork-turn choice, branch spreading, counts.
 
-The rollout code sees an env only through the Gymnasium API (``reset``, ``step``, ``info``) plus
-``fork(n)`` and ``close()``; it never reads an env's internals. A policy is seen only through
+The rollouts themselves (independent groups and tree forks) are played by the one wave driver,
+:mod:`trainer.waves` (:func:`trainer.waves.group_rollout` / :func:`trainer.waves.tree_rollout` serially, batched
+samplers over the same driver). The rollout code sees an env only through the Gymnasium API (``reset``, ``step``,
+``info``) plus ``fork(n)`` and ``close()``; it never reads an env's internals. A policy is seen only through
 :class:`PolicySession` objects (one per episode branch), so the tabular policy and the text policy
 plug into the same code.
 
@@ -18,7 +20,7 @@ Sampling RNG streams: every episode samples from its own ``random.Random`` (:fun
 rollout's ``rng`` by :func:`episode_seeds` (one 64-bit seed per episode or base, all drawn before any sampling),
 and a tree branch from its base's seed and branch index; a tree's fork-turn draws come from its base's stream.
 An episode's actions thereby depend on its seed alone, not on which episodes ran before it or beside it, so a
-batched rollout (:mod:`trainer.text.engine`) samples the same episodes as these serial loops.
+batched rollout (:mod:`trainer.text.engine`) samples the same episodes as the serial one.
 
 Env-reported episode metrics: the ``info`` of the step that ends an episode may carry
 ``info["episode_metrics"]`` (:data:`EPISODE_METRICS`), a dict of numbers the env computes about the
@@ -26,11 +28,7 @@ whole episode (ClueProbe: ``distinct_probes``). The rollout keeps it as :attr:`E
 the trainer averages it (:class:`EpisodeMetrics`) without knowing what the names mean.
 
 A tree's fork-turn choice (:class:`ForkTurn`) and the spreading of a base's checkpoint into branches
-(:func:`spread_branches`) are written once, here, and called by every sampler: these serial loops, the batched
-engine (:mod:`trainer.text.engine`) and TRL's batched rollout (:mod:`trainer.trl_engine`).
-
-Why one file: the serial rollouts are the reference the batched samplers are tested against, and the pieces of the
-algorithm every sampler shares (streams, the fork-turn choice, branch spreading, counting) sit beside them.
+(:func:`spread_branches`) are written once, here, and called by the driver for every sampler.
 """
 
 from __future__ import annotations
@@ -336,23 +334,6 @@ def spread_branches(base: "Episode", checkpoint: Checkpoint | None, branches: in
     return episodes, starts, lost
 
 
-def _step(env, session: PolicySession, ep: Episode, rng: random.Random, counter: _Counter) -> bool:
-    """Take one action. Returns True when the episode has ended."""
-    step = session.act(rng)
-    ep.steps.append(step)
-    counter.env_calls += 1
-    try:
-        obs, reward, terminated, truncated, info = env.step(step.action)
-    except EnvInfraError as exc:
-        log.warning("episode lost to infrastructure at turn %d: %s", step.turn, exc)
-        ep.infra_failure, ep.reason = True, "infra_error"
-        return True
-    if record_outcome(ep, reward, terminated, truncated, info):
-        return True
-    session.observe(obs, info)
-    return False
-
-
 def record_outcome(ep: Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
     """Add one env step's outcome to ``ep`` (its reward, an invalid action, and, when the episode ended, the reason,
     whether the infrastructure ended it and the env's episode metrics), as every sampler records it. Returns True
@@ -365,115 +346,3 @@ def record_outcome(ep: Episode, reward: float, terminated: bool, truncated: bool
         ep.env_metrics = info.get(EPISODE_METRICS)
         return True
     return False
-
-
-def _start(env, policy: Actor, ep: Episode) -> PolicySession | None:
-    """Reset ``env`` with the episode's seed and open a policy session; None (and ``ep`` marked lost)
-    when the reset failed through the infrastructure."""
-    try:
-        obs, info = env.reset(seed=ep.seed)
-    except EnvInfraError as exc:
-        log.warning("reset lost to infrastructure: %s", exc)
-        ep.infra_failure, ep.reason = True, "infra_error"
-        return None
-    return policy.session(obs, info)
-
-
-def group_rollout(env, policy: Actor, group_size: int, seeds: list[int], rng: random.Random | None,
-                  stream_seeds: list[int] | None = None) -> Rollout:
-    """G independent episodes of one env configuration, episode i reset with ``seeds[i]``.
-
-    Args:
-        env: a forkyard env (reused: reset before each episode).
-        policy: the sampling policy.
-        group_size: G >= 1.
-        seeds: [G] reset seeds (each episode its own hidden state).
-        rng: the rollout's RNG: one stream seed per episode is drawn from it (module docstring).
-        stream_seeds: [G] 64-bit stream seeds used instead of drawing them from ``rng`` (:func:`given_streams`).
-
-    Raises:
-        ValueError: if ``len(seeds) != group_size`` or ``stream_seeds`` is given without G seeds.
-    """
-    if len(seeds) != group_size:
-        raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
-    counter = _Counter()
-    episodes = []
-    for seed, stream_seed in zip(seeds, given_streams(rng, group_size, stream_seeds), strict=True):
-        ep = Episode(seed=seed)
-        episodes.append(ep)
-        session = _start(env, policy, ep)
-        ep_rng = stream(stream_seed)
-        while session is not None and not _step(env, session, ep, ep_rng, counter):
-            pass
-    return Rollout("group", episodes, counter.env_calls, counter.forks, counter.forks_failed)
-
-
-def tree_rollout(
-    env,
-    policy: Actor,
-    n_base: int,
-    branches: int,
-    seeds: list[int],
-    rng: random.Random | None,
-    fork_selection: str = "uniform",
-    stream_seeds: list[int] | None = None,
-) -> Rollout:
-    """Tree-fork rollout: ``n_base`` base episodes, each forked once into ``branches`` branches in total.
-
-    For each base: run the episode; at the chosen fork turn t, fork the env (and the policy session)
-    and run ``branches - 1`` new branches from that state to the end, each sampling its own action at
-    turn t. The base's own continuation is branch 0. Fork-turn selection:
-
-    * ``uniform``: t uniform over the turns the base actually took (reservoir sampling: at turn t a
-      fork replaces the kept one with probability 1/(t+1)), so episodes of unknown length work;
-    * ``entropy``: t is the turn where the policy's action entropy was highest on the base's path
-      (earliest on ties), as ARPO (arXiv:2507.19849) branches where the policy is uncertain; a fork
-      is kept at each new maximum.
-
-    Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's
-    ``steps`` start at the fork turn; its ``reward`` includes the base's prefix rewards. Base b samples (and
-    draws its uniform fork turn) from ``stream(s_b)``, its branch j from ``stream(s_b, j)``, ``s_b`` the b-th of
-    :func:`episode_seeds` of ``rng``, or ``stream_seeds[b]`` when given (:func:`given_streams`).
-
-    A fork that raises :class:`~envs.core.EnvInfraError` loses only the branches it would have started;
-    the base and every other fork run on. Such branches are returned as episodes with no steps,
-    ``infra_failure=True``, ``reason="infra_error"`` and the ``fork_turn`` of the failed fork, and are
-    counted in :attr:`Rollout.forks_failed` / :attr:`Rollout.branches_lost`. If the checkpoint fork of
-    a base failed (all its new branches lost), the base keeps ``fork_turn=None``: nothing branched from
-    it, so its whole episode trains as a prefix. If only the fork that spreads the checkpoint into
-    branches 2..m-1 failed, branch 1 still runs.
-
-    Raises:
-        ValueError: on bad sizes (``stream_seeds`` included) or an unknown ``fork_selection``.
-    """
-    if fork_selection not in FORK_SELECTIONS:
-        raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
-    if n_base < 1 or branches < 1 or len(seeds) != n_base:
-        raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, {len(seeds)}")
-    counter = _Counter()
-    episodes: list[Episode] = []
-    lost = 0
-    stream_seeds = given_streams(rng, n_base, stream_seeds)
-    for b, seed in enumerate(seeds):
-        base_rng = stream(stream_seeds[b])
-        base = Episode(seed=seed, base=b, branch=0)
-        session = _start(env, policy, base)
-        if session is None:
-            episodes.append(base)
-            continue
-        choice = ForkTurn(fork_selection, branches)
-        turn = 0
-        done = False
-        while not done:
-            choice.consider(turn, base_rng, session.entropy, env, session, base.reward, counter)
-            done = _step(env, session, base, base_rng, counter)
-            turn += 1
-        episodes.append(base)
-        branch_eps, starts, n_lost = spread_branches(base, choice.checkpoint, branches, stream_seeds[b], counter)
-        episodes += branch_eps
-        lost += n_lost
-        for start in starts:
-            while not _step(start.env, start.session, start.episode, start.rng, counter):
-                pass
-            start.env.close()
-    return Rollout("tree", episodes, counter.env_calls, counter.forks, counter.forks_failed, lost)

@@ -14,7 +14,7 @@ to 1.2e-5 on the tiny test model, whose logits of size ~10 differ by about 1e-6 
 :class:`HFChatSampler` is that sampling as a :class:`trainer.waves.Sampler`; :func:`group_rollouts` and
 :func:`tree_rollouts` run the group and tree rollouts of :mod:`trainer.rollout` for many groups at once through the
 one wave driver (:class:`trainer.waves.WaveDriver`): one :class:`~trainer.rollout.Rollout` per group or tree, equal
-to what :func:`~trainer.rollout.group_rollout` / :func:`~trainer.rollout.tree_rollout` with one base return for the
+to what :func:`~trainer.waves.group_rollout` / :func:`~trainer.waves.tree_rollout` with one base return for the
 same seeds. Entropy fork selection reads the prefill's first-token distribution, as the serial loop's
 ``session.entropy()`` does.
 """
@@ -145,14 +145,14 @@ class HFChatSampler:
 
 
 def group_rollouts(groups: list[Group], max_batch: int = MAX_BATCH) -> list[Rollout]:
-    """:func:`trainer.rollout.group_rollout` of every group in ``groups``, their episodes sampled together
+    """:func:`trainer.waves.group_rollout` of every group in ``groups``, their episodes sampled together
     (:meth:`trainer.waves.WaveDriver.groups` over :class:`HFChatSampler`). Returns one :class:`Rollout` per group, in
     order."""
     return WaveDriver(HFChatSampler(), max_batch).groups(groups)
 
 
 def tree_rollouts(trees: list[Tree], fork_selection: str = "uniform", max_batch: int = MAX_BATCH) -> list[Rollout]:
-    """:func:`trainer.rollout.tree_rollout` of every tree in ``trees``: the bases sampled together, then every tree's
+    """:func:`trainer.waves.tree_rollout` of every tree in ``trees``: the bases sampled together, then every tree's
     branches together, each from its base's session and env at the fork turn (:meth:`trainer.waves.WaveDriver.trees`
     over :class:`HFChatSampler`). Returns one :class:`Rollout` per tree, in order (episodes: each base, then its
     branches 1..m-1).

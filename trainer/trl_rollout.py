@@ -3,7 +3,7 @@
 TRL (1.16) hands ``rollout_func(prompts, trainer)`` its batch with each prompt ``num_generations`` (G) times
 in a row and expects one completion per row: ``prompt_ids``, ``completion_ids``, ``logprobs`` and, for
 multi-turn rollouts, ``env_mask`` (1 on the model's tokens, 0 on the env's). :class:`TreeForkRollout` plays
-each group as one forkyard tree (:func:`trainer.rollout.tree_rollout` with one base and G branches): the
+each group as one forkyard tree (:func:`trainer.waves.tree_rollout` with one base and G branches): the
 base episode runs to its end, then G-1 branches restart from a fork of the env (and of the token
 context) at the fork turn and each samples its own continuation. So the G completions of a group share
 their prefix and differ from the fork turn on: siblings that really share a state (the tree-fork
@@ -30,7 +30,7 @@ function to pass in ``reward_funcs``::
 Each group's env is reset with a seed drawn from ``seed``, the trainer's step and the group's index; the
 fork turn is uniform over the turns the base took or, with ``fork_turn="entropy"``, the turn where the
 next-token entropy at the start of the model's reply was highest (ARPO, arXiv:2507.19849). With
-``fork_turn="none"`` the group is G independent episodes of the same task (:func:`trainer.rollout.group_rollout`,
+``fork_turn="none"`` the group is G independent episodes of the same task (:func:`trainer.waves.group_rollout`,
 every episode reset with the group's seed): the same sampling, layout and rewards without the fork, the
 control that isolates what the fork adds.
 """
@@ -47,13 +47,14 @@ from envs.actions import ActionParseError
 from envs.core import EnvInfraError
 from envs.tool_calls import parse_model_output
 from envs.trl import env_tools
-from trainer.rollout import Episode, Rollout, Step, group_rollout, tree_rollout
+from trainer.rollout import Episode, Rollout, Step
+from trainer.waves import group_rollout, tree_rollout
 from trainer.stops import stop_ids
 from trainer.trl_engine import MAX_BATCH, Group, Reply, Tree, group_rollouts, sample_rows, tree_rollouts
 
 
 class ChatSession:
-    """One branch's token context (prompt + completion so far) for :func:`trainer.rollout.tree_rollout`.
+    """One branch's token context (prompt + completion so far) for :func:`trainer.waves.tree_rollout`.
 
     Attributes:
         completion: token ids after the prompt (the model's and the env's).
@@ -219,7 +220,7 @@ class TreeForkRollout:
         max_new_tokens: most tokens of one reply.
         sampler: ``"batched"`` (default): every group of a call played together, the live sessions of a wave
             sampled in one batched forward per token (:mod:`trainer.trl_engine`); ``"serial"``: one group, one
-            session after another (:func:`trainer.rollout.tree_rollout` / :func:`~trainer.rollout.group_rollout`).
+            session after another (:func:`trainer.waves.tree_rollout` / :func:`~trainer.waves.group_rollout`).
             Both draw alike: the same seeds give the same rows.
         max_batch: most sessions in one batched forward (``sampler="batched"``).
         **env_kwargs: the env's kwargs (``server_url=...`` runs it on a forkyard server, forks included).

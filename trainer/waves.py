@@ -15,20 +15,25 @@ through that one loop; what differs between samplers is only how a wave's action
 * :class:`trainer.trl_engine.HFChatSampler`: a ``transformers`` causal LM under TRL's chat template.
 
 A tree's fork-turn choice (:class:`trainer.rollout.ForkTurn`) and the spreading of a base's checkpoint into branches
-(:func:`trainer.rollout.spread_branches`) are the serial loop's, called here for every sampler: the sampler calls
+(:func:`trainer.rollout.spread_branches`) are written once and called here for every sampler: the sampler calls
 ``before_draw(row, entropy)`` once per row after the distribution of the row's next token is known and before the
-row's stream gives its first draw, as the serial loop chooses the fork turn before ``act``. Every episode samples
-from its own stream (:func:`trainer.rollout.stream`), so the same seeds give the episodes of the serial loops of
-:mod:`trainer.rollout` whatever the sampler, batch size or caps (the samplers' own tests: sampled ids equal,
-behavior log-probs within float rounding).
+row's stream gives its first draw (the fork turn is chosen before the turn's action). Every episode samples from its
+own stream (:func:`trainer.rollout.stream`), so the same seeds give the same episodes whatever the sampler, batch
+size or caps (the samplers' own tests: sampled ids equal, behavior log-probs within float rounding).
 
-Env copies: each episode of a group (and each base of a tree with several bases) runs on its own copy,
-``env.fork(n)`` in calls of at most :data:`FORK_CHUNK`, each copy reset with its episode's seed (a copy's
-``reset(seed=s)`` is a fresh env's episode for ``s``); these copies are not counted in :attr:`Rollout.forks`,
-which counts the tree's forks as the serial loop does. A tree of one base runs it on the tree's env itself, as the
-serial loop does. ``max_live`` bounds the episodes live at once (each holds an env copy, a sandbox for FileQA, and
-its session's KV cache between turns): episodes past it start when the cohort before them has ended; a tree's
-cohort is ``max_live // branches`` bases, then their branches.
+The serial rollout (:func:`serial`; :func:`group_rollout`, :func:`tree_rollout`) is this driver over
+:class:`SerialSampler` with one row a wave and no env copies: the env given is reset before each episode and a tree's
+bases run one after another on it, as the loops forkyard had before the driver did (kept as the tests' oracle,
+``tests/trainer/serial_oracle.py``). ``forkyard train``, the Ray rollout workers, ``TreeForkRollout(sampler=
+"serial")`` and ``--sampler serial`` of the text trainer run it.
+
+Env copies (the default, ``copies=True``): each episode of a group (and each base of a tree with several bases) runs
+on its own copy, ``env.fork(n)`` in calls of at most :data:`FORK_CHUNK`, each copy reset with its episode's seed (a
+copy's ``reset(seed=s)`` is a fresh env's episode for ``s``); these copies are not counted in :attr:`Rollout.forks`,
+which counts the tree's forks alone. A tree of one base runs it on the tree's env itself. ``max_live`` bounds the
+episodes live at once (each holds an env copy, a sandbox for FileQA, and its session's KV cache between turns):
+episodes past it start when the cohort before them has ended; a tree's cohort is ``max_live // branches`` bases,
+then their branches.
 
 Why one file: the wave loop, the episode starts and the group and tree drivers hold one invariant together (every
 row's env results are applied in the serial order, from the stream the serial loop gives it); split, a change to one
@@ -44,8 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from envs.core import EnvInfraError
-from trainer.rollout import (FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter, given_streams,
-                             record_outcome, spread_branches, stream)
+from trainer.rollout import (FORK_SELECTIONS, Episode, ForkTurn, Rollout, Step, _Counter, episode_seeds,
+                             given_streams, record_outcome, spread_branches, stream)
 
 #: Default cap on the rows sampled in one wave.
 MAX_BATCH = 64
@@ -210,6 +215,9 @@ class WaveDriver:
         env_threads: worker threads for the env calls of a wave (steps, and the resets of new episodes) when the
             env blocks (:func:`blocking`); 1: one after another. Results are applied in row order either way.
         max_live: most episodes live at once, or None: all of them (module docstring).
+        copies: False: no env copies; every episode runs on the env it was given, one episode (a tree: one base
+            and its branches) at a time, reset before each, as a serial loop reuses one env (``max_live`` is then
+            not read). The serial rollouts :func:`group_rollout` / :func:`tree_rollout` run so.
 
     Attributes:
         seconds: wall seconds by phase: ``env`` (copies, resets, steps, closes; a tree's branch copies), ``other``
@@ -220,7 +228,7 @@ class WaveDriver:
     """
 
     def __init__(self, sampler: Sampler, max_batch: int = MAX_BATCH, max_kv_tokens: int | None = None,
-                 env_threads: int = ENV_THREADS, max_live: int | None = None):
+                 env_threads: int = ENV_THREADS, max_live: int | None = None, copies: bool = True):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_kv_tokens is not None and max_kv_tokens < 1:
@@ -229,7 +237,7 @@ class WaveDriver:
             raise ValueError(f"env_threads must be >= 1, got {env_threads}")
         if max_live is not None and max_live < 1:
             raise ValueError(f"max_live must be >= 1 (or None), got {max_live}")
-        self.sampler = sampler
+        self.sampler, self.copies = sampler, copies
         self.max_batch, self.max_kv_tokens, self.env_threads, self.max_live = (max_batch, max_kv_tokens, env_threads,
                                                                                max_live)
         self._seconds = {"env": 0.0, "other": 0.0}
@@ -331,7 +339,7 @@ class WaveDriver:
         return rows
 
     def _cohorts(self, n: int, per: int = 1) -> list[slice]:
-        size = n if self.max_live is None else max(1, self.max_live // per)
+        size = 1 if not self.copies else n if self.max_live is None else max(1, self.max_live // per)
         return [slice(i, min(i + size, n)) for i in range(0, n, size)] if n else []
 
     # ------------------------------------------------------------------------------------------- the rollouts
@@ -351,7 +359,7 @@ class WaveDriver:
                 raise ValueError(f"{len(options)} reset options for {len(g.seeds)} seeds")
             counter = _Counter()
             episodes = [Episode(seed=s) for s in g.seeds]
-            pending += [_Pending(g.env, g.policy, ep, stream(s), counter, opt)
+            pending += [_Pending(g.env, g.policy, ep, stream(s), counter, opt, self.copies)
                         for ep, s, opt in zip(episodes, streams, options, strict=True)]
             rollouts.append((episodes, counter))
         for c in self._cohorts(len(pending)):
@@ -381,7 +389,8 @@ class WaveDriver:
                 ep = Episode(seed=seed, base=b, branch=0)
                 bases.append((k, ep))
                 streams.append(seeds[b])
-                pending.append(_Pending(t.env, t.policy, ep, stream(seeds[b]), counters[k], copy=len(t.seeds) > 1))
+                pending.append(_Pending(t.env, t.policy, ep, stream(seeds[b]), counters[k],
+                                    copy=self.copies and len(t.seeds) > 1))
         branches = {id(c): t.branches for c, t in zip(counters, trees, strict=True)}
 
         def before_draw(row: Row, entropy: Callable[[], float]) -> None:  # the one fork-turn choice
@@ -415,5 +424,95 @@ class WaveDriver:
                 for eps, c, n in zip(episodes, counters, lost, strict=True)]
 
 
+    # ------------------------------------------------------------------------------ the serial rollouts' signatures
+    def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
+                      stream_seeds: list[int] | None = None) -> Rollout:
+        """G independent episodes of one env configuration, episode i reset with ``seeds[i]``: :meth:`groups` of one
+        group.
+
+        Args:
+            env: a forkyard env (copied per episode, or reused with ``copies=False``).
+            policy: the sampling policy (an :class:`trainer.rollout.Actor`).
+            group_size: G >= 1.
+            seeds: [G] reset seeds (each episode its own hidden state).
+            rng: the rollout's RNG: one stream seed per episode is drawn from it
+                (:func:`trainer.rollout.episode_seeds`).
+            stream_seeds: [G] 64-bit stream seeds used instead of drawing them from ``rng``
+                (:func:`trainer.rollout.given_streams`: given, ``rng`` is not read).
+
+        Raises:
+            ValueError: ``len(seeds) != group_size``, or ``stream_seeds`` given without G seeds.
+        """
+        if len(seeds) != group_size:
+            raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
+        return self.groups([Group(env, policy, list(seeds), rng, stream_seeds)])[0]
+
+    def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random | None,
+                     fork_selection: str = "uniform", stream_seeds: list[int] | None = None) -> Rollout:
+        """Tree-fork rollout: ``n_base`` base episodes, each forked once into ``branches`` branches in total
+        (:meth:`trees` of one tree).
+
+        For each base: run the episode; at the chosen fork turn t, fork the env (and the policy session) and run
+        ``branches - 1`` new branches from that state to the end, each sampling its own action at turn t. The base's
+        own continuation is branch 0. Fork-turn selection (:class:`trainer.rollout.ForkTurn`):
+
+        * ``uniform``: t uniform over the turns the base actually took (reservoir sampling: at turn t a fork
+          replaces the kept one with probability 1/(t+1)), so episodes of unknown length work;
+        * ``entropy``: t is the turn where the policy's action entropy was highest on the base's path (earliest on
+          ties), as ARPO (arXiv:2507.19849) branches where the policy is uncertain; a fork is kept at each new
+          maximum.
+
+        Episodes are returned in order: base 0, its branches 1..m-1, base 1, ... Each branch's ``steps`` start at the
+        fork turn; its ``reward`` includes the base's prefix rewards. Base b samples (and draws its uniform fork
+        turn) from ``stream(s_b)``, its branch j from ``stream(s_b, j)``, ``s_b`` the b-th of
+        :func:`trainer.rollout.episode_seeds` of ``rng``, or ``stream_seeds[b]`` when given.
+
+        A fork that raises :class:`~envs.core.EnvInfraError` loses only the branches it would have started; the
+        base and every other fork run on. Such branches are returned as episodes with no steps,
+        ``infra_failure=True``, ``reason="infra_error"`` and the ``fork_turn`` of the failed fork, and are counted
+        in :attr:`Rollout.forks_failed` / :attr:`Rollout.branches_lost`. If the checkpoint fork of a base failed
+        (all its new branches lost), the base keeps ``fork_turn=None``: nothing branched from it, so its whole
+        episode trains as a prefix. If only the fork that spreads the checkpoint into branches 2..m-1 failed,
+        branch 1 still runs.
+
+        Raises:
+            ValueError: on bad sizes (``stream_seeds`` included) or an unknown ``fork_selection``.
+        """
+        if fork_selection not in FORK_SELECTIONS:
+            raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
+        if n_base < 1 or branches < 1 or len(seeds) != n_base:
+            raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, "
+                             f"{len(seeds)}")
+        return self.trees([Tree(env, policy, branches, list(seeds), rng, stream_seeds)], fork_selection)[0]
+
+    def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
+        """Independent episodes, the i-th reset with ``resets[i]`` = ``(seed, options)`` and sampled from the i-th
+        stream of ``rng`` (:func:`trainer.rollout.episode_seeds`): the evaluations of :mod:`trainer.text.text_eval`.
+        Returns the episodes in order."""
+        group = Group(env, policy, [seed for seed, _ in resets], None, episode_seeds(rng, len(resets)),
+                      [opt for _, opt in resets])
+        return self.groups([group])[0].episodes
+
+
+def serial() -> WaveDriver:
+    """The serial rollout: :class:`SerialSampler`, one row a wave, no env copies (one episode after another on the
+    env given, reset before each): what :func:`group_rollout`, :func:`tree_rollout` and every entry point without a
+    batched sampler run (``forkyard train``, the Ray rollout workers, ``TreeForkRollout(sampler="serial")``)."""
+    return WaveDriver(SerialSampler(), max_batch=1, copies=False)
+
+
+def group_rollout(env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
+                  stream_seeds: list[int] | None = None) -> Rollout:
+    """:meth:`WaveDriver.group_rollout` on the serial driver (:func:`serial`): ``env`` reused, one episode at a time."""
+    return serial().group_rollout(env, policy, group_size, seeds, rng, stream_seeds)
+
+
+def tree_rollout(env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random | None,
+                 fork_selection: str = "uniform", stream_seeds: list[int] | None = None) -> Rollout:
+    """:meth:`WaveDriver.tree_rollout` on the serial driver (:func:`serial`): the bases one after another on ``env``
+    itself, each base's branches on copies of its fork-turn checkpoint."""
+    return serial().tree_rollout(env, policy, n_base, branches, seeds, rng, fork_selection, stream_seeds)
+
+
 __all__ = ["ENV_THREADS", "FORK_CHUNK", "MAX_BATCH", "BeforeDraw", "Group", "Row", "Sampler", "SerialSampler", "Tree",
-           "WaveDriver", "blocking"]
+           "WaveDriver", "blocking", "group_rollout", "serial", "tree_rollout"]

@@ -19,7 +19,7 @@ from envs import EnvInfraError, RemoteEnv, TextSpace
 from envs.clueprobe import ClueProbeEnv
 from sandbox_server.app import create_env_app
 from tests.docker_support import UvicornThread
-from trainer.rollout import tree_rollout
+from trainer.waves import tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.estimators import step_advantages
 from trainer.tabular_config import TrainConfig

@@ -26,7 +26,7 @@ pytest.importorskip("fastapi")
 from tests.docker_support import ROOT, UvicornThread, free_port, wait_http_ok  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.openai_rollout import NOT_EXECUTED, OpenAIPolicy, ServerRecord, require_token_ids  # noqa: E402
-from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
+from trainer.waves import group_rollout, tree_rollout  # noqa: E402
 from trainer.text.text_config import TextTrainConfig  # noqa: E402
 from trainer.text.text_sft import sft  # noqa: E402
 

@@ -25,7 +25,7 @@ from ray_cluster.nodes import NodeHost, alive_nodes, node_name, start_hosts
 from ray_cluster.transport import ClusterEnv, make
 from trainer.loop import make_env, train_loop
 from trainer.rollout import training_seeds
-from trainer.rollout import tree_rollout
+from trainer.waves import tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.tabular_config import TrainConfig
 
@@ -261,7 +261,7 @@ def scenario_text_engine(out: dict[str, Any]) -> None:
     import torch
 
     from trainer.text.lm import ByteTokenizer, LMConfig, build_model
-    from trainer.rollout import group_rollout
+    from trainer.waves import group_rollout
     from trainer.text.text_config import TextTrainConfig
     from trainer.text.text_train import PPOTextPolicy
 

@@ -20,7 +20,8 @@ import pytest
 from tests.docker_support import ROOT, require_docker
 from ray_cluster.collector import task_rng
 from trainer.collectors import cluster_totals
-from trainer.rollout import Rollout, tree_rollout
+from trainer.rollout import Rollout
+from trainer.waves import tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.tabular_config import TrainConfig
 

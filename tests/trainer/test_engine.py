@@ -19,7 +19,8 @@ from trainer.text.engine import RolloutEngine
 from trainer.waves import Row, blocking
 from trainer.text.lm import ByteTokenizer, LMConfig, build_model
 from trainer.loop import make_env
-from trainer.rollout import Rollout, episode_seeds, group_rollout, stream, tree_rollout
+from trainer.rollout import Rollout, episode_seeds, stream
+from trainer.waves import group_rollout, tree_rollout
 from trainer.text.text_policy import SamplingConfig, TextPolicy, token_logprobs
 
 TOK = ByteTokenizer()

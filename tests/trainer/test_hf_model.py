@@ -19,7 +19,7 @@ from trainer.text.checkpoints import load_checkpoint, save_checkpoint  # noqa: E
 from trainer.text.lm import LMConfig  # noqa: E402
 from trainer.loop import make_env  # noqa: E402
 from trainer.text.losses import ppo_loss  # noqa: E402
-from trainer.rollout import tree_rollout  # noqa: E402
+from trainer.waves import tree_rollout  # noqa: E402
 from trainer.text.text_config import TextTrainConfig  # noqa: E402
 from trainer.text.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs  # noqa: E402
 from trainer.text.text_sft import make_tokenizer  # noqa: E402

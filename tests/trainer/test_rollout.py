@@ -6,7 +6,7 @@ import pytest
 
 from envs.clueprobe import ClueProbeEnv
 from envs.core import EnvInfraError
-from trainer.rollout import group_rollout, tree_rollout
+from trainer.waves import group_rollout, tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.estimators import anchor_stats, step_advantages
 from trainer.tabular_config import TrainConfig

@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
 
 from trainer.loop import make_env  # noqa: E402
-from trainer.rollout import group_rollout, tree_rollout  # noqa: E402
+from trainer.waves import group_rollout, tree_rollout  # noqa: E402
 from trainer.stops import stop_ids  # noqa: E402
 from trainer.text.engine import RolloutEngine  # noqa: E402
 from trainer.text.hf import HFCausalLM, HFTokenizerAdapter  # noqa: E402

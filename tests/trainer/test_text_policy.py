@@ -13,7 +13,8 @@ import torch
 
 from trainer.text.lm import ByteTokenizer, LMConfig, build_model
 from trainer.text.losses import PPOConfig, ppo_loss
-from trainer.rollout import Episode, Rollout, tree_rollout
+from trainer.rollout import Episode, Rollout
+from trainer.waves import tree_rollout
 from trainer.text.text_policy import ChatTemplate, SamplingConfig, TextPolicy, token_logprobs
 from trainer.loop import make_env
 from trainer.text.text_train import build_batch
@@ -355,7 +356,7 @@ def test_field_case_s43_actions_the_env_runs_are_legal_however_spelled():
     """``ｐｒｏｂｅ(0)``, ``probe( 0 )``, ``answer(0x1)``: the env runs them as ``probe(0)`` / ``answer(1)``, so the
     text policy marks them legal (the env's parser decides, not string equality): invalid_share is 0 and
     ``--invalid-penalty 0.5`` leaves a correct episode's return at 1.0."""
-    from trainer.rollout import group_rollout
+    from trainer.waves import group_rollout
     from trainer.text.text_train import PPOTextPolicy, apply_invalid_penalty
 
     model = _memorized(S43_SPELLINGS)

@@ -17,7 +17,7 @@ from trainer.estimators import (
     step_advantages,
     unregister_estimator,
 )
-from trainer.rollout import group_rollout, tree_rollout
+from trainer.waves import group_rollout, tree_rollout
 from trainer.tabular import TabularPolicy
 from trainer.tabular_config import TrainConfig
 from trainer.train import train

@@ -9,7 +9,8 @@ import pytest
 
 from envs.clueprobe import ClueProbeEnv
 from trainer.loop import LoopConfig, make_env, train_loop
-from trainer.rollout import EPISODE_METRICS, EpisodeMetrics, Step, group_rollout
+from trainer.rollout import EPISODE_METRICS, EpisodeMetrics, Step
+from trainer.waves import group_rollout
 from trainer.tabular import TabularPolicy, greedy_eval
 from trainer.tabular_config import TrainConfig
 

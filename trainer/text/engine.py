@@ -31,14 +31,13 @@ token-for-token equality unseen by the other.
 
 from __future__ import annotations
 
-import random
 import time
 
 import torch
 
-from trainer.rollout import FORK_SELECTIONS, Episode, Rollout, Step, episode_seeds
+from trainer.rollout import Step
 from trainer.text.text_policy import TextSession, _sample_index, policy_log_softmax
-from trainer.waves import ENV_THREADS, MAX_BATCH, BeforeDraw, Group, Row, Tree, WaveDriver
+from trainer.waves import ENV_THREADS, MAX_BATCH, BeforeDraw, Row, WaveDriver
 #: Most tokens one batched prefill forward takes (rows x padded length; a row longer than it runs alone). On a
 #: CPU, a 64 x 500-token forward of the tiny model ran 1.5x slower than the same rows in forwards of about
 #: 2,000 tokens (activations past the caches; docs/performance.md).
@@ -286,33 +285,6 @@ class RolloutEngine(WaveDriver):
         ``env_threads`` where the config has them) over ``sampler`` (None: :class:`TorchSampler`)."""
         return cls(cfg.max_batch, getattr(cfg, "max_kv_tokens", None), getattr(cfg, "env_threads", ENV_THREADS),
                    getattr(cfg, "max_live", None), sampler)
-
-    def group_rollout(self, env, policy, group_size: int, seeds: list[int], rng: random.Random | None,
-                      stream_seeds: list[int] | None = None) -> Rollout:
-        """:func:`trainer.rollout.group_rollout`, batched (same arguments, returns and errors; ``stream_seeds``
-        as there: given, ``rng`` is not read)."""
-        if len(seeds) != group_size:
-            raise ValueError(f"{len(seeds)} seeds for a group of {group_size}")
-        return self.groups([Group(env, policy, list(seeds), rng, stream_seeds)])[0]
-
-    def play(self, env, policy, resets: list[tuple[int | None, dict | None]], rng: random.Random) -> list[Episode]:
-        """Independent episodes, the i-th reset with ``resets[i]`` = ``(seed, options)`` and sampled from the
-        i-th stream of ``rng`` (:func:`trainer.rollout.episode_seeds`), batched; the evaluations of
-        :mod:`trainer.text.text_eval`. Returns the episodes in order."""
-        group = Group(env, policy, [seed for seed, _ in resets], None, episode_seeds(rng, len(resets)),
-                      [opt for _, opt in resets])
-        return self.groups([group])[0].episodes
-
-    def tree_rollout(self, env, policy, n_base: int, branches: int, seeds: list[int], rng: random.Random | None,
-                     fork_selection: str = "uniform", stream_seeds: list[int] | None = None) -> Rollout:
-        """:func:`trainer.rollout.tree_rollout`, batched (same arguments, returns, episode order and errors;
-        ``stream_seeds`` as there: given, ``rng`` is not read)."""
-        if fork_selection not in FORK_SELECTIONS:
-            raise ValueError(f"fork_selection must be one of {FORK_SELECTIONS}, got {fork_selection!r}")
-        if n_base < 1 or branches < 1 or len(seeds) != n_base:
-            raise ValueError(f"need n_base >= 1, branches >= 1 and n_base seeds; got {n_base}, {branches}, "
-                             f"{len(seeds)}")
-        return self.trees([Tree(env, policy, branches, list(seeds), rng, stream_seeds)], fork_selection)[0]
 
 
 __all__ = ["ENV_THREADS", "MAX_BATCH", "PREFILL_TOKENS", "RolloutEngine", "TorchSampler", "generate", "prefill"]

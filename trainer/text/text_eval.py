@@ -37,8 +37,9 @@ import torch
 from envs.features import FiniteActions
 from trainer.loop import evaluation_resets, held_out_resets, make_env
 from trainer.text.text_policy import SamplingConfig, TextPolicy, token_logprobs
-from trainer.rollout import Episode, EpisodeMetrics, _Counter, _step, episode_seeds, stream
+from trainer.rollout import EpisodeMetrics
 from trainer.text.tokenizer import model_tokenizer
+from trainer.waves import WaveDriver, serial
 
 
 def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
@@ -75,10 +76,10 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         if getattr(cfg, "sampler", "serial") in ("batched", "vllm"):  # the trainer's weights, in this process
             from trainer.text.engine import RolloutEngine
 
-            episodes = RolloutEngine.from_config(cfg).play(env, policy, resets, rng)
+            driver: WaveDriver = RolloutEngine.from_config(cfg)
         else:
-            episodes = [_play(env, policy, seed, options, stream(s))
-                        for (seed, options), s in zip(resets, episode_seeds(rng, len(resets)), strict=True)]
+            driver = serial()
+        episodes = driver.play(env, policy, resets, rng)
         for ep in episodes:
             actions += len(ep.steps)
             invalid += ep.invalid_actions
@@ -90,17 +91,6 @@ def evaluate(model, cfg, samples: int | None = None) -> dict[str, float]:
         out.update({f"{name}_{k}": v for k, v in env_metrics.means().items()})
     env.close()
     return out
-
-
-def _play(env, policy: TextPolicy, seed: int | None, options: dict | None, rng: random.Random) -> Episode:
-    """One episode, serial: ``env`` reset with ``seed`` and ``options``, actions sampled from ``rng``."""
-    ep = Episode(seed=seed)
-    obs, info = env.reset(seed=seed, options=options)
-    session = policy.session(obs, info)
-    counter = _Counter()
-    while not _step(env, session, ep, rng, counter):
-        pass
-    return ep
 
 
 def action_probabilities(policy: TextPolicy, context: list[int], actions: list[str],

@@ -6,7 +6,7 @@ One iteration (the loop's steps; this module supplies :class:`PPOTextPolicy`, th
 1. Rollout with the sampling policy (:class:`trainer.text.text_policy.TextPolicy`): a tree-fork rollout
    (``n_base`` bases x ``branches``) or a group of ``group_size`` independent episodes, batched across every
    live episode by :class:`trainer.text.engine.RolloutEngine` (``--sampler batched``, the default), or one session at
-   a time through the same :func:`trainer.rollout.tree_rollout` / :func:`trainer.rollout.group_rollout` as the
+   a time through the same :func:`trainer.waves.tree_rollout` / :func:`trainer.waves.group_rollout` as the
    tabular policy (``--sampler serial``): the same episodes for the same seeds; optionally the invalid-action
    penalty (:func:`apply_invalid_penalty`).
 2. Per-step advantages from the registered estimators (:func:`trainer.estimators.step_advantages`),
