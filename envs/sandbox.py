@@ -46,7 +46,9 @@ class SandboxProvider(Protocol):
 
     def create(self, *, files: dict[str, bytes] | None = None, archive: bytes | None = None) -> Any:
         """A new sandbox, optionally with per-episode ``files`` under /scratch (path -> bytes) or rebuilt
-        from an ``archive`` made by ``export``. Raises SandboxFailure (or SandboxRefusal for bad files)."""
+        from an ``archive`` made by ``export``. Raises SandboxFailure (or SandboxRefusal for bad files). A provider
+        that offers opt-in tool families also takes ``families`` (a list of names: forkyard's ``workspace``);
+        only envs that need them pass it."""
 
     def exec(self, sandbox_id: str, tool: str, args: dict[str, Any], timeout_s: float | None = None) -> Any:
         """Run one whitelisted tool call with a deadline of ``timeout_s`` seconds."""

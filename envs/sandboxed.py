@@ -76,6 +76,11 @@ class SandboxedTextEnv(TextEnv):
     tool_family: ClassVar[str] = "files"
     #: Tools of :attr:`tool_family` the env cannot work without: a provider lacking one fails construction.
     needed_tools: ClassVar[tuple[str, ...]] = ()
+    #: Further tool families the env calls (their tools join :attr:`needed_tools`' check and the listing).
+    extra_families: ClassVar[tuple[str, ...]] = ()
+    #: Opt-in families (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``) the env's sandboxes are created
+    #: with; passed to the provider's ``create`` as ``families`` only when not empty.
+    sandbox_families: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, provider: SandboxProvider, backend: str, tools: list[Any], per_turn_timeout_s: float,
                  continue_on_timeout: bool, max_turns: int, kwargs: dict[str, Any], render_mode: str | None = None):
@@ -102,7 +107,8 @@ class SandboxedTextEnv(TextEnv):
             raise ValueError(f"backend must be a backend name or a server URL (a str), got {backend!r}")
         with infra_errors(f"sandbox backend {backend or 'default'!r} is unavailable"):
             provider: SandboxProvider = sandbox_provider if sandbox_provider is not None else provider_for(backend)
-            tools = [t for t in provider.tools() if getattr(t, "family", "files") == cls.tool_family]
+            families = (cls.tool_family, *cls.extra_families)
+            tools = [t for t in provider.tools() if getattr(t, "family", "files") in families]
         missing = sorted(set(cls.needed_tools) - {t.name for t in tools})
         if missing:
             raise EnvInfraError(f"the sandbox service {provider.name!r} has no {cls.tool_family} tools {missing} "
@@ -116,7 +122,11 @@ class SandboxedTextEnv(TextEnv):
         self._release()
         self._calls = []
         with infra_errors("no sandbox"):
-            self._sandbox = self._provider.create(files=files or None).id
+            self._sandbox = self._provider.create(files=files or None, **self._create_options()).id
+
+    def _create_options(self) -> dict[str, Any]:
+        """Keywords of every ``create`` of this env's sandboxes beyond the files: its :attr:`sandbox_families`."""
+        return {"families": list(self.sandbox_families)} if self.sandbox_families else {}
 
     def _release(self) -> None:
         if self._sandbox is not None:
@@ -180,7 +190,7 @@ class SandboxedTextEnv(TextEnv):
         new_sandbox = None
         if archive is not None:
             with infra_errors("could not rebuild the sandbox of the snapshot"):
-                new_sandbox = self._provider.create(archive=base64.b64decode(archive)).id
+                new_sandbox = self._provider.create(archive=base64.b64decode(archive), **self._create_options()).id
         try:
             super().restore(snapshot)
         except BaseException:

@@ -91,14 +91,16 @@ class RayProvider:
     def _named(info: Any, node: str) -> Any:
         return info.model_copy(update={"id": f"{node}|{info.id}"})
 
-    def create(self, *, files: dict[str, bytes] | None = None, archive: bytes | None = None) -> Any:
+    def create(self, *, files: dict[str, bytes] | None = None, archive: bytes | None = None,
+               families: list[str] | None = None) -> Any:
         with self._lock:
             if not self._held:
                 raise self._failure("every node of the Ray cluster this provider used is lost")
             node = min(self._held, key=lambda n: (self._held[n], n))
             self._held[node] += 1
         try:
-            return self._named(self._call(node, "create", files=files, archive=archive), node)
+            return self._named(self._call(node, "create", files=files, archive=archive,
+                                          **({"families": families} if families else {})), node)
         except BaseException:
             with self._lock:
                 if node in self._held:

@@ -95,8 +95,10 @@ def _files_body(files: dict[str, bytes]) -> dict[str, Any]:
 
 
 def _create_body(cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
-                 files: dict[str, bytes] | None = None) -> dict[str, Any]:
+                 files: dict[str, bytes] | None = None, families: list[str] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"cwd": cwd, "env": env, "metadata": metadata}
+    if families:
+        body["families"] = list(families)
     if files:
         body.update(_files_body(files))
     return body
@@ -172,7 +174,8 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in [
     Endpoint("create", "POST", "/v1/sandboxes", "Take a warm sandbox for a new session.\n\n``cwd``: working "
              "directory; ``env``: environment variables; ``metadata``: free JSON kept with the session (and "
              "copied into snapshots, clones and forks); ``files``: relative path under /scratch -> content "
-             "(bytes, sent base64).", SandboxInfo, body=_create_body, request=CreateRequest,
+             "(bytes, sent base64); ``families``: opt-in tool families (``['workspace']``).", SandboxInfo,
+             body=_create_body, request=CreateRequest,
              errors=(413, 422, 503), returns="the new sandbox's ``SandboxInfo``",
              words=(("limit", "files or metadata over the server's limits, or the pool is at its maximum"),
                     ("refused", "an invalid cwd, env, metadata or file path"))),
@@ -411,8 +414,8 @@ class SandboxClient(_ClientBase):
 
     @_op("create")
     def create(self, cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
-               files: dict[str, bytes] | None = None) -> SandboxInfo:
-        return self._call("create", cwd=cwd, env=env, metadata=metadata, files=files)
+               files: dict[str, bytes] | None = None, families: list[str] | None = None) -> SandboxInfo:
+        return self._call("create", cwd=cwd, env=env, metadata=metadata, files=files, families=families)
 
     @_op("get")
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -531,8 +534,9 @@ class AsyncSandboxClient(_ClientBase):
 
     @_op("create")
     async def create(self, cwd: str | None = None, env: dict[str, str] | None = None,
-                     metadata: dict[str, Any] | None = None, files: dict[str, bytes] | None = None) -> SandboxInfo:
-        return await self._call("create", cwd=cwd, env=env, metadata=metadata, files=files)
+                     metadata: dict[str, Any] | None = None, files: dict[str, bytes] | None = None,
+                     families: list[str] | None = None) -> SandboxInfo:
+        return await self._call("create", cwd=cwd, env=env, metadata=metadata, files=files, families=families)
 
     @_op("get")
     async def get(self, sandbox_id: str) -> SandboxInfo:

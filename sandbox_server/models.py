@@ -98,11 +98,14 @@ class RequestModel(BaseModel):
 
 
 class SessionState(BaseModel):
-    """The non-filesystem state of a sandbox: working directory, environment variables, free metadata."""
+    """The non-filesystem state of a sandbox: working directory, environment variables, free metadata, and the
+    opt-in tool families it was created with (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``; kept by its
+    snapshots, clones and forks)."""
 
     cwd: str = "/data"
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    families: list[str] = Field(default_factory=list)
 
     @field_validator("metadata")
     @classmethod
@@ -120,6 +123,8 @@ class CreateRequest(RequestModel):
     cwd: str | None = None
     env: dict[str, str] | None = None
     metadata: dict[str, Any] | None = None
+    families: list[str] | None = Field(default=None, description="opt-in tool families: ['workspace'] for the tools "
+                                       "that write the workspace and run code in it")
     files: dict[str, str] | None = Field(default=None, description="relative path under /scratch -> content")
     encoding: Literal["utf-8", "base64"] = "utf-8"
 

@@ -31,7 +31,8 @@ from sandbox_server.errors import (
 from sandbox_server.metrics import Metrics
 from sandbox_server.models import MAX_CLONES, PoolStatus, SandboxInfo, SessionState, SnapshotInfo
 from sandbox_server.pool import SandboxPool
-from sandbox_server.session_input import MAX_NAME_BYTES, MAX_PATH_BYTES, check_cwd, check_env, check_files
+from sandbox_server.session_input import (MAX_NAME_BYTES, MAX_PATH_BYTES, check_cwd, check_env, check_families,
+                                          check_files)
 from sandbox_server.settings import MAX_WRITE_BYTES, ServiceConfig
 from sandbox_server.snapshots import SnapshotStore
 from sandbox_server.tools import TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call
@@ -180,7 +181,7 @@ class SandboxService:
 
     def create(self, cwd: str | None = None, env: dict[str, str] | None = None, metadata: dict[str, Any] | None = None,
                files: dict[str, bytes] | None = None, *, archive: bytes | None = None,
-               cancel: CancelToken | None = None) -> SandboxInfo:
+               cancel: CancelToken | None = None, families: builtins.list[str] | None = None) -> SandboxInfo:
         """Take a warm sandbox for a new session; optionally write per-episode ``files`` into /scratch.
 
         Args:
@@ -190,13 +191,15 @@ class SandboxService:
                 restore into the new sandbox first (modes, mtimes and links included).
             cancel: a :class:`CancelToken`; if it is set before the session is handed out, everything
                 taken is released and :class:`ServiceUnavailable` is raised.
+            families: opt-in tool families (:data:`sandbox_server.tools.OPT_IN_FAMILIES`) the sandbox offers.
 
         Raises:
             ToolRefused: a bad ``cwd``, environment variable or file path (nothing was taken).
             LimitExceeded: the files do not fit the sandbox's /scratch (nothing is left behind).
             ServiceUnavailable: engine down or pool exhausted (retry later).
         """
-        state = SessionState(cwd=check_cwd(cwd or "/data"), env=check_env(env), metadata=dict(metadata or {}))
+        state = SessionState(cwd=check_cwd(cwd or "/data"), env=check_env(env), metadata=dict(metadata or {}),
+                             families=check_families(families))
         if files:
             check_files(files)
         sid = self.pool.acquire()
@@ -327,11 +330,11 @@ class SandboxService:
         s = self._session(sandbox_id)
         try:
             t = clamp_timeout(timeout_s, self.config.default_timeout_s, self.config.max_timeout_s)
-            call = validate_call(tool, args, cwd=s.state.cwd, registry=self.registry)
+            call = validate_call(tool, args, cwd=s.state.cwd, registry=self.registry, families=s.state.families)
         except ToolRefused:
             self.metrics.rejected.inc()
             raise
-        res = self._run(s, call.argv, call.path_args, t)
+        res = self._run(s, call.argv, call.path_args, t, call.runs_code)
         if res.status == "refused":  # the agent's on-filesystem check (symlink escape): nothing ran
             self.metrics.rejected.inc()
             raise ToolRefused(res.message)
@@ -348,14 +351,15 @@ class SandboxService:
         return self._run(s, list(argv), list(path_args or []), t)
 
     def _run(self, s: _Session, argv: builtins.list[str], path_args: builtins.list[int],
-             timeout_s: float) -> ToolResult:
+             timeout_s: float, bounded_only: bool = False) -> ToolResult:
         t0 = time.perf_counter()
         with s.lock:
             self._live(s)
             s.touch()
             try:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
-                                        cap_bytes=self.config.output_cap_bytes, path_args=path_args)
+                                        cap_bytes=self.config.output_cap_bytes, path_args=path_args,
+                                        bounded_only=bounded_only)
             except (AgentTimeout, AgentFailed) as exc:
                 # the agent answered: an error, not a failure
                 if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):

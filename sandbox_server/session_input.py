@@ -8,7 +8,7 @@ import posixpath
 from sandbox_server.backends import check_write_limits
 from sandbox_server.errors import LimitExceeded, ToolRefused
 from sandbox_server.settings import MAX_WRITE_BYTES
-from sandbox_server.tools import READABLE_ROOTS, validate_session_env
+from sandbox_server.tools import OPT_IN_FAMILIES, READABLE_ROOTS, validate_session_env
 
 #: Longest file name (one path component) and relative path of a written file, in UTF-8 bytes (Linux's
 #: NAME_MAX, and PATH_MAX less room for the /scratch prefix).
@@ -29,6 +29,16 @@ def check_cwd(cwd: str) -> str:
 def check_env(env: dict[str, str] | None) -> dict[str, str]:
     """Session environment variables, checked against the allow-list. Raises ToolRefused naming the refused ones."""
     return validate_session_env(dict(env or {}))
+
+
+def check_families(families: list[str] | None) -> list[str]:
+    """The opt-in tool families a sandbox is created with, sorted and without repeats. Raises ToolRefused for a
+    name not in :data:`~sandbox_server.tools.OPT_IN_FAMILIES`."""
+    out = sorted(set(families or []))
+    bad = [f for f in out if f not in OPT_IN_FAMILIES]
+    if bad:
+        raise ToolRefused(f"unknown opt-in tool families {bad}; the opt-in families are: {', '.join(OPT_IN_FAMILIES)}")
+    return out
 
 
 def check_files(files: dict[str, bytes]) -> None:

@@ -27,6 +27,16 @@ above: FileQA's) and ``sql`` (``list_tables``, ``describe``, ``query``, ``rows``
 Text-to-SQL's), whose argv runs the sandbox's ``python3 -I`` on the fixed runner :mod:`sandbox_server.sql_runner`
 (source passed with ``-c``, the SQL one argv item; read-only, budgeted and capped: its docstring lists how).
 
+The ``workspace`` family (opt-in per sandbox: :data:`OPT_IN_FAMILIES`; a sandbox created without it refuses its
+tools) changes files inside the sandbox's workspace, ``/scratch``, and runs code there: ``write_file``,
+``replace_in_file``, ``make_dir`` and ``remove`` run the fixed editor :mod:`sandbox_server.workspace_runner` (paths
+must lie under the workspace: :func:`check_workspace_path`); ``run_python`` runs a script and ``run_tests`` the
+standard library's ``unittest`` discovery, with the sandbox's ``python3`` (argv only, never a shell). Those two are
+:attr:`Tool.runs_code`: the agent runs them only in a sandbox whose process count is bounded from outside (a pids
+control group, Docker's ``pids_limit``), and every call's processes get the agent's resource limits (memory, CPU
+time, file size, open files: :func:`sandbox_server.agent.capped.process_limits`). Effects stay inside the
+sandbox (no network, read-only ``/data``), so a fork copies them with the workspace.
+
 Why one file: the whitelist is one table (every tool, its arguments, the argv it builds) with the one validation
 each call passes before a backend sees it; what may run in a sandbox is read in one place.
 """
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+import shlex
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -56,17 +67,31 @@ WRITABLE_AREAS = ("/scratch", "/tmp")
 #: and modification time (UTC unless the session sets TZ). Nothing host-dependent (inode, device, owner,
 #: links, blocks, access or change time), so forks and restored sandboxes answer alike.
 STAT_FORMAT = "  File: %N\n  Type: %F\n  Size: %s\n  Mode: %04a (%A)\nModify: %y\n"
-#: The tool families: ``files`` (coreutils over /data and /scratch) and ``sql`` (read-only SQLite queries).
-TOOL_FAMILIES = ("files", "sql")
+#: The tool families: ``files`` (coreutils over /data and /scratch), ``sql`` (read-only SQLite queries) and
+#: ``workspace`` (edits of /scratch and code run there).
+TOOL_FAMILIES = ("files", "sql", "workspace")
+#: Families a sandbox has only when created with them (``create(families=[...])``): the others are always there.
+OPT_IN_FAMILIES = ("workspace",)
+#: The workspace: where the ``workspace`` tools write (the first writable area, the one snapshots and forks carry).
+WORKSPACE = "/scratch"
+#: Longest file text ``write_file`` / ``replace_in_file`` take in one argument, in characters (the kernel takes
+#: 128 KiB per argv item).
+MAX_TEXT_CHARS = 65536
 #: The database the ``sql`` tools read (an env writes it into /scratch when it creates the sandbox).
 SQL_DB_PATH = "/scratch/db.sqlite"
 #: The ``sql`` tools' runner: the sandbox's python3, isolated (``-I``), without ``site`` or bytecode (``-S -B``).
 _SQL_RUNNER = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("sql_runner.py")).read_text("utf-8")]
+#: The ``workspace`` editor: the same, on :mod:`sandbox_server.workspace_runner`.
+_EDITOR = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("workspace_runner.py")).read_text("utf-8")]
+#: How ``run_python`` / ``run_tests`` start the interpreter: no ``PYTHON*`` variables, no user site, no bytecode
+#: written (the working directory stays importable, as a test suite needs).
+_PYTHON = ["python3", "-E", "-s", "-B"]
 
 __all__ = ["AREA_BYTES", "MAX_AREA_ENTRIES", "MAX_ARG_CHARS", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS", "MAX_WRITE_FILES",
-           "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES", "STAT_FORMAT", "TOOLS", "WRITABLE_AREAS", "Param",
-           "PreparedCall", "SQL_DB_PATH", "TOOL_FAMILIES", "Tool", "ToolRefused", "ToolResult", "ToolSpec",
-           "check_path", "clamp_timeout", "tool_specs", "validate_call", "validate_session_env"]
+           "MAX_TEXT_CHARS", "OPT_IN_FAMILIES", "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES", "STAT_FORMAT",
+           "TOOLS", "WORKSPACE", "WRITABLE_AREAS", "Param", "PreparedCall", "SQL_DB_PATH", "TOOL_FAMILIES", "Tool",
+           "ToolRefused", "ToolResult", "ToolSpec", "check_path", "check_workspace_path", "clamp_timeout",
+           "tool_specs", "validate_call", "validate_session_env"]
 
 
 class ToolRefused(SandboxRefusal):
@@ -108,6 +133,10 @@ class Param:
     enum: tuple[str, ...] | None = None
     minimum: int | None = None
     maximum: int | None = None
+    #: Longest string value, in characters.
+    max_chars: int = MAX_ARG_CHARS
+    #: A path the tool writes: it must lie under :data:`WORKSPACE` (:func:`check_workspace_path`).
+    in_workspace: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +149,8 @@ class Tool:
     build: Callable[[dict[str, Any]], tuple[list[str], list[int]]] = field(repr=False)
     #: The tool family (one of :data:`TOOL_FAMILIES`): an env offers the tools of its own family only.
     family: str = "files"
+    #: Runs code the caller chose (a script, a test suite): only in a sandbox whose process count is bounded.
+    runs_code: bool = False
 
     @property
     def param_names(self) -> list[str]:
@@ -140,7 +171,7 @@ class Tool:
             if p.maximum is not None:
                 s["maximum"] = p.maximum
             if p.type == "string":
-                s["maxLength"] = MAX_ARG_CHARS
+                s["maxLength"] = p.max_chars
             props[p.name] = s
         return {"type": "object", "properties": props, "required": [p.name for p in self.params if p.required],
                 "additionalProperties": False}
@@ -161,11 +192,13 @@ class ToolSpec(BaseModel):
 
 @dataclass(frozen=True)
 class PreparedCall:
-    """A validated call: the argv to run and which argv items are paths (checked again in the sandbox)."""
+    """A validated call: the argv to run, which argv items are paths (checked again in the sandbox), and whether it
+    runs code (:attr:`Tool.runs_code`: the agent refuses it in a sandbox without a process bound)."""
 
     tool: str
     argv: list[str]
     path_args: list[int]
+    runs_code: bool = False
 
 
 def _path_arg(value: str) -> str:
@@ -242,6 +275,26 @@ def _sql(op: str, arg: str | None = None) -> Callable[[dict[str, Any]], tuple[li
                       [len(_SQL_RUNNER)])
 
 
+def _edit(op: str, *args: str) -> Callable[[dict[str, Any]], tuple[list[str], list[int]]]:
+    """The argv builder of the editor's operation ``op`` on the call's ``path`` and then its arguments ``args``."""
+    return lambda a: ([*_EDITOR, op, a["path"], *(a[x] for x in args)], [len(_EDITOR) + 1])
+
+
+def _run_python(a: dict) -> tuple[list[str], list[int]]:
+    try:
+        extra = shlex.split(a["args"] or "")
+    except ValueError as exc:
+        raise ToolRefused(f"run_python() argument 'args' cannot be split into arguments: {exc}") from None
+    return [*_PYTHON, a["path"], *extra], [len(_PYTHON)]
+
+
+def _run_tests(a: dict) -> tuple[list[str], list[int]]:
+    head = [*_PYTHON, "-m", "unittest", "discover", "-v", "-s"]
+    return [*head, a["path"], "-t", WORKSPACE, "-p", a["pattern"]], [len(head)]
+
+
+_WPATH = Param("path", "string", "a path in the workspace (/scratch), relative to the working directory or absolute",
+               required=True, is_path=True, in_workspace=True)
 _BUDGET = Param("budget_ms", "integer", "time budget of the query in milliseconds (the call's deadline still "
                 "applies)", default=2000, minimum=10, maximum=20000)
 _SQL = Param("sql", "string", "one read-only SQLite statement (SELECT / WITH / VALUES)", required=True)
@@ -291,6 +344,29 @@ TOOLS: dict[str, Tool] = {
              "50 rows)", (_SQL, _BUDGET), _sql("query", "sql"), family="sql"),
         Tool("rows", "run one read-only SQL query and print its whole result set as JSON (at most 1000 rows): "
              "what an answer is scored on", (_SQL, _BUDGET), _sql("rows", "sql"), family="sql"),
+        Tool("write_file", "write a text file in the workspace (replacing it; missing directories are made)",
+             (_WPATH, Param("text", "string", "the file's whole new text", required=True, max_chars=MAX_TEXT_CHARS)),
+             _edit("write", "text"), family="workspace"),
+        Tool("replace_in_file", "replace the one occurrence of a text in a workspace file (refused when it occurs "
+             "zero or several times); prints the changed lines",
+             (_WPATH, Param("old", "string", "the exact text to replace, with enough lines around it to be unique",
+                            required=True, max_chars=MAX_TEXT_CHARS),
+              Param("new", "string", "the text to put in its place", required=True, max_chars=MAX_TEXT_CHARS)),
+             _edit("replace", "old", "new"), family="workspace"),
+        Tool("make_dir", "make a directory in the workspace (and its missing parents)", (_WPATH,), _edit("mkdir"),
+             family="workspace"),
+        Tool("remove", "remove a file or a directory (with its contents) from the workspace", (_WPATH,),
+             _edit("remove"), family="workspace"),
+        Tool("run_python", "run a Python script with the sandbox's python3 (no network; memory, time and output "
+             "bounded)",
+             (Param("path", "string", _PATH.description, required=True, is_path=True),
+              Param("args", "string", "the script's arguments, split as a POSIX shell would (never run by one)",
+                    default="")), _run_python, family="workspace", runs_code=True),
+        Tool("run_tests", "run the unit tests under a directory (python3 -m unittest discover, verbose; the "
+             "workspace is the top-level directory: its packages import by name)",
+             (Param("path", "string", "the directory the tests are found under", default=".", is_path=True),
+              Param("pattern", "string", "file name glob of the test modules", default="test*.py")),
+             _run_tests, family="workspace", runs_code=True),
     ]
 }
 
@@ -320,6 +396,16 @@ def check_path(value: str, cwd: str = "/data") -> str:
     return _path_arg(value)
 
 
+def check_workspace_path(value: str, cwd: str = "/data") -> str:
+    """:func:`check_path`, and the path must lie under :data:`WORKSPACE` (not be the workspace itself): where the
+    ``workspace`` tools write. Raises ToolRefused."""
+    out = check_path(value, cwd)
+    resolved = posixpath.normpath(posixpath.join(cwd, value))
+    if not resolved.startswith(WORKSPACE + "/"):
+        raise ToolRefused(f"the path {value!r} is not in the workspace {WORKSPACE}; only files there can be changed")
+    return out
+
+
 def _check_value(tool: Tool, p: Param, value: Any) -> Any:
     where = f"{tool.name}() argument {p.name!r}"
     if p.type == "string":
@@ -327,8 +413,8 @@ def _check_value(tool: Tool, p: Param, value: Any) -> Any:
             raise ToolRefused(f"{where} must be a string, got {type(value).__name__}")
         if "\x00" in value:
             raise ToolRefused(f"{where} contains a NUL byte")
-        if len(value) > MAX_ARG_CHARS:
-            raise ToolRefused(f"{where} is {len(value)} characters long; the limit is {MAX_ARG_CHARS}")
+        if len(value) > p.max_chars:
+            raise ToolRefused(f"{where} is {len(value)} characters long; the limit is {p.max_chars}")
         if p.enum and value not in p.enum:
             raise ToolRefused(f"{where} must be one of {', '.join(p.enum)}, got {value!r}")
     elif p.type == "integer":
@@ -342,10 +428,12 @@ def _check_value(tool: Tool, p: Param, value: Any) -> Any:
     return value
 
 
-def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, Tool] | None = None) -> PreparedCall:
+def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, Tool] | None = None,
+                  families: tuple[str, ...] | list[str] = ()) -> PreparedCall:
     """Validate a JSON tool call ``{"tool": name, "args": {...}}`` and build its argv.
 
-    ``cwd`` is the sandbox working directory that relative paths resolve against.
+    ``cwd`` is the sandbox working directory that relative paths resolve against; ``families`` the opt-in families
+    (:data:`OPT_IN_FAMILIES`) the sandbox was created with.
 
     Raises:
         ToolRefused: with a message naming the problem; nothing must be executed then.
@@ -370,9 +458,13 @@ def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, 
             bound[p.name] = p.default
             continue
         value = _check_value(tool, p, args[p.name])
-        bound[p.name] = check_path(value, cwd) if p.is_path else value
+        bound[p.name] = (check_workspace_path(value, cwd) if p.in_workspace else check_path(value, cwd)) \
+            if p.is_path else value
+    if tool.family in OPT_IN_FAMILIES and tool.family not in families:
+        raise ToolRefused(f"{name}() is a {tool.family} tool, and this sandbox was created without the "
+                          f"{tool.family} family (create it with families=[{tool.family!r}])")
     argv, path_args = tool.build(bound)
-    return PreparedCall(tool=name, argv=argv, path_args=path_args)
+    return PreparedCall(tool=name, argv=argv, path_args=path_args, runs_code=tool.runs_code)
 
 
 def validate_session_env(env: Any) -> dict[str, str]:

@@ -30,6 +30,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "forkyard/FileQA-v0": {"kinds": ["line_count"], "max_turns": 3},
     "forkyard/Household-v0": {"max_turns": 6, "rooms": 2, "objects": 3, "quest_length": 2, "n_games": 2},
     "forkyard/TextToSQL-v0": {"max_turns": 4, "rows": 6, "tables": 3},
+    "forkyard/CodeRepair-v0": {"max_turns": 6, "functions": 2},
     "forkyard/Sokoban-v0": {"max_turns": 6, "dim": 5},
     "forkyard/FrozenLake-v0": {"max_turns": 6},
     "forkyard/Wordle-v0": {"max_turns": 4},

@@ -16,6 +16,7 @@ SUITE: list[tuple[str, str, dict[str, object]]] = [
     ("forkyard/Household-v0", "envs.suite.household:HouseholdEnv", {"max_turns": 20, "quest_length": 3, "n_games": 16}),
     ("forkyard/TicketAPI-v0", "envs.suite.ticket_api:TicketAPIEnv", {"max_turns": 12}),
     ("forkyard/TextToSQL-v0", "envs.suite.text_to_sql:TextToSQLEnv", {"max_turns": 8}),
+    ("forkyard/CodeRepair-v0", "envs.suite.code_repair:CodeRepairEnv", {"max_turns": 10, "functions": 4}),
     ("forkyard/Gym-v0", "envs.gym_adapter:GymTextEnv", {"gym_id": "FrozenLake-v1"}),
     ("forkyard/FrozenLake-v0", "envs.suite.frozenlake:FrozenLakeEnv", {"size": 4, "p": 0.8, "is_slippery": True}),
     ("forkyard/Sokoban-v0", "envs.suite.sokoban:SokobanEnv", {"max_turns": 10, "dim": 6, "num_boxes": 1}),

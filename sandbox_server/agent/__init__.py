@@ -20,7 +20,8 @@ Operations (``op``):
 ``ping``
     ``{"pong": true, "pid": ..., "confinement": {...}, "limits": {...}}``: how this agent is confined
     (``noexec``: the writable areas are mounted ``noexec`` by this agent; ``landlock_abi``: > 0 when
-    only system directories may be executed; ``caps_dropped``) and the limits below.
+    only system directories may be executed; ``caps_dropped``; ``signal_scope``) and the limits below (with
+    ``proc_memory_bytes``, ``proc_open_files`` and ``bounded``).
 ``exec``
     ``argv`` (list of str, run directly, never through a shell), ``cwd`` (sandbox path under a readable
     root), ``env`` (dict; only the names in :data:`SESSION_ENV_NAMES` with plain values, see
@@ -30,7 +31,11 @@ Operations (``op``):
     child runs in its own process group (new session) with an empty stdin; its output is read while it
     runs and the child is stopped at the cap; at the deadline the whole group is killed. Answer:
     ``stdout``, ``stderr``, ``exit_code``, ``status`` (ok|timeout|refused|error), ``truncated``,
-    ``duration_s``, ``message``.
+    ``duration_s``, ``message``. Every process of the call runs under :func:`.capped.process_limits` and, where the
+    kernel has Landlock scopes, in a domain that cannot signal or trace anything outside the call
+    (:class:`.confine.SignalScope`); after the call every descendant of the agent is killed. ``bounded_only``
+    (true for tools that run the caller's code): refused unless the agent runs ``--bounded`` (its sandbox's process
+    count is bounded from outside: a pids cgroup, Docker's ``pids_limit``).
 ``pack`` / ``unpack``
     Pack the writable areas into a base64 PAX tar (``data``), or replace their contents with one.
     Carried: regular files, directories, symbolic links and hard links within the writable areas, with

@@ -5,14 +5,45 @@ or the deadline, and nothing the call started left behind. Standard library only
 
 from __future__ import annotations
 
+import math
 import os
 import selectors
 import subprocess
 import time
 from collections.abc import Callable
 
-from .proc import killpg, reap_children
-from .protocol import MARKER, PathRewriter, decode, utf8_cut
+from .proc import kill_descendants, killpg, reap_children
+from .protocol import MARKER, PROC_MEMORY_BYTES, PROC_OPEN_FILES, PathRewriter, decode, utf8_cut
+
+
+def process_limits(timeout_s: float, file_bytes: int) -> list[tuple[str, int]]:
+    """The resource limits of every process a call starts, as ``(RLIMIT name, value)``: address space
+    :data:`PROC_MEMORY_BYTES` bytes, CPU time the call's deadline rounded up plus one second, files written at most
+    ``file_bytes`` bytes each (a writable area's size), :data:`PROC_OPEN_FILES` open files, no core dumps. Soft and
+    hard alike: a child can lower them, never raise them. (Processes per sandbox are bounded outside the agent: a
+    pids cgroup, Docker's ``pids_limit``; ``RLIMIT_NPROC`` never binds a process whose real user is root.)"""
+    return [("RLIMIT_AS", PROC_MEMORY_BYTES), ("RLIMIT_CPU", int(math.ceil(max(timeout_s, 0.0))) + 1),
+            ("RLIMIT_FSIZE", file_bytes), ("RLIMIT_NOFILE", PROC_OPEN_FILES), ("RLIMIT_CORE", 0)]
+
+
+def _limiter(limits: list[tuple[str, int]], scope: Callable[[], None] | None = None) -> Callable[[], None]:
+    """A ``preexec_fn`` setting ``limits`` in the child before it runs the call's program (never above a hard
+    limit the agent already has), then calling ``scope`` (:meth:`.confine.SignalScope.enter`) when given."""
+    import resource
+
+    pairs = []
+    for name, value in limits:
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        pairs.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+
+    def apply() -> None:
+        for which, value in pairs:
+            resource.setrlimit(which, (value, value))
+        if scope is not None:
+            scope()
+
+    return apply
 
 
 class _Stream:
@@ -33,14 +64,18 @@ class _Stream:
 
 
 def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes: int,
-               rewriter: Callable[[], PathRewriter] | None = None) -> dict:
+               rewriter: Callable[[], PathRewriter] | None = None,
+               limits: list[tuple[str, int]] | None = None, scope: Callable[[], None] | None = None) -> dict:
     """Run ``argv`` in a new session with empty stdin; read stdout/stderr while it runs.
 
     Stops the call's whole process group at ``cap_bytes`` of stdout or at ``timeout_s`` seconds. The call
     ends when the direct child has exited *and* both pipes are closed (a background child that keeps the
-    pipe open keeps the call running until the deadline), after which the group is killed so nothing
-    the call started survives it. ``rewriter``: a factory of :class:`PathRewriter` (or None) applied to
-    both streams before the caps, and to the message. Returns the answer dict of the ``exec`` op.
+    pipe open keeps the call running until the deadline), after which the group is killed, and every other
+    descendant of the agent too (what left the group), so nothing the call started survives it.
+    ``rewriter``: a factory of :class:`PathRewriter` (or None) applied to both streams before the caps, and
+    to the message. ``limits``: resource limits of the call's processes
+    (:func:`process_limits`), or None; ``scope``: a step every call's first process takes before it runs
+    (:meth:`.confine.SignalScope.enter`), or None. Returns the answer dict of the ``exec`` op.
     """
     t0 = time.monotonic()
     deadline = t0 + max(0.0, timeout_s)
@@ -48,7 +83,8 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
     text = (lambda s: rewriter().text(s)) if rewriter else (lambda s: s)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=cwd, env=env, start_new_session=True, close_fds=True)
+                                cwd=cwd, env=env, start_new_session=True, close_fds=True,
+                                preexec_fn=_limiter(limits or [], scope) if limits or scope else None)
     except (OSError, ValueError) as exc:
         return {"stdout": "", "stderr": text(str(exc)), "exit_code": None, "status": "error", "truncated": False,
                 "duration_s": time.monotonic() - t0, "message": text(f"could not start {argv[0]}: {exc}")}
@@ -120,6 +156,7 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
     proc.stdout.close()
     proc.stderr.close()
     _wait_group_gone(pgid)
+    kill_descendants()  # and what left the group (setsid, a double fork): it re-parented to the agent
     status = "timeout" if timed_out else "ok"
     out_b = bytes(out.buf[:cap_bytes])
     err_trunc = len(err.buf) > err_cap

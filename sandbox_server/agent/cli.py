@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from .confine import EXEC_ROOTS, confine, restrict_exec
+from .confine import EXEC_ROOTS, SignalScope, confine, restrict_exec
 from .core import Agent
 from .proc import become_subreaper
 from .protocol import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, within
@@ -32,6 +32,8 @@ def setup(agent: Agent, confine_areas: bool) -> None:
         info["landlock_abi"] = 0  # a writable area under a system directory: Landlock could not tell them apart
     else:
         info["landlock_abi"] = restrict_exec(exec_roots)
+    agent.signal_scope = SignalScope()
+    info["signal_scope"] = agent.signal_scope.active
     agent.confinement = info
 
 
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-write-files", type=int, default=MAX_WRITE_FILES)
     ap.add_argument("--max-area-entries", type=int, default=MAX_AREA_ENTRIES)
     ap.add_argument("--confine", action="store_true", help="remount the writable areas noexec, drop capabilities")
+    ap.add_argument("--bounded", action="store_true",
+                    help="the sandbox bounds its process count from outside (a pids cgroup, Docker's pids_limit)")
     ap.add_argument("--probe", action="store_true", help="set up, print the ping answer as JSON, exit")
     ap.add_argument("--isolated", action="store_true",
                     help="the agent is the main process of its own PID, mount and IPC namespaces (a container, "
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     roots = dict(r.split("=", 1) for r in ns.root)
     agent = Agent(roots, ns.readable or ["/data", "/scratch"], ns.writable or ["/scratch", "/tmp"],
-                  area_bytes=ns.area_bytes, max_write_files=ns.max_write_files, max_area_entries=ns.max_area_entries)
+                  area_bytes=ns.area_bytes, max_write_files=ns.max_write_files, max_area_entries=ns.max_area_entries,
+                  bounded=ns.bounded)
     setup(agent, ns.confine)
     if ns.probe:
         print(json.dumps(agent.handle({"op": "ping"})))

@@ -18,6 +18,8 @@ _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_ACCESS_FS_EXECUTE = 1
+#: Landlock scopes (ABI >= 6): no connecting to abstract UNIX sockets and no signals to processes outside the domain.
+_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, _LANDLOCK_SCOPE_SIGNAL = 1, 2
 #: Directories whose programs may be executed (Landlock), where they exist.
 EXEC_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
@@ -156,4 +158,47 @@ def restrict_exec(roots: list[str]) -> int:
         return int(abi)
     except Exception:
         return 0
+
+
+class SignalScope:
+    """A Landlock domain every call's processes enter before they run (ABI >= 6, Linux 6.12): from inside it no
+    signal reaches a process outside it (the agent, other calls' processes: ``kill`` fails with ``EPERM``), no
+    abstract UNIX socket outside it can be connected to, and no process outside it can be traced (Landlock's rule
+    since ABI 1). A call's own processes stay free to signal each other. :attr:`active` is False where the kernel
+    lacks the scopes; a call's code can then kill the agent, which ends that sandbox's session (the server replaces
+    the sandbox: ``sandbox_replaced``), never another's.
+    """
+
+    def __init__(self) -> None:
+        self.fd = -1
+        try:
+            ctypes, libc = load_libc()
+            sc = libc.syscall
+            sc.restype = ctypes.c_long
+            abi = sc(ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+            if abi >= 6:
+                attr = (ctypes.c_uint64 * 3)(0, 0, _LANDLOCK_SCOPE_SIGNAL | _LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
+                fd = sc(ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(24),
+                        ctypes.c_uint32(0))
+                if fd >= 0:
+                    os.set_inheritable(int(fd), False)
+                    self.fd = int(fd)
+            self._sc, self._libc, self._ctypes = sc, libc, ctypes
+        except Exception:
+            self.fd = -1
+
+    @property
+    def active(self) -> bool:
+        """Whether calls run scoped."""
+        return self.fd >= 0
+
+    def enter(self) -> None:
+        """Enter the domain (the calling process and its future children): a ``preexec_fn`` step. Raises OSError
+        when the kernel refuses (the call then does not run)."""
+        if self.fd < 0:
+            return
+        ct = self._ctypes
+        self._libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if self._sc(ct.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ct.c_int(self.fd), ct.c_uint32(0)) != 0:
+            raise OSError(ct.get_errno(), "landlock_restrict_self failed")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from .capped import run_capped
-from .protocol import PAGE_BYTES, Fail, PathRewriter, env_problems, refused, within
+from .capped import process_limits, run_capped
+from .protocol import PAGE_BYTES, PROC_MEMORY_BYTES, PROC_OPEN_FILES, Fail, PathRewriter, env_problems, refused, within
 from .recycle import RecycleOps
 from .snapshot import SnapshotOps
 from .writes import WriteOps
@@ -32,6 +32,10 @@ class Agent(SnapshotOps, WriteOps, RecycleOps):
             return refused("argv must be a non-empty list of strings")
         if any("\x00" in a for a in argv):
             return refused("argv contains a NUL byte")
+        if req.get("bounded_only") and not self.bounded:
+            return refused("this sandbox does not bound its process count (no pids cgroup could be made for it: the "
+                           "local backend needs write access to the cgroup file system, as root); tools that run "
+                           "code are off here")
         problems = env_problems(req.get("env") or {})
         if problems:
             return refused("session environment refused: " + "; ".join(problems))
@@ -54,7 +58,8 @@ class Agent(SnapshotOps, WriteOps, RecycleOps):
                "HOME": self.writable[0] if self.writable else "/tmp"}
         env.update(req.get("env") or {})
         rewriter = (lambda: PathRewriter(self._pairs)) if self._pairs else None  # one per stream
-        return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter)
+        return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter, process_limits(timeout, self.area_bytes),
+                          self.signal_scope.enter if self.signal_scope is not None else None)
 
     def op_ps(self, req: dict) -> dict:
         """``{"procs": [command line, ...]}`` of every process the agent sees."""
@@ -78,7 +83,9 @@ class Agent(SnapshotOps, WriteOps, RecycleOps):
         if op == "ping":
             return {"pong": True, "pid": os.getpid(), "confinement": self.confinement, "recycle_scope": self.scope,
                     "limits": {"area_bytes": self.area_bytes, "page_bytes": PAGE_BYTES,
-                               "max_write_files": self.max_write_files, "max_area_entries": self.max_area_entries}}
+                               "max_write_files": self.max_write_files, "max_area_entries": self.max_area_entries,
+                               "proc_memory_bytes": PROC_MEMORY_BYTES, "proc_open_files": PROC_OPEN_FILES,
+                               "bounded": self.bounded}}
         if fn is None:
             return {"error": f"unknown op {op!r}", "error_kind": "refused"}
         try:

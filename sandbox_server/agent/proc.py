@@ -104,6 +104,27 @@ def killpg(pgid: int) -> None:
         pass
 
 
+def kill_descendants(rounds: int = 20) -> int:
+    """SIGKILL every descendant of the agent: what calls started and left behind, those that left their process
+    group (``setsid``) included, since the agent is their child subreaper (:func:`become_subreaper`) and every
+    orphan re-parents to it. Repeats while any is found (one may fork meanwhile), reaping as it goes. Returns
+    how many were signalled."""
+    me, killed = os.getpid(), 0
+    for _ in range(rounds):
+        table = proc_table()
+        found = [pid for pid in table if pid != me and me in lineage(pid, table)]
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        reap_children()
+    return killed
+
+
 def become_subreaper() -> None:
     """Make orphans of tool calls re-parent to the agent (Linux prctl), so it can reap them."""
     try:

@@ -18,6 +18,10 @@ PAGE_BYTES = 4096
 MAX_WRITE_FILES = 1000
 #: Most entries (files, directories, links) one writable area may hold.
 MAX_AREA_ENTRIES = 4096
+#: Address space of each process a call starts (``RLIMIT_AS``), bytes: a memory bomb fails its allocation.
+PROC_MEMORY_BYTES = 512 << 20
+#: Files each process a call starts may hold open (``RLIMIT_NOFILE``).
+PROC_OPEN_FILES = 256
 
 #: Session environment variables a tool call may set: locale, time zone and display only. Everything
 #: else (``LD_*``, ``PATH``, ``HOME``, ``PYTHON*``, ``GCONV_PATH``, ``LOCPATH``, ``MALLOC_*``,

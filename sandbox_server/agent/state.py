@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 
+from .confine import SignalScope
 from .protocol import (
     AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Fail, PathRewriter, mib, pages, within,
 )
@@ -21,17 +22,23 @@ class AgentState:
         readable: sandbox roots tools may read.
         writable: writable areas (packed by snapshots; the first takes ``write``).
         area_bytes / max_write_files / max_area_entries: the limits (bytes; files; entries).
+        bounded: the sandbox bounds its process count from outside (``--bounded``).
     """
 
     def __init__(self, roots: dict[str, str], readable: list[str], writable: list[str], *,
                  area_bytes: int = AREA_BYTES, max_write_files: int = MAX_WRITE_FILES,
-                 max_area_entries: int = MAX_AREA_ENTRIES):
+                 max_area_entries: int = MAX_AREA_ENTRIES, bounded: bool = False):
         self.roots = {os.path.normpath(k): os.path.normpath(v) for k, v in roots.items()}
         self.readable = [os.path.normpath(r) for r in readable]
         self.writable = [os.path.normpath(w) for w in writable]
         self.area_bytes = area_bytes
         self.max_write_files = max_write_files
         self.max_area_entries = max_area_entries
+        #: Whether the sandbox bounds its process count from outside (a pids cgroup, Docker's ``pids_limit``):
+        #: ``exec`` requests with ``bounded_only`` (tools that run code) are refused without it.
+        self.bounded = bounded
+        #: The Landlock domain every call enters (:class:`~.confine.SignalScope`), set by :func:`~.cli.setup`.
+        self.signal_scope: SignalScope | None = None
         self.confinement: dict = {}
         self.fatal: str | None = None
         #: What :meth:`op_recycle` resets to (set by :meth:`record_baseline`): the areas' stat at start,

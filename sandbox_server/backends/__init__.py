@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envs.plugins import PluginRegistry
 from sandbox_server.backends.base import (
-    AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, AgentBackend, Backend, Channel, agent_sha, check_write_limits,
+    AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Backend, Channel,
+    agent_sha, check_write_limits, parse_size,
     machine_id, owner_alive, owner_record, process_start,
 )
 from sandbox_server.backends.docker import DockerBackend
@@ -85,6 +86,9 @@ class LocalBackendConfig(BackendConfig):
     #: Folder the corpus is built in and shown from as ``/data`` when ``data_dir`` is not given
     #: (``make_backend``: the settings' ``corpus``; None: :func:`~sandbox_server.settings.default_corpus_dir`).
     corpus: str | None = None
+    #: The bounds of each sandbox's control group (:mod:`sandbox_server.backends.cgroups`), as Docker's.
+    mem_limit: str = SANDBOX_MEMORY
+    pids_limit: int = Field(SANDBOX_PIDS, ge=1)
     accepts_unsafe: ClassVar[bool] = True
 
     @classmethod
@@ -97,7 +101,8 @@ class LocalBackendConfig(BackendConfig):
 
     def build(self) -> Backend:
         return LocalBackend(self.corpus_data_dir(), state_dir=self.state_dir,
-                            unsafe_no_isolation=self.unsafe_no_isolation, server_name=self.server_name)
+                            unsafe_no_isolation=self.unsafe_no_isolation, server_name=self.server_name,
+                            mem_limit=self.mem_limit, pids_limit=self.pids_limit)
 
 
 class DockerBackendConfig(BackendConfig):
@@ -107,8 +112,8 @@ class DockerBackendConfig(BackendConfig):
     #: The sandboxes' image (``make_backend``: the settings' ``sandbox_image``).
     image: str = Field(_setting_default("sandbox_image"), min_length=1)
     user: str = "1000:1000"
-    mem_limit: str = "256m"
-    pids_limit: int = Field(128, ge=1)
+    mem_limit: str = SANDBOX_MEMORY
+    pids_limit: int = Field(SANDBOX_PIDS, ge=1)
     nano_cpus: int = Field(1_000_000_000, ge=1)
     tmpfs_size: str = "16m"
     engine_timeout_s: float = Field(30.0, gt=0)
@@ -207,5 +212,5 @@ __all__ = [
     "AGENT_GRACE_S", "AGENT_PATH", "BACKENDS", "INSTALL_HINT", "LABEL", "OWNER_LABELS", "AgentBackend", "Backend",
     "BackendConfig", "Channel", "DockerBackend", "DockerBackendConfig", "LocalBackend", "LocalBackendConfig",
     "agent_sha", "backend_config", "bwrap_problem", "check_write_limits", "default_state_root", "machine_id",
-    "make_backend", "owner_alive", "owner_record", "process_start", "register_backend",
+    "make_backend", "owner_alive", "owner_record", "parse_size", "process_start", "register_backend",
 ]

@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 import struct
 import tarfile
@@ -36,10 +37,27 @@ LABEL = "forkyard.sandbox"
 OWNER_LABELS = ("forkyard.owner.machine", "forkyard.owner.pid", "forkyard.owner.start", "forkyard.owner.instance")
 #: Seconds the server waits for an agent beyond the call's own timeout before declaring it hung.
 AGENT_GRACE_S = 3.0
+#: Most processes (threads included) one sandbox may hold at once, on every backend (Docker's ``pids_limit``, the
+#: local backend's pids control group): a fork bomb stops there.
+SANDBOX_PIDS = 128
+#: Memory one sandbox may use, on every backend (Docker's ``mem_limit`` format; the local backend's memory control
+#: group): user pages and the pages of its tmpfs areas.
+SANDBOX_MEMORY = "256m"
 #: Seconds a reset may spend killing leftover processes, and seconds the server waits for its answer.
 RECYCLE_KILL_S, RECYCLE_TIMEOUT_S = 2.0, 10.0
 
 _log = logging.getLogger("forkyard.sandbox")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size such as ``"16m"`` (k, m, g: powers of 1024, as the kernel reads tmpfs sizes and Docker its
+    ``mem_limit``). Raises ValueError for anything else."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgKMG]?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read the size {text!r}; use bytes or a number with k, m or g")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
 
 
 @runtime_checkable
@@ -60,8 +78,11 @@ class Backend(Protocol):
         """Start a sandbox and wait until its agent answers. Returns its id. Raises EngineUnavailable."""
 
     def exec(self, sid: str, argv: list[str], *, cwd: str = "/data", env: dict[str, str] | None = None,
-             timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None) -> ToolResult:
-        """Run an already-validated argv in the sandbox. Raises AgentTimeout / AgentFailed / SandboxNotFound."""
+             timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None,
+             bounded_only: bool = False) -> ToolResult:
+        """Run an already-validated argv in the sandbox; ``bounded_only``: refused (``status="refused"``) unless the
+        sandbox bounds its process count (code the caller chose). Raises AgentTimeout / AgentFailed /
+        SandboxNotFound."""
 
     def snapshot(self, sid: str) -> bytes:
         """A tar (bytes) of the sandbox's writable areas (/scratch, /tmp)."""
@@ -243,14 +264,16 @@ class AgentBackend:
         self.restore(sid, _EMPTY_TAR)
 
     def exec(self, sid: str, argv: list[str], *, cwd: str = "/data", env: dict[str, str] | None = None,
-             timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None) -> ToolResult:
+             timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None,
+             bounded_only: bool = False) -> ToolResult:
         """Run ``argv`` (already validated) in sandbox ``sid``; see :class:`Backend`.
 
         The agent enforces ``timeout_s``; this method waits ``timeout_s + AGENT_GRACE_S`` at most.
         Raises AgentTimeout if the agent does not answer by then, AgentFailed if it died.
         """
         ans = self._call(sid, {"op": "exec", "argv": argv, "cwd": cwd, "env": env or {}, "timeout_s": timeout_s,
-                               "cap_bytes": cap_bytes, "path_args": path_args or []}, timeout_s + AGENT_GRACE_S)
+                               "cap_bytes": cap_bytes, "path_args": path_args or [], "bounded_only": bounded_only},
+                         timeout_s + AGENT_GRACE_S)
         ans.pop("id", None)
         return ToolResult(**ans)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import select
 import shutil
 import socket
@@ -25,7 +24,8 @@ from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
 from sandbox_server.settings import cache_dir
 from sandbox_server.backends.base import (
-    AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
+    SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
+    parse_size,
 )
 
 
@@ -64,8 +64,8 @@ class DockerBackend(AgentBackend):
     isolated = True
 
     def __init__(self, image: str = "forkyard-sandbox:latest", *, server_name: str = "default",
-                 data_dir: str | os.PathLike | None = None, user: str = "1000:1000", mem_limit: str = "256m",
-                 pids_limit: int = 128, nano_cpus: int = 1_000_000_000, tmpfs_size: str = "16m",
+                 data_dir: str | os.PathLike | None = None, user: str = "1000:1000", mem_limit: str = SANDBOX_MEMORY,
+                 pids_limit: int = SANDBOX_PIDS, nano_cpus: int = 1_000_000_000, tmpfs_size: str = "16m",
                  engine_timeout_s: float = 30.0, base_url: str | None = None):
         super().__init__()
         import docker
@@ -76,7 +76,7 @@ class DockerBackend(AgentBackend):
         self.user = user
         self.limits = dict(mem_limit=mem_limit, pids_limit=pids_limit, nano_cpus=nano_cpus)
         self.tmpfs_size = tmpfs_size
-        self.area_bytes = _parse_size(tmpfs_size)
+        self.area_bytes = parse_size(tmpfs_size)
         self.instance = uuid.uuid4().hex
         self._owner = owner_record()
         kw: dict[str, Any] = dict(timeout=int(engine_timeout_s), max_pool_size=64)
@@ -166,8 +166,8 @@ class DockerBackend(AgentBackend):
             # detach=False makes docker-py set StdinOnce: when this server's attach stream closes (it exited or
             # was killed), the agent reads EOF and the container exits, so orphans are told by their status.
             c = self.client.containers.create(
-                self.image, command=["python3", "-u", "-I", SANDBOX_AGENT_PATH, "--isolated", "--area-bytes",
-                                     str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
+                self.image, command=["python3", "-u", "-I", SANDBOX_AGENT_PATH, "--isolated", "--bounded",
+                                     "--area-bytes", str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
                                      "--max-area-entries", str(MAX_AREA_ENTRIES)],
                 stdin_open=True, tty=False, detach=False, **self.run_kwargs())
         except docker.errors.ImageNotFound:
@@ -283,16 +283,6 @@ class DockerBackend(AgentBackend):
             self.client.close()
         except Exception:
             pass
-
-
-def _parse_size(text: str | int) -> int:
-    """Bytes of a size such as ``"16m"`` (k, m, g: powers of 1024, as the kernel reads tmpfs sizes)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgKMG]?)[bB]?\s*", str(text))
-    if not m:
-        raise ValueError(f"cannot read the size {text!r}; use bytes or a number with k, m or g")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
 
 
 def _age_s(c: Any) -> float:

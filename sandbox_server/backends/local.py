@@ -12,6 +12,7 @@ orphan clean-up removes only what a dead process left (:meth:`LocalBackend.clean
 from __future__ import annotations
 
 import itertools
+import logging
 import json
 import os
 import re
@@ -30,7 +31,12 @@ from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
 from sandbox_server.errors import EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
-from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record
+from sandbox_server.backends import cgroups
+from sandbox_server.backends.base import (SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Channel, owner_alive,
+                                          owner_record, parse_size)
+
+
+log = logging.getLogger(__name__)
 
 
 def default_state_root() -> Path:
@@ -104,7 +110,8 @@ class LocalBackend(AgentBackend):
     name = "local"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, state_dir: str | os.PathLike | None = None,
-                 unsafe_no_isolation: bool = False, server_name: str = "default", area_bytes: int = AREA_BYTES):
+                 unsafe_no_isolation: bool = False, server_name: str = "default", area_bytes: int = AREA_BYTES,
+                 mem_limit: str = SANDBOX_MEMORY, pids_limit: int = SANDBOX_PIDS):
         super().__init__()
         if not isinstance(unsafe_no_isolation, bool):
             raise TypeError("unsafe_no_isolation must be True or False")
@@ -116,6 +123,14 @@ class LocalBackend(AgentBackend):
         self.unsafe_no_isolation = unsafe_no_isolation
         self.area_bytes = int(area_bytes)
         self.server_name = server_name
+        self.pids_limit, self.memory_bytes = int(pids_limit), parse_size(mem_limit)
+        #: Why the sandboxes' processes are not bounded (no control group can be made here), or None: each sandbox
+        #: gets a pids and memory group (:mod:`sandbox_server.backends.cgroups`) and its agent runs ``--bounded``.
+        self.unbounded_reason = cgroups.available()
+        if self.unbounded_reason:
+            log.warning("local sandboxes will not be bounded in processes and memory (%s); the agent refuses tools "
+                        "that run code", self.unbounded_reason)
+        self._groups: dict[str, cgroups.SandboxGroup] = {}
         self._bwrap = shutil.which("bwrap")
         self._bwrap_size = False
         if not unsafe_no_isolation:
@@ -167,8 +182,8 @@ class LocalBackend(AgentBackend):
                 "--area-bytes", str(self.area_bytes), "--max-write-files", str(MAX_WRITE_FILES),
                 "--max-area-entries", str(MAX_AREA_ENTRIES)]
 
-    def _argv(self, sbdir: Path | None, probe: bool = False) -> list[str]:
-        agent_args = self._agent_args() + (["--probe"] if probe else [])
+    def _argv(self, sbdir: Path | None, probe: bool = False, bounded: bool = False) -> list[str]:
+        agent_args = self._agent_args() + (["--probe"] if probe else []) + (["--bounded"] if bounded else [])
         pyz = str(agent_zipapp(cache_dir() / "agent"))  # the agent package as one zipapp (agent_bundle.py)
         if self.unsafe_no_isolation:
             assert sbdir is not None
@@ -207,17 +222,29 @@ class LocalBackend(AgentBackend):
         for d in (sbdir, sbdir / "scratch", sbdir / "tmp"):
             d.mkdir(mode=0o755)
             os.chmod(d, 0o755)
+        group = None
+        if self.unbounded_reason is None:
+            try:
+                group = cgroups.SandboxGroup(_safe_name(self.server_name), sid, self.pids_limit, self.memory_bytes)
+            except OSError as exc:
+                shutil.rmtree(sbdir, ignore_errors=True)
+                raise EngineUnavailable(f"could not make the control group of a local sandbox: {exc}") from None
         try:
             proc = self._spawner.submit(
-                subprocess.Popen, self._argv(sbdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}).result()
-        except RuntimeError:  # closed meanwhile: the spawner thread is gone
+                subprocess.Popen, self._argv(sbdir, bounded=group is not None), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                preexec_fn=group.enter if group is not None else None).result()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # RuntimeError: closed meanwhile
             shutil.rmtree(sbdir, ignore_errors=True)
-            raise EngineUnavailable("the local backend is closed") from None
-        except OSError as exc:
-            shutil.rmtree(sbdir, ignore_errors=True)
+            if group is not None:
+                group.remove()
+            if isinstance(exc, RuntimeError):
+                raise EngineUnavailable("the local backend is closed") from None
             raise EngineUnavailable(f"could not start a local sandbox agent: {exc}") from None
+        if group is not None:
+            with self._mu:
+                self._groups[sid] = group
         fd = proc.stdout.fileno()
 
         def recv(timeout_s: float) -> bytes:
@@ -252,6 +279,9 @@ class LocalBackend(AgentBackend):
         with self._mu:
             proc = self._procs.pop(sid, None)
             self._channels.pop(sid, None)
+            group = self._groups.pop(sid, None)
+        if group is not None:
+            group.remove()  # every process of the sandbox, the ones that left bubblewrap's process group too
         if proc is not None:
             try:
                 os.killpg(proc.pid, 9)
@@ -317,6 +347,8 @@ class LocalBackend(AgentBackend):
         super().close()
         self._spawner.shutdown(wait=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self.unbounded_reason is None:
+            cgroups.remove_server_groups(_safe_name(self.server_name))
         try:
             self.server_dir.rmdir()  # only when no other instance of this server name is left
         except OSError:

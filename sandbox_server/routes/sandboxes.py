@@ -20,6 +20,7 @@ async def create_sandbox(request: Request, svc: Service, body: CreateRequest | N
     body = body or CreateRequest()
     files = WriteFilesRequest(files=body.files, encoding=body.encoding).decoded() if body.files else None
     return await run_blocking(svc.create, cwd=body.cwd, env=body.env, metadata=body.metadata, files=files,
+                              families=body.families,
                               deadline_s=acquire_deadline_s(svc.config), request=request, undo=release_sandboxes(svc),
                               queue=on_pool(svc))
 

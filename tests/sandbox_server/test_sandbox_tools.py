@@ -89,12 +89,15 @@ def test_every_tool_builds_an_argv_and_has_a_schema():
     specs = {s.name: s for s in tool_specs()}
     files = {n for n, s in specs.items() if s.family == "files"}
     assert files == {"ls", "cat", "head", "tail", "wc", "grep", "find", "stat"}
-    assert set(specs) - files == {"list_tables", "describe", "query", "rows"}  # the sql family: test_sql_tools.py
+    sql = {n for n, s in specs.items() if s.family == "sql"}
+    assert sql == {"list_tables", "describe", "query", "rows"}  # test_sql_tools.py
+    assert set(specs) - files - sql == {"write_file", "replace_in_file", "make_dir", "remove", "run_python",
+                                        "run_tests"}  # the workspace family: test_workspace_tools.py
     for name, tool in TOOLS.items():
         assert specs[name].params == tool.param_names and specs[name].family == tool.family
         assert specs[name].schema_["additionalProperties"] is False
         args = {p.name: ("x" if p.type == "string" else None) for p in tool.params if p.required}
-        call = validate_call(name, args)
+        call = validate_call(name, args, cwd="/scratch", families=["workspace"])
         assert call.argv[0] == (name if tool.family == "files" else "python3")
         assert all(isinstance(a, str) for a in call.argv)
 
@@ -197,7 +200,14 @@ _FIND_EXPRESSION_START = ("-", "!", "(", ")", ",")
 
 
 def _required(tool: str) -> dict:
-    return {"pattern": "x"} if tool == "grep" else {}
+    return {"pattern": "x"} if tool == "grep" else {p.name: "x" for p in TOOLS[tool].params
+                                                    if p.required and p.name != "path"}
+
+
+def _validate(tool: str, path: str):
+    """``validate_call`` of ``tool`` on ``path`` in a workspace sandbox whose cwd is /scratch (every tool is callable
+    there; relative paths resolve to /scratch, where the workspace tools write)."""
+    return validate_call(tool, {**_required(tool), "path": path}, cwd="/scratch", families=["workspace"])
 
 
 def _path_items(call) -> list[str]:
@@ -207,12 +217,12 @@ def _path_items(call) -> list[str]:
 @pytest.mark.parametrize("tool", PATH_TOOLS)
 @pytest.mark.parametrize("value", OPERATOR_LIKE)
 def test_s45_every_operator_like_path_becomes_a_path(tool, value):
-    call = validate_call(tool, {**_required(tool), "path": value})
+    call = _validate(tool, value)
     (item,) = _path_items(call)
     assert item == "./" + value  # the same file, and no tool reads "./..." as an option or expression
     if tool == "find":
         assert call.argv[:3] == ["find", "-P", "./" + value]
-    else:
+    elif TOOLS[tool].family == "files":
         assert call.argv[call.argv.index("--") + 1] == item  # after `--` too
 
 
@@ -221,12 +231,13 @@ def test_s45_every_operator_like_path_becomes_a_path(tool, value):
                      min_size=1, max_size=12))
 def test_s45_property_a_path_item_never_starts_like_an_operator(tool, value):
     try:
-        call = validate_call(tool, {**_required(tool), "path": value})
+        call = _validate(tool, value)
     except ToolRefused:
         return  # refused ('..' or outside the roots): nothing runs, which also satisfies the case
     (item,) = _path_items(call)
     assert item == value or item == "./" + value
-    assert posixpath.normpath(posixpath.join("/data", item)) == posixpath.normpath(posixpath.join("/data", value))
+    assert posixpath.normpath(posixpath.join("/scratch", item)) == posixpath.normpath(posixpath.join("/scratch",
+                                                                                                     value))
     first = item[:1]
     assert first == "/" or first == "." or first == "_" or first.isalnum()
     assert not item.startswith(_FIND_EXPRESSION_START)
@@ -280,6 +291,8 @@ def test_s45_a_missing_operator_like_start_path_lists_nothing(service, value):
         r = service.exec(sid, "find", {"path": value, "type": "f"})
         assert (r.status, r.stdout, r.exit_code) == ("ok", "", 1) and "No such file" in r.stderr
         for tool in PATH_TOOLS:
+            if TOOLS[tool].family == "workspace":  # not in this sandbox: tests/sandbox_server/test_workspace_tools.py
+                continue
             r = service.exec(sid, tool, {**_required(tool), "path": value})
             assert r.stdout == "" and r.exit_code not in (0, None), (tool, r)
     finally:

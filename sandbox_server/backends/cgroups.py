@@ -1,0 +1,189 @@
+"""Per-sandbox control groups of the local backend: a bound on the processes and the memory of one sandbox.
+
+bubblewrap gives a sandbox its own namespaces but no resource bound; ``RLIMIT_NPROC`` cannot stand in for one, since
+the kernel never applies it to a process whose real user is root (a root server's sandboxes). A control group can:
+``pids.max`` stops a fork bomb at the sandbox's own count (``fork`` fails with ``EAGAIN``), and the memory
+controller (``memory.limit_in_bytes`` in cgroup v1, ``memory.max`` in v2) kills inside the sandbox when it passes
+its bound, never outside. Docker sets the same two bounds on its containers (``pids_limit``, ``mem_limit``).
+
+:func:`available` finds the hierarchy (v2 unified, or v1 ``pids`` and ``memory`` controllers) and whether this
+process may create groups there (root, or a delegated subtree). :class:`SandboxGroup` makes one group per sandbox
+(``forkyard-<server>/<sandbox id>`` under each controller), is entered by the sandbox's first process before it
+runs bubblewrap (:meth:`SandboxGroup.enter`, a ``preexec_fn``: everything the sandbox starts is counted, with no
+window in which a process could escape), and is removed after its processes are killed (:meth:`SandboxGroup.remove`).
+Linux only; nothing here runs when :func:`available` says no (the backend then reports its sandboxes unbounded and
+the agent refuses the tools that run code).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+#: Where the control-group file systems are mounted.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def hierarchy() -> tuple[str, list[Path]] | None:
+    """``("v2", [unified root])`` or ``("v1", [pids root, memory root])`` where this process may create groups
+    there, else None. Never raises."""
+    try:
+        own = _own_v2_path()
+        if (CGROUP_ROOT / "cgroup.controllers").exists() and own is not None:
+            controllers = (own / "cgroup.controllers").read_text().split()
+            if {"pids", "memory"} <= set(controllers) and _writable_dir(own):
+                return "v2", [own]
+            return None
+        roots = [CGROUP_ROOT / "pids", CGROUP_ROOT / "memory"]
+        if all(_writable_dir(r) for r in roots):
+            return "v1", roots
+    except OSError:
+        return None
+    return None
+
+
+def _own_v2_path() -> Path | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return CGROUP_ROOT / line[3:].lstrip("/")
+    except OSError:
+        return None
+    return None
+
+
+def available() -> str | None:
+    """None when per-sandbox groups can be made here, else the reason in words (for logs and ``/health``)."""
+    if hierarchy() is not None:
+        return None
+    if not CGROUP_ROOT.is_dir():
+        return f"no control-group file system at {CGROUP_ROOT}"
+    return (f"the control groups under {CGROUP_ROOT} are not writable by this process (uid {os.getuid()}): "
+            "run the server as root, or delegate a cgroup v2 subtree with the pids and memory controllers to it")
+
+
+class SandboxGroup:
+    """One sandbox's control group(s): ``pids_max`` processes (threads included) and ``memory_bytes`` of memory.
+
+    Args:
+        server: the server's name (one parent group per server: ``forkyard-<server>``).
+        sandbox_id: the sandbox's id (a path-safe name).
+        pids_max: most tasks at once (>= 1).
+        memory_bytes: most bytes of memory (user pages and the tmpfs pages its areas hold are both charged).
+
+    Raises:
+        OSError: the groups could not be created (:func:`available` said yes, and then a write failed).
+    """
+
+    def __init__(self, server: str, sandbox_id: str, pids_max: int, memory_bytes: int):
+        found = hierarchy()
+        if found is None:
+            raise OSError(available() or "no control groups")
+        self.version, roots = found
+        self.dirs: list[Path] = []
+        try:
+            for root in roots:
+                parent = root / f"forkyard-{server}"
+                parent.mkdir(exist_ok=True)
+                if self.version == "v2":
+                    _enable_controllers(root)
+                    _enable_controllers(parent)
+                d = parent / sandbox_id
+                d.mkdir()
+                self.dirs.append(d)
+                if self.version == "v2":
+                    (d / "pids.max").write_text(str(pids_max))
+                    (d / "memory.max").write_text(str(memory_bytes))
+                    _try_write(d / "memory.swap.max", "0")
+                elif root.name == "pids":
+                    (d / "pids.max").write_text(str(pids_max))
+                else:
+                    (d / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                    _try_write(d / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        except OSError:
+            self.remove()
+            raise
+        self._procs = [os.fsencode(d / "cgroup.procs") for d in self.dirs]
+
+    def enter(self) -> None:
+        """Move the calling process into the group(s): a ``preexec_fn`` of the sandbox's first process (system calls
+        only, no allocation worth naming, between ``fork`` and ``exec``)."""
+        for path in self._procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def pids(self) -> list[int]:
+        """The processes in the group now."""
+        try:
+            return [int(x) for x in (self.dirs[0] / "cgroup.procs").read_text().split()] if self.dirs else []
+        except OSError:
+            return []
+
+    def remove(self, wait_s: float = 5.0) -> None:
+        """Kill whatever is left in the group(s) and remove them (idempotent; never raises)."""
+        deadline = time.monotonic() + wait_s
+        for d in reversed(self.dirs):
+            while True:
+                for pid in self.pids() if d is self.dirs[0] else _read_pids(d):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+        self.dirs = []
+
+
+def remove_server_groups(server: str) -> None:
+    """Remove the server's parent group(s) ``forkyard-<server>`` where no sandbox group is left in them (another
+    instance of the same server name may still hold some); never raises."""
+    found = hierarchy()
+    for root in found[1] if found else []:
+        try:
+            (root / f"forkyard-{server}").rmdir()
+        except OSError:
+            pass
+
+
+def _read_pids(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _enable_controllers(d: Path) -> None:
+    """Let ``d``'s child groups use the pids and memory controllers (cgroup v2); already enabled is fine."""
+    try:
+        have = set((d / "cgroup.subtree_control").read_text().split())
+    except OSError:
+        return
+    for c in ("pids", "memory"):
+        if c not in have:
+            _try_write(d / "cgroup.subtree_control", f"+{c}")
+
+
+def _try_write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:
+        pass
+
+
+__all__ = ["CGROUP_ROOT", "SandboxGroup", "available", "hierarchy", "remove_server_groups"]

@@ -1,0 +1,180 @@
+"""The ``workspace`` tool family on both backends (bubblewrap and Docker): edits of /scratch and code run there, and
+hostile code (a fork bomb, a memory bomb, a disk bomb, an endless loop, a network attempt, signals to the agent and
+to other sandboxes, writes outside the workspace, an output flood), each cut or refused, the sandbox still answering
+with its workspace intact, and another sandbox unharmed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_server.agent import Agent
+from sandbox_server.tools import MAX_TEXT_CHARS, TOOLS, ToolRefused, tool_specs, validate_call
+
+WORKSPACE_TOOLS = ["write_file", "replace_in_file", "make_dir", "remove", "run_python", "run_tests"]
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def box(request):
+    """(service, workspace sandbox id, a plain sandbox id) per backend: the session-wide service of the backend."""
+    svc = request.getfixturevalue(f"{request.param}_service")
+    ws = svc.create(cwd="/scratch", families=["workspace"])
+    plain = svc.create()
+    yield svc, ws.id, plain.id
+    svc.delete(ws.id)
+    svc.delete(plain.id)
+
+
+def run(box, tool, timeout_s=5.0, **args):
+    svc, sid, _ = box
+    return svc.exec(sid, tool, args, timeout_s=timeout_s)
+
+
+def script(box, name, text, timeout_s=5.0, args=""):
+    """Write ``text`` to ``name`` in the workspace and run it."""
+    assert run(box, "write_file", path=name, text=text).exit_code == 0
+    res = run(box, "run_python", path=name, args=args, timeout_s=timeout_s)
+    run(box, "remove", path=name)
+    return res
+
+
+def unharmed(box) -> None:
+    """The sandbox still answers with its workspace files, and the other sandbox too."""
+    svc, sid, plain = box
+    res = run(box, "cat", path="pkg/calc.py")
+    assert res.status == "ok" and "def add" in res.stdout and not res.sandbox_replaced
+    assert svc.exec(plain, "ls", {"path": "/data"}).stdout.strip()
+
+
+def test_the_family_is_listed_and_opt_in():
+    specs = {s.name: s for s in tool_specs()}
+    assert all(specs[t].family == "workspace" for t in WORKSPACE_TOOLS)
+    assert specs["write_file"].schema_["properties"]["text"]["maxLength"] == MAX_TEXT_CHARS
+    assert [t for t in WORKSPACE_TOOLS if TOOLS[t].runs_code] == ["run_python", "run_tests"]
+    with pytest.raises(ToolRefused, match="created without the workspace family"):
+        validate_call("write_file", {"path": "/scratch/a", "text": "x"})
+    call = validate_call("run_python", {"path": "/scratch/a.py", "args": "1 'two words'"}, families=["workspace"])
+    assert call.argv[-3:] == ["/scratch/a.py", "1", "two words"] and call.runs_code
+    for bad in ("/data/x", "/tmp/x", "../x", "/scratch", "/scratch/../data/x"):
+        with pytest.raises(ToolRefused):
+            validate_call("write_file", {"path": bad, "text": "x"}, cwd="/scratch", families=["workspace"])
+
+
+def test_an_agent_without_a_process_bound_refuses_code_and_runs_the_rest(tmp_path):
+    roots = {r: str(tmp_path / r.strip("/")) for r in ("/data", "/scratch", "/tmp")}
+    for h in roots.values():
+        (tmp_path / h).mkdir(exist_ok=True)
+    agent = Agent(roots, ["/data", "/scratch"], ["/scratch", "/tmp"])
+    call = validate_call("run_python", {"path": "/scratch/a.py"}, families=["workspace"])
+    ans = agent.handle({"op": "exec", "argv": call.argv, "cwd": "/scratch", "path_args": call.path_args,
+                        "bounded_only": True})
+    assert ans["status"] == "refused" and "does not bound its process count" in ans["message"]
+    ls = agent.handle({"op": "exec", "argv": ["ls", "/scratch"], "cwd": "/scratch", "path_args": [1]})
+    assert ls["status"] == "ok" and ls["exit_code"] == 0
+    assert agent.handle({"op": "ping"})["limits"]["bounded"] is False
+
+
+def test_a_plain_sandbox_refuses_the_family(box):
+    svc, _, plain = box
+    with pytest.raises(ToolRefused, match="workspace family"):
+        svc.exec(plain, "write_file", {"path": "/scratch/a.py", "text": "1"})
+    assert svc.get(plain).state.families == []
+
+
+def make_package(box) -> None:
+    """A package with a bug (``add`` subtracts) and its unit test, written into the workspace."""
+    assert run(box, "make_dir", path="pkg").exit_code == 0
+    for path, text in (("pkg/__init__.py", ""), ("tests/__init__.py", ""),
+                       ("pkg/calc.py", "def add(a, b):\n    return a - b\n"),
+                       ("tests/test_calc.py", "import unittest\nfrom pkg.calc import add\n\n\nclass T(unittest."
+                        "TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")):
+        assert run(box, "write_file", path=path, text=text).exit_code == 0
+
+
+@pytest.fixture
+def package(box):
+    make_package(box)
+    yield box
+
+
+def test_edit_and_test_a_package(box):
+    svc, sid, _ = box
+    assert svc.get(sid).state.families == ["workspace"]
+    make_package(box)
+    failing = run(box, "run_tests", path="tests")
+    assert failing.exit_code == 1 and "FAILED (failures=1)" in failing.stderr and "-1 != 5" in failing.stderr
+    twice = run(box, "replace_in_file", path="pkg/calc.py", old="a", new="x")
+    assert twice.exit_code == 1 and "occurs 3 times" in twice.stderr
+    assert run(box, "cat", path="pkg/calc.py").stdout == "def add(a, b):\n    return a - b\n"  # nothing changed
+    fixed = run(box, "replace_in_file", path="pkg/calc.py", old="a - b", new="a + b")
+    assert fixed.exit_code == 0 and "2\t    return a + b" in fixed.stdout
+    passing = run(box, "run_tests", path="tests")
+    assert passing.exit_code == 0 and "Ran 1 test" in passing.stderr and "OK" in passing.stderr
+    out = script(box, "show.py", "import sys\nfrom pkg.calc import add\nprint(add(*map(int, sys.argv[1:])))\n",
+                 args="40 2")
+    assert (out.status, out.exit_code, out.stdout) == ("ok", 0, "42\n")
+    missing = run(box, "replace_in_file", path="pkg/none.py", old="a", new="b")
+    assert missing.exit_code == 1 and "cannot read" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["-c", "--help", "!", "-", "(x"])
+def test_operator_like_names_are_files_to_every_workspace_tool(box, name):
+    """Field case S45's kind for the workspace family: a name that looks like an option is a file to the editor, the
+    interpreter and the test runner alike."""
+    assert run(box, "write_file", path=name, text="print('ran', __file__)\n").exit_code == 0
+    assert run(box, "cat", path=name).stdout == "print('ran', __file__)\n"
+    out = run(box, "run_python", path=name)
+    assert (out.exit_code, out.stdout) == (0, f"ran /scratch/./{name}\n")
+    assert run(box, "replace_in_file", path=name, old="ran", new="done").exit_code == 0
+    assert run(box, "run_python", path=name).stdout == f"done /scratch/./{name}\n"
+    assert run(box, "remove", path=name).exit_code == 0
+    assert run(box, "make_dir", path=name).exit_code == 0 and run(box, "ls", path=name).exit_code == 0
+    none = run(box, "run_tests", path=name)  # a start directory (not importable), never an option of unittest
+    assert none.exit_code == 1 and f"/scratch/{name}'" in none.stderr and "usage" not in none.stderr.lower()
+    assert run(box, "remove", path=name).exit_code == 0
+
+
+HOSTILE = {
+    "fork bomb": ("import os\nwhile True:\n    os.fork()\n", "Resource temporarily unavailable"),
+    "memory bomb": ("x = bytearray(2 << 30)\n", "MemoryError"),
+    "memory bomb under the address-space limit": ("x = bytearray(400 << 20)\nx[::4096] = b'1' * len(x[::4096])\n",
+                                                  None),
+    "disk bomb": ("f = open('/scratch/big', 'wb')\nwhile True:\n    f.write(b'x' * 65536)\n", "Errno"),
+    "network": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\n", "Error"),
+    "signal the agent": ("import os\nos.kill(os.getppid(), 9)\n", "Operation not permitted"),
+    "signal pid 1": ("import os\nos.kill(1, 9)\n", "Operation not permitted"),
+    "signal every process": ("import os\nos.kill(-1, 9)\nprint('alive')\n", "alive"),
+    "write the corpus": ("open('/data/x', 'w')\n", "Read-only file system"),
+    "write the system": ("open('/usr/x', 'w')\n", "Error"),
+    "execute from the workspace": ("import os, shutil\nshutil.copy('/usr/bin/true', '/scratch/t')\n"
+                                   "os.chmod('/scratch/t', 0o755)\nos.execv('/scratch/t', ['t'])\n", "Error"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_code_is_cut_or_refused_and_harms_nothing(package, name):
+    box = package
+    text, expect = HOSTILE[name]
+    res = script(box, "hostile.py", text)
+    assert res.status == "ok" and not res.sandbox_replaced, res
+    assert res.exit_code != 0 if name != "signal every process" else res.exit_code in (0, -9)
+    if expect is not None and name != "signal every process":
+        assert expect in res.stderr, res.stderr[-500:]
+    if name == "disk bomb":
+        assert run(box, "remove", path="big").exit_code == 0
+    unharmed(box)
+
+
+def test_an_endless_loop_and_an_output_flood_are_cut(package):
+    box = package
+    loop = script(box, "loop.py", "while True:\n    pass\n", timeout_s=2.0)
+    assert loop.status == "timeout" and 1.5 < loop.duration_s < 4.0 and not loop.sandbox_replaced
+    flood = script(box, "flood.py", "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)\n")
+    assert flood.truncated and flood.status == "ok" and flood.stdout.startswith("yyyy")
+    orphan = script(box, "orphan.py", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    os.close(1)\n"
+                    "    os.close(2)\n    time.sleep(60)\n")
+    assert orphan.exit_code == 0
+    procs = script(box, "procs.py", "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n"
+                   "        try:\n            print(open(f'/proc/{p}/cmdline', 'rb').read())\n"
+                   "        except OSError:\n            pass\n")
+    assert "orphan.py" not in procs.stdout and "procs.py" in procs.stdout  # nothing a call started outlives it
+    unharmed(box)
