@@ -125,7 +125,9 @@ class LocalBackend(AgentBackend):
         self.server_name = server_name
         self.pids_limit, self.memory_bytes = int(pids_limit), parse_size(mem_limit)
         #: Why the sandboxes' processes are not bounded (no control group can be made here), or None: each sandbox
-        #: gets a pids and memory group (:mod:`sandbox_server.backends.cgroups`) and its agent runs ``--bounded``.
+        #: gets a pids and memory group (:mod:`sandbox_server.backends.cgroups`) and its agent runs ``--bounded``
+        #: (never without isolation: code the caller chose would run as a host process, so tools that run code
+        #: stay refused there).
         self.unbounded_reason = cgroups.available()
         if self.unbounded_reason:
             log.warning("local sandboxes will not be bounded in processes and memory (%s); the agent refuses tools "
@@ -231,7 +233,8 @@ class LocalBackend(AgentBackend):
                 raise EngineUnavailable(f"could not make the control group of a local sandbox: {exc}") from None
         try:
             proc = self._spawner.submit(
-                subprocess.Popen, self._argv(sbdir, bounded=group is not None), stdin=subprocess.PIPE,
+                subprocess.Popen, self._argv(sbdir, bounded=group is not None and not self.unsafe_no_isolation),
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=sbdir, start_new_session=True, bufsize=0,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 preexec_fn=group.enter if group is not None else None).result()

@@ -73,6 +73,21 @@ def test_an_agent_without_a_process_bound_refuses_code_and_runs_the_rest(tmp_pat
     assert agent.handle({"op": "ping"})["limits"]["bounded"] is False
 
 
+def test_the_unisolated_local_mode_edits_but_never_runs_code(fixture_data):
+    """Without bubblewrap (the explicit unsafe mode) a call's code would be a host process: the run tools are
+    refused there, whatever the control groups, while the editor works."""
+    from tests.docker_support import shared_service
+
+    svc = shared_service("local-nobwrap", fixture_data)
+    sid = svc.create(cwd="/scratch", families=["workspace"]).id
+    try:
+        assert svc.exec(sid, "write_file", {"path": "a.py", "text": "print(1)\n"}).exit_code == 0
+        with pytest.raises(ToolRefused, match="does not bound its process count"):
+            svc.exec(sid, "run_python", {"path": "a.py"})
+    finally:
+        svc.delete(sid)
+
+
 def test_a_plain_sandbox_refuses_the_family(box):
     svc, _, plain = box
     with pytest.raises(ToolRefused, match="workspace family"):
