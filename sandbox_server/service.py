@@ -446,18 +446,23 @@ class SandboxService:
         self.snapshots.delete(snapshot_id)
         self._gauges()
 
-    def _clone_data(self, data: bytes, state: SessionState, n: int,
-                    cancel: CancelToken | None) -> builtins.list[SandboxInfo]:
+    def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None,
+                    source: str | None = None) -> builtins.list[SandboxInfo]:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
             raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
         if n > self.pool.max_total:  # can never succeed: a client error, not a 503 to retry
             raise ToolRefused(f"n={n} copies cannot fit a pool of at most {self.pool.max_total} sandboxes "
                               "(FORKYARD_MAX_TOTAL)")
         sids = self.pool.acquire_many(n)
+
+        def fill(sid: str) -> None:  # the source's areas copied by the backend where it can, else the snapshot
+            copy = getattr(self.backend, "copy_areas", None)
+            if source is None or copy is None or not copy(source, sid):
+                self.backend.restore(sid, data)
+
         try:
             if data:
-                list(self._fanout.map(lambda sid: self.backend.restore(sid, data), sids)) if n > 1 else \
-                    self.backend.restore(sids[0], data)
+                list(self._fanout.map(fill, sids)) if n > 1 else fill(sids[0])
         except Exception as exc:
             failed = isinstance(exc, (AgentTimeout, AgentFailed))
             for sid in sids:
@@ -479,15 +484,18 @@ class SandboxService:
         return out
 
     def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
-        """Snapshot + clone in one call (the snapshot is not stored). Raises like :meth:`clone`."""
+        """Snapshot + clone in one call (the snapshot is not stored; it is each copy's restore point). Where the
+        backend can copy the sandbox's areas itself (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar)
+        the copies are made so, the sandbox's calls waiting meanwhile; else the snapshot is restored into each.
+        Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
-        with s.lock:
+        with s.lock:  # held until the copies are made: they copy the snapshot's state, never a later one
             self._live(s)
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
             state = s.state.model_copy(deep=True)
             s.touch()
-        out = self._clone_data(data, state, n, cancel)
+            out = self._clone_data(data, state, n, cancel, source=s.sid)
         self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
         return out
 

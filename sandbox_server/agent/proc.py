@@ -104,15 +104,49 @@ def killpg(pgid: int) -> None:
         pass
 
 
+def _children(pid: int) -> list[int] | None:
+    """The children of ``pid`` from ``/proc/PID/task/*/children`` (None when the kernel has no such files)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def descendants() -> list[int]:
+    """Every descendant of the agent: walked down the ``children`` files from the agent (a few reads when it has
+    none, whatever else runs on the machine), or found by a scan of the whole process table where the kernel has no
+    ``children`` files."""
+    me = os.getpid()
+    first = _children(me)
+    if first is None:
+        table = proc_table()
+        return [pid for pid in table if pid != me and me in lineage(pid, table)]
+    out, stack = [], list(first)
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack += _children(pid) or []
+    return out
+
+
 def kill_descendants(rounds: int = 20) -> int:
     """SIGKILL every descendant of the agent: what calls started and left behind, those that left their process
     group (``setsid``) included, since the agent is their child subreaper (:func:`become_subreaper`) and every
     orphan re-parents to it. Repeats while any is found (one may fork meanwhile), reaping as it goes. Returns
     how many were signalled."""
-    me, killed = os.getpid(), 0
+    killed = 0
     for _ in range(rounds):
-        table = proc_table()
-        found = [pid for pid in table if pid != me and me in lineage(pid, table)]
+        found = descendants()
         if not found:
             break
         for pid in found:

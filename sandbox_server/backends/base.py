@@ -254,6 +254,11 @@ class AgentBackend:
             raise AgentFailed(f"agent: {msg}")
         return ans
 
+    def copy_areas(self, src: str, dst: str) -> bool:
+        """Copy sandbox ``src``'s writable areas into the empty ones of ``dst`` without the agents' tar, where the
+        backend can (a faster fork); False here: the caller restores a snapshot instead."""
+        return False
+
     def _ping(self, sid: str, timeout_s: float) -> None:
         self._call(sid, {"op": "ping"}, timeout_s)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
-from sandbox_server.errors import EngineUnavailable, IsolationUnavailable
+from sandbox_server.errors import AgentFailed, EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
 from sandbox_server.backends import cgroups
 from sandbox_server.backends.base import (SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Channel, owner_alive,
@@ -276,6 +276,62 @@ class LocalBackend(AgentBackend):
     def pid(self, sid: str) -> int:
         """Host pid of the sandbox's agent (or of bubblewrap around it)."""
         return self._procs[sid].pid
+
+    def _areas_root(self, sid: str) -> str | None:
+        """A host path under which the sandbox's writable areas show as in the sandbox (``ROOT/scratch``,
+        ``ROOT/tmp``), or None when this process cannot reach them: the sandbox's folder without isolation, else
+        ``/proc/<agent pid>/root`` (the agent's mount namespace; root only)."""
+        if self.unsafe_no_isolation:
+            return str(self.state_dir / sid)
+        if os.geteuid() != 0:
+            return None
+        with self._mu:
+            proc = self._procs.get(sid)
+        stack = [proc.pid] if proc is not None else []
+        while stack:  # bubblewrap, its init, then the agent
+            pid = stack.pop()
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\x00")
+                if not cmd[0].endswith(b"bwrap") and SANDBOX_AGENT_PATH.encode() in cmd:
+                    return f"/proc/{pid}/root"
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        stack += [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+        return None
+
+    def copy_areas(self, src: str, dst: str) -> bool:
+        """Copy sandbox ``src``'s writable areas into sandbox ``dst`` (fresh or recycled: empty areas) on the host,
+        with ``cp -a`` (bytes, modes, modification times, empty folders, symbolic and hard links within the areas),
+        instead of a tar through both agents: what a fork of a local sandbox does (the caller holds ``src``'s
+        session and has snapshotted it, so what it copies is the snapshot's content). Returns False, having changed
+        nothing, when it cannot (not root under bubblewrap, an area of ``dst`` not empty): the caller then restores
+        the snapshot. Raises AgentFailed when a copy fails midway (``dst`` must then be discarded)."""
+        roots = [self._areas_root(src), self._areas_root(dst)]
+        if None in roots:
+            return False
+        for area in ("scratch", "tmp"):
+            target = f"{roots[1]}/{area}"
+            try:
+                if os.listdir(target):
+                    return False
+            except OSError:
+                return False
+        for area in ("scratch", "tmp"):
+            source, target = f"{roots[0]}/{area}", f"{roots[1]}/{area}"
+            try:
+                if not os.listdir(source):  # nothing in it: its own mode and times are all there is to copy
+                    shutil.copystat(source, target, follow_symlinks=False)
+                    continue
+            except OSError as exc:
+                raise AgentFailed(f"copying the sandbox's /{area} failed: {exc}") from None
+            r = subprocess.run(["cp", "-a", "--", f"{source}/.", f"{target}/"], capture_output=True, text=True,
+                               timeout=60)
+            if r.returncode != 0:
+                raise AgentFailed(f"copying the sandbox's /{area} failed: {r.stderr.strip()[-300:]}")
+        return True
 
     def destroy(self, sid: str) -> None:
         """Kill the agent and its process group and remove the sandbox directory (idempotent)."""

@@ -193,3 +193,41 @@ def test_an_endless_loop_and_an_output_flood_are_cut(package):
                    "        except OSError:\n            pass\n")
     assert "orphan.py" not in procs.stdout and "procs.py" in procs.stdout  # nothing a call started outlives it
     unharmed(box)
+
+
+def _members(svc, sid) -> list[tuple]:
+    """(name, type, mode, mtime, size, link target, bytes) of every member of a sandbox's export."""
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(svc.export(sid))) as tar:
+        return sorted((m.name, m.type, m.mode, m.mtime, m.size, m.linkname,
+                       tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers())  # type: ignore
+
+
+def test_a_fork_copies_the_changed_workspace_exactly_and_the_copies_stay_apart(box):
+    """What the episode wrote (a file, a hard link, a symbolic link, an empty folder, modes, times, a file in /tmp)
+    is in every copy as in the original, whichever way the backend copies (the local backend on the host with
+    ``cp -a``, Docker through the agents' tar); a write in one copy reaches no other."""
+    svc, sid, _ = box
+    out = script(box, "shape.py", "import os\nos.makedirs('/scratch/w/empty', exist_ok=True)\n"
+                 "open('/scratch/w/a.txt', 'w').write('alpha')\nos.link('/scratch/w/a.txt', '/scratch/w/hard')\n"
+                 "os.symlink('a.txt', '/scratch/w/soft')\nos.chmod('/scratch/w/a.txt', 0o640)\n"
+                 "os.utime('/scratch/w/a.txt', (1e9, 1e9))\nos.utime('/scratch/w/empty', (2e9, 2e9))\n"
+                 "open('/tmp/t.txt', 'w').write('tmp')\n")
+    assert out.exit_code == 0, out
+    before = _members(svc, sid)
+    assert any(m[0].endswith("w/hard") and m[1] == b"1" for m in before)  # a hard link in the tar
+    assert any(m[0].endswith("t.txt") and m[6] == b"tmp" for m in before)  # /tmp is carried too
+    kids = [k.id for k in svc.fork(sid, 3)]
+    try:
+        for k in kids:
+            assert _members(svc, k) == before
+        assert svc.exec(kids[0], "write_file", {"path": "/scratch/w/a.txt", "text": "changed"}).exit_code == 0
+        assert svc.exec(kids[1], "cat", {"path": "/scratch/w/hard"}).stdout == "alpha"
+        assert svc.exec(sid, "cat", {"path": "/scratch/w/a.txt"}).stdout == "alpha"
+        assert svc.get(kids[2]).state.families == ["workspace"]
+    finally:
+        for k in kids:
+            svc.delete(k)
+        run(box, "remove", path="w")
