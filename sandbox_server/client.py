@@ -43,7 +43,8 @@ from envs.client_retry import (
 
 from sandbox_server.errors import LimitExceeded, SandboxError, SandboxNotFound, ServiceUnavailable, ToolRefused
 from sandbox_server.models import (
-    CloneRequest, CloneResponse, CreateRequest, ExecRequest, ForkRequest, Health, PoolStatus, SandboxInfo,
+    CloneRequest, CloneResponse, CreateRequest, ExecRequest, ForkRequest, Health, PoolStatus, RollbackRequest,
+    SandboxInfo,
     SandboxList, SnapshotInfo, SnapshotRequest, StateUpdate, ToolList, WriteFilesRequest,
 )
 from sandbox_server.tools import ToolResult, ToolSpec
@@ -217,6 +218,10 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in [
              "the snapshot (all or none).", CloneResponse, field="sandboxes", body=lambda n=1: {"n": n},
              request=CloneRequest, errors=(404, 413, 422, 503), returns="the list of the new ``SandboxInfo``",
              words=(_SNAP, ("limit", "n more sandboxes than the pool may hold"), ("refused", "an invalid n"))),
+    Endpoint("rollback", "POST", "/v1/sandboxes/{sandbox_id}/rollback", "Put the sandbox back, in place, to a "
+             "stored snapshot: its files and its state.", SandboxInfo,
+             body=lambda snapshot_id: {"snapshot_id": snapshot_id}, request=RollbackRequest, errors=(404, 422, 503),
+             returns="the sandbox's ``SandboxInfo``", words=(_SB, ("refused", "an invalid snapshot id"))),
     Endpoint("fork", "POST", "/v1/sandboxes/{sandbox_id}/fork", "Snapshot + clone in one call: ``n`` independent "
              "copies of the sandbox (all or none).", CloneResponse, field="sandboxes", body=lambda n=1: {"n": n},
              request=ForkRequest, errors=(404, 413, 422, 503), returns="the list of the new ``SandboxInfo``",
@@ -463,6 +468,10 @@ class SandboxClient(_ClientBase):
     def fork(self, sandbox_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return self._call("fork", sandbox_id=sandbox_id, n=n)
 
+    @_op("rollback")
+    def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxInfo:
+        return self._call("rollback", sandbox_id=sandbox_id, snapshot_id=snapshot_id)
+
 
 class AsyncSandboxClient(_ClientBase):
     """Asynchronous client with the same methods as :class:`SandboxClient` (each a coroutine)."""
@@ -583,3 +592,7 @@ class AsyncSandboxClient(_ClientBase):
     @_op("fork")
     async def fork(self, sandbox_id: str, n: int = 1) -> builtins.list[SandboxInfo]:
         return await self._call("fork", sandbox_id=sandbox_id, n=n)
+
+    @_op("rollback")
+    async def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxInfo:
+        return await self._call("rollback", sandbox_id=sandbox_id, snapshot_id=snapshot_id)

@@ -202,6 +202,12 @@ class ForkRequest(RequestModel):
     n: int = Field(default=1, ge=1, le=MAX_CLONES, description="number of copies")
 
 
+class RollbackRequest(RequestModel):
+    """``POST /v1/sandboxes/{id}/rollback``: the stored snapshot to put the sandbox back to."""
+
+    snapshot_id: str = Field(max_length=64, description="a snapshot of this server (POST /v1/sandboxes/{id}/snapshot)")
+
+
 class CloneResponse(BaseModel):
     snapshot_id: str | None = None
     sandboxes: list[SandboxInfo]
@@ -565,6 +571,7 @@ class EnvHealth(BaseModel):
 
 __all__ = ["RequestModel", "SessionState", "CreateRequest", "SandboxInfo", "SandboxList", "ExecRequest",
            "WriteFilesRequest", "StateUpdate", "SnapshotRequest", "SnapshotInfo", "CloneRequest", "ForkRequest",
+           "RollbackRequest",
            "CloneResponse", "PoolStatus", "Health", "ToolList", "ErrorBody", "ToolResult", "ToolSpec",
            "EnvSettingInfo", "EnvSpecInfo",
            "CreateEnvRequest", "ResetRequest", "StepRequest", "ResetResponse", "StepResponse", "ForkResponse",

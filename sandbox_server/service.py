@@ -499,6 +499,28 @@ class SandboxService:
         self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
         return out
 
+    def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxInfo:
+        """Put a sandbox back, in place, to a stored snapshot: its writable areas replaced by the snapshot's (the
+        agent's ``unpack``), its state (cwd, env, metadata, families) set to the snapshot's, the snapshot its new
+        restore point. The sandbox keeps its id; any snapshot of this server will do (one of another sandbox too).
+        Nothing a call started survives the call, so the areas are all there is to put back.
+
+        Raises:
+            SandboxNotFound: unknown sandbox or snapshot (HTTP 404).
+            SandboxError: the sandbox failed meanwhile (it was replaced from its last restore point).
+        """
+        t0 = time.perf_counter()
+        snap = self.snapshots.get(snapshot_id)
+        s = self._session(sandbox_id)
+        with s.lock:
+            self._live(s)
+            self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
+            s.state = snap.state.model_copy(deep=True)
+            s.restore_point = snap.data
+            s.touch()
+        self.metrics.fork_s.labels("rollback").observe(time.perf_counter() - t0)
+        return self._info(s)
+
     # -- status ---------------------------------------------------------------------------------------
     def pool_status(self) -> PoolStatus:
         """Pool counts and limits plus session and snapshot counts."""

@@ -9,7 +9,8 @@ from fastapi.responses import Response
 
 from sandbox_server.deps import Service
 from sandbox_server.http_contract import error_responses as R
-from sandbox_server.models import CloneRequest, CloneResponse, ForkRequest, SnapshotInfo, SnapshotRequest
+from sandbox_server.models import (CloneRequest, CloneResponse, ForkRequest, RollbackRequest, SandboxInfo, SnapshotInfo,
+                                   SnapshotRequest)
 from sandbox_server.routes import V1
 from sandbox_server.work import fan_out_deadline_s, on_pool, on_sandbox, release_sandboxes, run_blocking
 
@@ -47,6 +48,13 @@ async def clone(request: Request, snapshot_id: str, svc: Service, body: CloneReq
     out = await run_blocking(svc.clone, snapshot_id, (body or CloneRequest()).n, request=request,
                              undo=release_sandboxes(svc), deadline_s=fan_out_deadline_s(svc.config), queue=on_pool(svc))
     return CloneResponse(snapshot_id=snapshot_id, sandboxes=out, duration_s=time.perf_counter() - t0)
+
+
+@router.post("/sandboxes/{sandbox_id}/rollback", response_model=SandboxInfo, responses=R(404, 422, 503))
+async def rollback(request: Request, sandbox_id: str, body: RollbackRequest, svc: Service) -> SandboxInfo:
+    """Put the sandbox back, in place, to a stored snapshot (its files and its state)."""
+    return await run_blocking(svc.rollback, sandbox_id, body.snapshot_id, request=request,
+                              queue=on_sandbox(svc, sandbox_id))
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", response_model=CloneResponse, status_code=201,

@@ -58,6 +58,15 @@ def test_round_trip_with_the_sync_client(client):
             assert client.exec(c.id, "cat", {"path": "q.txt"}).stdout == "question"
             assert client.get(c.id).state.metadata == {"task": 1}
             client.delete(c.id)
+        client.write_files(sb.id, {"q.txt": b"changed", "later.txt": b"x"})
+        back = client.rollback(sb.id, snap.id)  # in place, to the snapshot's files and state
+        assert back.id == sb.id and back.state.cwd == "/scratch"
+        assert client.exec(sb.id, "cat", {"path": "q.txt"}).stdout == "question"
+        assert client.exec(sb.id, "ls", {"path": "/scratch"}).stdout == "b.bin\nq.txt\n"
+        workspace = client.create(cwd="/scratch", families=["workspace"])
+        assert client.get(workspace.id).state.families == ["workspace"]
+        assert client.exec(workspace.id, "write_file", {"path": "w.txt", "text": "hi"}).exit_code == 0
+        client.delete(workspace.id)
         client.delete_snapshot(snap.id)
         assert client.pool_status().max_total == 8
     finally:

@@ -231,3 +231,19 @@ def test_a_fork_copies_the_changed_workspace_exactly_and_the_copies_stay_apart(b
         for k in kids:
             svc.delete(k)
         run(box, "remove", path="w")
+
+
+def test_a_rollback_puts_the_workspace_and_the_state_back_in_place(box):
+    svc, sid, _ = box
+    assert run(box, "write_file", path="r/keep.txt", text="kept").exit_code == 0
+    snap = svc.snapshot(sid)
+    assert run(box, "write_file", path="r/keep.txt", text="changed").exit_code == 0
+    assert run(box, "write_file", path="r/later.txt", text="later").exit_code == 0
+    info = svc.rollback(sid, snap.id)
+    assert info.id == sid and info.state.families == ["workspace"] and info.state.cwd == "/scratch"
+    assert run(box, "cat", path="r/keep.txt").stdout == "kept"
+    assert run(box, "ls", path="r").stdout == "keep.txt\n"
+    with pytest.raises(Exception, match="snapshot"):
+        svc.rollback(sid, "no-such-snapshot")
+    svc.delete_snapshot(snap.id)
+    run(box, "remove", path="r")
