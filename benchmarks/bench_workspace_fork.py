@@ -7,9 +7,9 @@ Run: ``.venv/bin/python benchmarks/bench_workspace_fork.py [--forks 10] [--backe
 child's workspace (``export``: a tar of its writable areas) holds the parent's bytes. Prints p50 / p95 of the fork
 call in milliseconds, the ratio against the empty workspace, the snapshot's size in bytes, and p50 / p95 of a
 rollback (``SandboxService.rollback``: the sandbox put back in place to its stored snapshot after a write); on the
-local backend also the populated fork through the agents' tar instead of the host copy (``copy_areas`` off). The targets this
-measures against (forks of changing state without KVM): fork(8) of this workspace at p50 <= 10 ms on the local
-backend and <= 50 ms on docker, a rollback <= 5 ms. Nothing is asserted.
+local backend also the populated fork through the agents' tar instead of the host copy (``copy_areas`` off). The
+targets this measures against (forks of changing state without KVM): fork(8) of this workspace at p50 <= 10 ms on
+the local backend and <= 50 ms on docker, a rollback <= 5 ms. Nothing is asserted.
 """
 
 from __future__ import annotations
