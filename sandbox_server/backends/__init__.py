@@ -36,10 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envs.plugins import PluginRegistry
 from sandbox_server.backends.base import (
-    AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Backend, Channel,
-    agent_sha, check_write_limits, parse_size,
-    machine_id, owner_alive, owner_record, process_start,
+    AGENT_GRACE_S, AGENT_PATH, LABEL, OWNER_LABELS, AgentBackend, Backend, Channel, agent_sha, machine_id, owner_alive,
+    owner_record, process_start,
 )
+from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, check_write_limits, parse_size
 from sandbox_server.backends.docker import DockerBackend
 from sandbox_server.backends.local import INSTALL_HINT, LocalBackend, bwrap_problem, default_state_root
 from sandbox_server.corpus import ensure_corpus

@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import socket
 import struct
 import tarfile
@@ -21,7 +20,6 @@ import threading
 import time
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from sandbox_server.agent import AREA_BYTES, MAX_WRITE_FILES, PAGE_BYTES
 from sandbox_server.agent_bundle import AGENT_PACKAGE, agent_sha as agent_sha  # re-exported (backends.agent_sha)
 from sandbox_server.errors import (
     AgentFailed, AgentTimeout, IsolationUnavailable, LimitExceeded, SandboxNotFound, SnapshotUnsupported,
@@ -37,27 +35,10 @@ LABEL = "forkyard.sandbox"
 OWNER_LABELS = ("forkyard.owner.machine", "forkyard.owner.pid", "forkyard.owner.start", "forkyard.owner.instance")
 #: Seconds the server waits for an agent beyond the call's own timeout before declaring it hung.
 AGENT_GRACE_S = 3.0
-#: Most processes (threads included) one sandbox may hold at once, on every backend (Docker's ``pids_limit``, the
-#: local backend's pids control group): a fork bomb stops there.
-SANDBOX_PIDS = 128
-#: Memory one sandbox may use, on every backend (Docker's ``mem_limit`` format; the local backend's memory control
-#: group): user pages and the pages of its tmpfs areas.
-SANDBOX_MEMORY = "256m"
 #: Seconds a reset may spend killing leftover processes, and seconds the server waits for its answer.
 RECYCLE_KILL_S, RECYCLE_TIMEOUT_S = 2.0, 10.0
 
 _log = logging.getLogger("forkyard.sandbox")
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes of a size such as ``"16m"`` (k, m, g: powers of 1024, as the kernel reads tmpfs sizes and Docker its
-    ``mem_limit``). Raises ValueError for anything else."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgKMG]?)[bB]?\s*", str(text))
-    if not m:
-        raise ValueError(f"cannot read the size {text!r}; use bytes or a number with k, m or g")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
 
 
 @runtime_checkable
@@ -177,26 +158,6 @@ class Channel:
             except (EOFError, OSError) as exc:
                 self.broken = True
                 raise AgentFailed(f"the sandbox agent's stream closed ({type(exc).__name__})") from None
-
-
-def check_write_limits(files: dict[str, bytes], area_bytes: int = AREA_BYTES) -> None:
-    """Refuse, before any sandbox is touched, a write that cannot fit whatever the area already holds.
-
-    Checks :data:`~sandbox_server.agent.MAX_WRITE_FILES` files per write and the bytes the files take in
-    whole :data:`~sandbox_server.agent.PAGE_BYTES` pages against ``area_bytes`` (default 16 MiB). The agent
-    checks again against what /scratch holds at the time of the write.
-
-    Raises:
-        LimitExceeded: naming the limit (HTTP 413).
-    """
-    if len(files) > MAX_WRITE_FILES:
-        raise LimitExceeded(f"{len(files)} files in one write; the limit is {MAX_WRITE_FILES} files per write; "
-                            "nothing was written")
-    need = sum(-(-len(v) // PAGE_BYTES) * PAGE_BYTES for v in files.values())
-    if need > area_bytes:
-        raise LimitExceeded(f"the files need {need} bytes in /scratch ({need / (1 << 20):g} MiB in {PAGE_BYTES}-byte "
-                            f"pages); /scratch holds at most {area_bytes} bytes ({area_bytes / (1 << 20):g} MiB); "
-                            "nothing was written")
 
 
 def _empty_tar() -> bytes:

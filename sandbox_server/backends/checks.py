@@ -23,7 +23,7 @@ import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sandbox_server.backends import base
+from sandbox_server.agent import AREA_BYTES, MAX_WRITE_FILES
 from sandbox_server.backends.base import Backend
 from sandbox_server.errors import LimitExceeded, SandboxNotFound
 from sandbox_server.tools import ToolResult, validate_call
@@ -130,9 +130,9 @@ def check_write_files_limits(backend: Backend) -> None:
     /scratch already holds (the sandbox's own check)."""
     with _sandbox(backend, "write limits") as sid:
         backend.write_files(sid, {f"{AREA}/keep.txt": b"kept\n"})
-        too_many = {f"{AREA}/n{i}": b"" for i in range(base.MAX_WRITE_FILES + 1)}
-        too_big = {f"{AREA}/big": bytes(base.AREA_BYTES + 1)}
-        half = base.AREA_BYTES * 3 // 4
+        too_many = {f"{AREA}/n{i}": b"" for i in range(MAX_WRITE_FILES + 1)}
+        too_big = {f"{AREA}/big": bytes(AREA_BYTES + 1)}
+        half = AREA_BYTES * 3 // 4
         backend.write_files(sid, {f"{AREA}/first": bytes(half)})
         beside = {f"{AREA}/second": bytes(half), f"{AREA}/partner.txt": b"x"}
         for what, files in (("too many files", too_many), ("too many bytes", too_big),

@@ -24,9 +24,9 @@ from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
 from sandbox_server.settings import cache_dir
 from sandbox_server.backends.base import (
-    SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
-    parse_size,
+    AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
 )
+from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, parse_size
 
 
 def _close_attach_socket(sock: Any) -> None:

@@ -7,6 +7,11 @@ tools run as host processes with only the agent's path checks, the session-envir
 (where the kernel has Landlock) a ban on executing anything outside the system directories. Weaker than
 a container either way: see ``docs/sandbox.md``. Local state lives in a folder per backend instance, and
 orphan clean-up removes only what a dead process left (:meth:`LocalBackend.cleanup_orphans`).
+
+Why one file: a local sandbox's life is one sequence over the same few handles (its folder, its bubblewrap
+process, its control group, its agent's mount namespace): the argv that confines it, its start inside its group, the
+host copy of its areas, its end, and the clean-up of what a dead server left; split, each part would reach into the
+others' handles.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
 from sandbox_server.errors import AgentFailed, EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
-from sandbox_server.backends import cgroups
-from sandbox_server.backends.base import (SANDBOX_MEMORY, SANDBOX_PIDS, AgentBackend, Channel, owner_alive,
-                                          owner_record, parse_size)
+from sandbox_server.backends.cgroups import SandboxGroup, available, remove_server_groups
+from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record
+from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, parse_size
 
 
 log = logging.getLogger(__name__)
@@ -128,11 +133,11 @@ class LocalBackend(AgentBackend):
         #: gets a pids and memory group (:mod:`sandbox_server.backends.cgroups`) and its agent runs ``--bounded``
         #: (never without isolation: code the caller chose would run as a host process, so tools that run code
         #: stay refused there).
-        self.unbounded_reason = cgroups.available()
+        self.unbounded_reason = available()
         if self.unbounded_reason:
             log.warning("local sandboxes will not be bounded in processes and memory (%s); the agent refuses tools "
                         "that run code", self.unbounded_reason)
-        self._groups: dict[str, cgroups.SandboxGroup] = {}
+        self._groups: dict[str, SandboxGroup] = {}
         self._bwrap = shutil.which("bwrap")
         self._bwrap_size = False
         if not unsafe_no_isolation:
@@ -227,7 +232,7 @@ class LocalBackend(AgentBackend):
         group = None
         if self.unbounded_reason is None:
             try:
-                group = cgroups.SandboxGroup(_safe_name(self.server_name), sid, self.pids_limit, self.memory_bytes)
+                group = SandboxGroup(_safe_name(self.server_name), sid, self.pids_limit, self.memory_bytes)
             except OSError as exc:
                 shutil.rmtree(sbdir, ignore_errors=True)
                 raise EngineUnavailable(f"could not make the control group of a local sandbox: {exc}") from None
@@ -407,7 +412,7 @@ class LocalBackend(AgentBackend):
         self._spawner.shutdown(wait=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.unbounded_reason is None:
-            cgroups.remove_server_groups(_safe_name(self.server_name))
+            remove_server_groups(_safe_name(self.server_name))
         try:
             self.server_dir.rmdir()  # only when no other instance of this server name is left
         except OSError:
