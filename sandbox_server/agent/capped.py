@@ -16,14 +16,40 @@ from .proc import kill_descendants, killpg, reap_children
 from .protocol import MARKER, PROC_MEMORY_BYTES, PROC_OPEN_FILES, PathRewriter, decode, utf8_cut
 
 
+def static_limits(file_bytes: int) -> list[tuple[str, int]]:
+    """The resource limits the agent sets on itself at start, soft and hard alike, so that every process of every
+    call inherits them at no cost per call (no child can raise them): address space :data:`PROC_MEMORY_BYTES`
+    bytes, files written at most ``file_bytes`` bytes each (a writable area's size), :data:`PROC_OPEN_FILES` open
+    files, no core dumps. (Processes per sandbox are bounded outside the agent: a pids cgroup, Docker's
+    ``pids_limit``; ``RLIMIT_NPROC`` never binds a process whose real user is root.)"""
+    return [("RLIMIT_AS", PROC_MEMORY_BYTES), ("RLIMIT_FSIZE", file_bytes), ("RLIMIT_NOFILE", PROC_OPEN_FILES),
+            ("RLIMIT_CORE", 0)]
+
+
 def process_limits(timeout_s: float, file_bytes: int) -> list[tuple[str, int]]:
-    """The resource limits of every process a call starts, as ``(RLIMIT name, value)``: address space
-    :data:`PROC_MEMORY_BYTES` bytes, CPU time the call's deadline rounded up plus one second, files written at most
-    ``file_bytes`` bytes each (a writable area's size), :data:`PROC_OPEN_FILES` open files, no core dumps. Soft and
-    hard alike: a child can lower them, never raise them. (Processes per sandbox are bounded outside the agent: a
-    pids cgroup, Docker's ``pids_limit``; ``RLIMIT_NPROC`` never binds a process whose real user is root.)"""
-    return [("RLIMIT_AS", PROC_MEMORY_BYTES), ("RLIMIT_CPU", int(math.ceil(max(timeout_s, 0.0))) + 1),
-            ("RLIMIT_FSIZE", file_bytes), ("RLIMIT_NOFILE", PROC_OPEN_FILES), ("RLIMIT_CORE", 0)]
+    """The resource limits of the processes of a call that runs code (``bounded_only``), as ``(RLIMIT name,
+    value)``: :func:`static_limits` and CPU time the call's deadline rounded up plus one second."""
+    return static_limits(file_bytes) + [("RLIMIT_CPU", int(math.ceil(max(timeout_s, 0.0))) + 1)]
+
+
+def limit_self(limits: list[tuple[str, int]]) -> dict[str, int]:
+    """Set ``limits`` on this process (soft and hard, never above a hard limit it has); every child inherits them.
+    Returns ``{name: value}`` of those set; a limit the platform lacks or refuses is left out."""
+    import resource
+
+    done = {}
+    for name, value in limits:
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        try:
+            hard = resource.getrlimit(which)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+            done[name] = value
+        except (ValueError, OSError):
+            pass
+    return done
 
 
 def _limiter(limits: list[tuple[str, int]], scope: Callable[[], None] | None = None) -> Callable[[], None]:

@@ -13,6 +13,7 @@ import signal
 import sys
 
 from .confine import EXEC_ROOTS, SignalScope, confine, restrict_exec
+from .capped import limit_self, static_limits
 from .core import Agent
 from .proc import become_subreaper
 from .protocol import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, within
@@ -34,6 +35,7 @@ def setup(agent: Agent, confine_areas: bool) -> None:
         info["landlock_abi"] = restrict_exec(exec_roots)
     agent.signal_scope = SignalScope()
     info["signal_scope"] = agent.signal_scope.active
+    info["limits"] = limit_self(static_limits(agent.area_bytes))
     agent.confinement = info
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_server.agent import Agent
+from sandbox_server.service import HOST_COPY_MIN_BYTES
 from sandbox_server.tools import MAX_TEXT_CHARS, TOOLS, ToolRefused, tool_specs, validate_call
 
 WORKSPACE_TOOLS = ["write_file", "replace_in_file", "make_dir", "remove", "run_python", "run_tests"]
@@ -214,8 +215,9 @@ def test_a_fork_copies_the_changed_workspace_exactly_and_the_copies_stay_apart(b
                  "open('/scratch/w/a.txt', 'w').write('alpha')\nos.link('/scratch/w/a.txt', '/scratch/w/hard')\n"
                  "os.symlink('a.txt', '/scratch/w/soft')\nos.chmod('/scratch/w/a.txt', 0o640)\n"
                  "os.utime('/scratch/w/a.txt', (1e9, 1e9))\nos.utime('/scratch/w/empty', (2e9, 2e9))\n"
-                 "open('/tmp/t.txt', 'w').write('tmp')\n")
+                 "open('/tmp/t.txt', 'w').write('tmp')\nopen('/scratch/w/big.bin', 'wb').write(os.urandom(300_000))\n")
     assert out.exit_code == 0, out
+    assert len(svc.export(sid)) >= HOST_COPY_MIN_BYTES  # large enough for the local backend's host copy
     before = _members(svc, sid)
     assert any(m[0].endswith("w/hard") and m[1] == b"1" for m in before)  # a hard link in the tar
     assert any(m[0].endswith("t.txt") and m[6] == b"tmp" for m in before)  # /tmp is carried too
