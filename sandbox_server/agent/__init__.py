@@ -31,11 +31,12 @@ Operations (``op``):
     child runs in its own process group (new session) with an empty stdin; its output is read while it
     runs and the child is stopped at the cap; at the deadline the whole group is killed. Answer:
     ``stdout``, ``stderr``, ``exit_code``, ``status`` (ok|timeout|refused|error), ``truncated``,
-    ``duration_s``, ``message``. Every process of the call runs under :func:`.capped.process_limits` and, where the
-    kernel has Landlock scopes, in a domain that cannot signal or trace anything outside the call
-    (:class:`.confine.SignalScope`); after the call every descendant of the agent is killed. ``bounded_only``
+    ``duration_s``, ``message``. Every process inherits the limits the agent set on itself at start
+    (:func:`.capped.static_limits`); after the call every descendant of the agent is killed. ``bounded_only``
     (true for tools that run the caller's code): refused unless the agent runs ``--bounded`` (its sandbox's process
-    count is bounded from outside: a pids cgroup, Docker's ``pids_limit``).
+    count is bounded from outside: a pids cgroup, Docker's ``pids_limit``); such a call's processes also get a CPU
+    limit (:func:`.capped.process_limits`) and, where the kernel has Landlock scopes, a domain that cannot signal or
+    trace anything outside the call (:class:`.confine.SignalScope`).
 ``pack`` / ``unpack``
     Pack the writable areas into a base64 PAX tar (``data``), or replace their contents with one.
     Carried: regular files, directories, symbolic links and hard links within the writable areas, with
