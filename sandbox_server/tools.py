@@ -74,9 +74,10 @@ TOOL_FAMILIES = ("files", "sql", "workspace")
 OPT_IN_FAMILIES = ("workspace",)
 #: The workspace: where the ``workspace`` tools write (the first writable area, the one snapshots and forks carry).
 WORKSPACE = "/scratch"
-#: Longest file text ``write_file`` / ``replace_in_file`` take in one argument, in characters (the kernel takes
-#: 128 KiB per argv item).
+#: Longest file text ``write_file`` / ``replace_in_file`` take in one argument, in characters.
 MAX_TEXT_CHARS = 65536
+#: Most UTF-8 bytes of one string argument: the kernel takes 128 KiB per argv item, its NUL included.
+MAX_ARG_BYTES = (128 << 10) - 1
 #: The database the ``sql`` tools read (an env writes it into /scratch when it creates the sandbox).
 SQL_DB_PATH = "/scratch/db.sqlite"
 #: The ``sql`` tools' runner: the sandbox's python3, isolated (``-I``), without ``site`` or bytecode (``-S -B``).
@@ -88,7 +89,8 @@ _EDITOR = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("workspa
 _PYTHON = ["python3", "-E", "-s", "-B"]
 
 __all__ = ["AREA_BYTES", "MAX_AREA_ENTRIES", "MAX_ARG_CHARS", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS", "MAX_WRITE_FILES",
-           "MAX_TEXT_CHARS", "OPT_IN_FAMILIES", "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES", "STAT_FORMAT",
+           "MAX_ARG_BYTES", "MAX_TEXT_CHARS", "OPT_IN_FAMILIES", "PAGE_BYTES", "READABLE_ROOTS", "SESSION_ENV_NAMES",
+           "STAT_FORMAT",
            "TOOLS", "WORKSPACE", "WRITABLE_AREAS", "Param", "PreparedCall", "SQL_DB_PATH", "TOOL_FAMILIES", "Tool",
            "ToolRefused", "ToolResult", "ToolSpec", "check_path", "check_workspace_path", "clamp_timeout",
            "tool_specs", "validate_call", "validate_session_env"]
@@ -415,6 +417,13 @@ def _check_value(tool: Tool, p: Param, value: Any) -> Any:
             raise ToolRefused(f"{where} contains a NUL byte")
         if len(value) > p.max_chars:
             raise ToolRefused(f"{where} is {len(value)} characters long; the limit is {p.max_chars}")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ToolRefused(f"{where} holds a lone surrogate: it is not text that UTF-8 can carry") from None
+        if size > MAX_ARG_BYTES:
+            raise ToolRefused(f"{where} takes {size} bytes in UTF-8; the limit is {MAX_ARG_BYTES} bytes (one "
+                              "argument of a program)")
         if p.enum and value not in p.enum:
             raise ToolRefused(f"{where} must be one of {', '.join(p.enum)}, got {value!r}")
     elif p.type == "integer":

@@ -32,9 +32,12 @@ A failed edit, a failing test run or a script error is an observation, and the e
 Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` and :class:`~envs.features.Demonstrator`
 (run the tests, read the failing module, repair it, run the tests again, submit).
 
-The hidden tests are written into the workspace only at ``submit()``, under a directory of their own, and run
-there; a package that cheats its tests (patching ``unittest``) is not defended against here, as in the field's
-code envs: the reward is what the hidden tests report.
+The hidden tests are written into the workspace only at ``submit()``, into a folder cleared first (anything the
+episode put there is removed), and run there; the reward needs unittest's summary to report every hidden test run
+and ``OK``. The package's own code still runs in the same process as the hidden tests, so a policy that edits it to
+patch ``unittest`` or to print a forged summary can earn the reward without a fix, as in the field's code envs
+(SWE-Gym and R2E-Gym score by tests run in the agent's own environment): check rewarded episodes' diffs when that
+matters.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class CodeRepairEnv(SandboxedTextEnv):
     sandbox_families = ("workspace",)
     needed_tools = ("cat", "grep", "ls", "replace_in_file", "run_tests", "write_file")
     max_observation_length = 6144
-    max_action_length = 8192
+    max_action_length = 4096  # the action format's own limit (envs.actions)
 
     def __init__(self, max_turns: int = 10, functions: int = 4, per_turn_timeout_s: float = 10.0,
                  continue_on_timeout: bool = False, backend: str | None = None, render_mode: str | None = None,
@@ -133,7 +136,7 @@ class CodeRepairEnv(SandboxedTextEnv):
         """The seven actions as JSON-schema tool definitions (:class:`envs.features.ToolSchemas`); parameter names
         are the keywords the actions accept."""
         path = {"type": "string", "description": "a path relative to the package's workspace"}
-        text = {"type": "string", "maxLength": 8192}
+        text = {"type": "string", "maxLength": 3500}
         return [
             function_tool("ls", "list a directory of the workspace", {"path": path}, []),
             function_tool("cat", "print a file", {"path": path}),
@@ -191,7 +194,7 @@ class CodeRepairEnv(SandboxedTextEnv):
             return self._submit(call)
         res = self._exec(tool, {**args, **fixed}, during=f"during {call.name}")
         self._calls.append(call.text())
-        if call.name in _EDITS and res.status == "ok" and res.exit_code == 0:
+        if call.name in _EDITS:  # any edit that ran, even one whose result was cut or failed midway
             self._tested = False
         if call.name == "run_tests" and res.status == "ok":
             self._tested = True
@@ -205,17 +208,29 @@ class CodeRepairEnv(SandboxedTextEnv):
             raise IllegalActionError("submit() is allowed once the tests have run after your last edit: call "
                                      "run_tests() first.")
         hidden = f"{WORKSPACE}/{HIDDEN_DIR}"
+        cleared = self._exec("remove", {"path": hidden}, during="while submitting")  # whatever the episode put there
+        if cleared.exit_code != 0 and "No such file" not in cleared.stderr:
+            return self._refused_submission(call, f"the hidden tests' folder could not be cleared "
+                                                  f"({cleared.stderr.strip()[-200:]})")
         for name, text in (("__init__.py", ""), ("test_hidden.py", self._task["hidden"])):
             wrote = self._exec("write_file", {"path": f"{hidden}/{name}", "text": text}, during="while submitting")
-            if wrote.status != "ok" or wrote.exit_code != 0:  # the agent put something in the way: it fails
-                return Outcome(f"{call.text()}: the hidden tests could not be written ({wrote.stderr.strip()}); "
-                               "reward 0.", terminated=True, reason="submitted", info={"correct": False})
+            if wrote.status != "ok" or wrote.exit_code != 0:  # the episode put something in the way
+                return self._refused_submission(call, f"the hidden tests could not be written "
+                                                      f"({wrote.stderr.strip()[-200:]})")
         res = self._exec("run_tests", {"path": hidden}, during="while the hidden tests ran")
-        passed = res.status == "ok" and res.exit_code == 0
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or [res.status]
+        want = self._task["hidden"].count("    def test_")
+        lines = (res.stderr or "").strip().splitlines()
+        ran = next((ln for ln in reversed(lines) if ln.startswith("Ran ")), "")
+        passed = (res.status == "ok" and res.exit_code == 0 and ran.startswith(f"Ran {want} test")
+                  and bool(lines) and lines[-1].startswith("OK"))
+        tail = lines[-1:] or [res.status]
         verdict = "the hidden tests pass: reward 1." if passed else f"the hidden tests fail ({tail[0]}): reward 0."
         return Outcome(f"{call.text()}: {verdict}", reward=1.0 if passed else 0.0, terminated=True,
                        reason="submitted", info={"correct": passed, "tool_status": res.status})
+
+    def _refused_submission(self, call: ToolCall, why: str) -> Outcome:
+        return Outcome(f"{call.text()}: {why}; reward 0.", terminated=True, reason="submitted",
+                       info={"correct": False})
 
     # ------------------------------------------------------------------ snapshots (the sandbox: the base class)
     def _task_state(self) -> dict[str, Any]:

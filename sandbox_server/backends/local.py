@@ -210,6 +210,10 @@ class LocalBackend(AgentBackend):
         size = ["--size", str(self.area_bytes)] if self._bwrap_size else []
         argv += ["--ro-bind", self.data_dir, "/data", *size, "--tmpfs", "/scratch", *size, "--tmpfs", "/tmp",
                  "--ro-bind", pyz, SANDBOX_AGENT_PATH, "--proc", "/proc", "--dev", "/dev",
+                 # the sandbox's root is the host's root user: kernel settings stay read-only, and nothing is
+                 # writable but the areas and a bounded /dev/shm (a planted /etc/ld.so.preload, a file in /opt)
+                 "--ro-bind", "/proc/sys", "/proc/sys", "--remount-ro", "/dev", *size, "--tmpfs", "/dev/shm",
+                 "--remount-ro", "/",
                  "--unshare-all", "--die-with-parent", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--chdir", "/data",
                  py, "-u", "-I", SANDBOX_AGENT_PATH, "--confine", "--isolated", *agent_args]

@@ -107,6 +107,14 @@ def test_a_wrong_repair_and_an_untested_edit_are_not_rewarded(env):
     assert (last[1], last[2], last[4]["correct"]) == (0.0, True, False) and "the hidden tests fail" in last[0]
 
 
+def test_what_the_episode_put_in_the_hidden_tests_folder_earns_nothing(env):
+    """A policy that plants a passing test (or one that exits 0 at once) where the hidden tests go gets no reward:
+    the folder is cleared at submit and the summary must count every hidden test."""
+    env.reset(seed=16)
+    steps = play(env, ["write('hidden_tests/test_a.py', 'import os\\nos._exit(0)\\n')", "run_tests()", "submit()"])
+    assert (steps[-1][1], steps[-1][4]["correct"]) == (0.0, False)
+
+
 def test_forks_carry_the_edited_workspace_and_branches_stay_apart(env):
     env.reset(seed=13)
     bug = env._task["bug"]

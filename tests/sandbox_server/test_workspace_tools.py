@@ -58,6 +58,9 @@ def test_the_family_is_listed_and_opt_in():
     for bad in ("/data/x", "/tmp/x", "../x", "/scratch", "/scratch/../data/x"):
         with pytest.raises(ToolRefused):
             validate_call("write_file", {"path": bad, "text": "x"}, cwd="/scratch", families=["workspace"])
+    for text, words in (("\U0001f600" * 40_000, "bytes in UTF-8"), ("a\ud800b", "lone surrogate")):
+        with pytest.raises(ToolRefused, match=words):  # refused before it runs, never an error of the sandbox
+            validate_call("write_file", {"path": "a", "text": text}, cwd="/scratch", families=["workspace"])
 
 
 def test_an_agent_without_a_process_bound_refuses_code_and_runs_the_rest(tmp_path):
@@ -160,6 +163,10 @@ HOSTILE = {
     "signal pid 1": ("import os\nos.kill(1, 9)\n", "Operation not permitted"),
     "signal every process": ("import os\nos.kill(-1, 9)\nprint('alive')\n", "alive"),
     "write the corpus": ("open('/data/x', 'w')\n", "Read-only file system"),
+    "change a kernel setting": ("p = '/proc/sys/vm/swappiness'\nopen(p, 'w').write(open(p).read())\n", "Error"),
+    "plant a preload library": ("import os\nos.makedirs('/etc', exist_ok=True)\nopen('/etc/ld.so.preload', 'w')\n",
+                                "Error"),
+    "write the root": ("open('/opt/x', 'w')\n", "Error"),
     "write the system": ("open('/usr/x', 'w')\n", "Error"),
     "execute from the workspace": ("import os, shutil\nshutil.copy('/usr/bin/true', '/scratch/t')\n"
                                    "os.chmod('/scratch/t', 0o755)\nos.execv('/scratch/t', ['t'])\n", "Error"),
