@@ -187,6 +187,14 @@ def test_hostile_code_is_cut_or_refused_and_harms_nothing(package, name):
     unharmed(box)
 
 
+def test_remove_takes_folders_the_episode_locked(box):
+    locked = script(box, "lock.py", "import os\nos.makedirs('/scratch/locked/a/b')\nopen('/scratch/locked/a/b/f', 'w')"
+                    ".write('x')\nos.chmod('/scratch/locked/a/b', 0)\nos.chmod('/scratch/locked/a', 0o500)\n")
+    assert locked.exit_code == 0, locked
+    gone = run(box, "remove", path="locked")
+    assert (gone.exit_code, gone.stderr) == (0, "") and run(box, "ls", path="locked").exit_code != 0
+
+
 def test_an_endless_loop_and_an_output_flood_are_cut(package):
     box = package
     loop = script(box, "loop.py", "while True:\n    pass\n", timeout_s=2.0)
