@@ -17,7 +17,8 @@ Actions (forkyard's one action format; positional or keyword arguments; paths re
 ``replace(path, old, new)``    replace the one occurrence of ``old`` in a file (refused when it occurs 0 or 2+
                                times; nothing changes then)
 ``write(path, text)``          write a whole file
-``run_tests()``                run the visible tests (``tests/``, ``python3 -m unittest``)
+``run_tests()``                run the visible tests (``tests/``, ``python3 -m unittest``; the runner's wall time
+                               is cut from the observation, so that equal states read alike)
 ``submit()``                   end the episode: the hidden tests run on the package as it is; reward 1.0 when they
                                all pass, else 0.0. Gated: refused (an invalid action) until the visible tests have
                                run after the last edit.
@@ -43,6 +44,7 @@ matters.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from envs.actions import ToolCall, bind_arguments, format_action
@@ -69,6 +71,8 @@ ACTIONS: dict[str, tuple[str, list[str], dict[str, Any]]] = {
     "submit": ("run_tests", [], {"path": f"{WORKSPACE}/{HIDDEN_DIR}"}),
 }
 _EDITS = ("replace", "write")
+#: unittest's summary line with its wall time (``Ran 6 tests in 0.001s``), which the observation drops.
+_RAN_IN = re.compile(r"^(Ran \d+ tests?) in [0-9.]+s$", re.M)
 
 
 class CodeRepairEnv(SandboxedTextEnv):
@@ -199,6 +203,8 @@ class CodeRepairEnv(SandboxedTextEnv):
         if call.name == "run_tests" and res.status == "ok":
             self._tested = True
         body = (res.stdout + res.stderr).rstrip("\n") or res.message or "(no output)"
+        if call.name == "run_tests":  # the runner's wall time would make equal states read apart (anchors, replays)
+            body = _RAN_IN.sub(r"\1", body)
         if call.name == "run_tests" and res.status == "ok":
             body += "\n" + ("[the tests pass]" if res.exit_code == 0 else "[some tests fail]")
         return self._tool_outcome(f"[turn {self._turn + 1}] {call.text()}\n", body, res)

@@ -139,16 +139,18 @@ def descendants() -> list[int]:
     return out
 
 
-def kill_descendants(rounds: int = 20) -> int:
-    """SIGKILL every descendant of the agent: what calls started and left behind, those that left their process
-    group (``setsid``) included, since the agent is their child subreaper (:func:`become_subreaper`) and every
-    orphan re-parents to it. Repeats while any is found (one may fork meanwhile), reaping as it goes. Returns
-    how many were signalled."""
-    killed = 0
-    for _ in range(rounds):
+def kill_descendants(limit_s: float = 2.0) -> int:
+    """SIGKILL every descendant of the agent and wait until none is left (reaped), at most ``limit_s`` seconds:
+    what calls started and left behind, those that left their process group (``setsid``) included, since the agent
+    is their child subreaper (:func:`become_subreaper`) and every orphan re-parents to it. Returns how many signals
+    were sent."""
+    import time
+
+    deadline, killed = time.monotonic() + limit_s, 0
+    while True:
         found = descendants()
-        if not found:
-            break
+        if not found or time.monotonic() > deadline:
+            return killed
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -156,7 +158,8 @@ def kill_descendants(rounds: int = 20) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         reap_children()
-    return killed
+        if descendants():
+            time.sleep(0.001)  # the signal is delivered; its exit and the re-parenting to the agent are not yet
 
 
 def become_subreaper() -> None:
