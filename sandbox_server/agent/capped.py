@@ -32,19 +32,29 @@ def process_limits(timeout_s: float, file_bytes: int) -> list[tuple[str, int]]:
     return static_limits(file_bytes) + [("RLIMIT_CPU", int(math.ceil(max(timeout_s, 0.0))) + 1)]
 
 
+def _clamped(limits: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """``(name, resource constant, value)`` of ``limits`` the platform has, each value lowered to this process's hard
+    limit (a process can lower its limits, never raise them)."""
+    import resource
+
+    out = []
+    for name, value in limits:
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        hard = resource.getrlimit(which)[1]
+        out.append((name, which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return out
+
+
 def limit_self(limits: list[tuple[str, int]]) -> dict[str, int]:
     """Set ``limits`` on this process (soft and hard, never above a hard limit it has); every child inherits them.
     Returns ``{name: value}`` of those set; a limit the platform lacks or refuses is left out."""
     import resource
 
     done = {}
-    for name, value in limits:
-        which = getattr(resource, name, None)
-        if which is None:
-            continue
+    for name, which, value in _clamped(limits):
         try:
-            hard = resource.getrlimit(which)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(which, (value, value))
             done[name] = value
         except (ValueError, OSError):
@@ -57,11 +67,7 @@ def _limiter(limits: list[tuple[str, int]], scope: Callable[[], None] | None = N
     limit the agent already has), then calling ``scope`` (:meth:`.confine.SignalScope.enter`) when given."""
     import resource
 
-    pairs = []
-    for name, value in limits:
-        which = getattr(resource, name)
-        hard = resource.getrlimit(which)[1]
-        pairs.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    pairs = [(which, value) for _, which, value in _clamped(limits)]
 
     def apply() -> None:
         for which, value in pairs:

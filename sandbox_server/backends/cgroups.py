@@ -123,17 +123,14 @@ class SandboxGroup:
 
     def pids(self) -> list[int]:
         """The processes in the group now."""
-        try:
-            return [int(x) for x in (self.dirs[0] / "cgroup.procs").read_text().split()] if self.dirs else []
-        except OSError:
-            return []
+        return _read_pids(self.dirs[0]) if self.dirs else []
 
     def remove(self, wait_s: float = 5.0) -> None:
         """Kill whatever is left in the group(s) and remove them (idempotent; never raises)."""
         deadline = time.monotonic() + wait_s
         for d in reversed(self.dirs):
             while True:
-                for pid in self.pids() if d is self.dirs[0] else _read_pids(d):
+                for pid in _read_pids(d):
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
