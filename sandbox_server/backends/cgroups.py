@@ -8,9 +8,13 @@ its bound, never outside. Docker sets the same two bounds on its containers (``p
 
 :func:`available` finds the hierarchy (v2 unified, or v1 ``pids`` and ``memory`` controllers) and whether this
 process may create groups there (root, or a delegated subtree). :class:`SandboxGroup` makes one group per sandbox
-(``forkyard-<server>/<sandbox id>`` under each controller), is entered by the sandbox's first process before it
+(``forkyard-<owner>/<sandbox id>`` under each controller, one parent group per backend instance:
+``<owner>`` ends in ``@<pid>-<hex>``, the owning process), is entered by the sandbox's first process before it
 runs bubblewrap (:meth:`SandboxGroup.enter`, a ``preexec_fn``: everything the sandbox starts is counted, with no
 window in which a process could escape), and is removed after its processes are killed (:meth:`SandboxGroup.remove`).
+A server that ends without closing its backend (killed, a test process exiting) leaves its groups behind:
+:func:`remove_orphan_groups`, run by the next backend's orphan clean-up, removes every parent group whose owning
+process is gone.
 Linux only; nothing here runs when :func:`available` says no (the backend then reports its sandboxes unbounded and
 the agent refuses the tools that run code).
 """
@@ -18,6 +22,7 @@ the agent refuses the tools that run code).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -72,7 +77,8 @@ class SandboxGroup:
     """One sandbox's control group(s): ``pids_max`` processes (threads included) and ``memory_bytes`` of memory.
 
     Args:
-        server: the server's name (one parent group per server: ``forkyard-<server>``).
+        owner: names the parent group, ``forkyard-<owner>`` (one per backend instance; ending in ``@<pid>-<hex>`` of
+            the owning process lets :func:`remove_orphan_groups` remove it once that process is gone).
         sandbox_id: the sandbox's id (a path-safe name).
         pids_max: most tasks at once (>= 1).
         memory_bytes: most bytes of memory (user pages and the tmpfs pages its areas hold are both charged).
@@ -81,7 +87,7 @@ class SandboxGroup:
         OSError: the groups could not be created (:func:`available` said yes, and then a write failed).
     """
 
-    def __init__(self, server: str, sandbox_id: str, pids_max: int, memory_bytes: int):
+    def __init__(self, owner: str, sandbox_id: str, pids_max: int, memory_bytes: int):
         found = hierarchy()
         if found is None:
             raise OSError(available() or "no control groups")
@@ -89,13 +95,19 @@ class SandboxGroup:
         self.dirs: list[Path] = []
         try:
             for root in roots:
-                parent = root / f"forkyard-{server}"
-                parent.mkdir(exist_ok=True)
-                if self.version == "v2":
-                    _enable_controllers(root)
-                    _enable_controllers(parent)
+                parent = root / f"forkyard-{owner}"
                 d = parent / sandbox_id
-                d.mkdir()
+                for attempt in range(3):  # an orphan clean-up may remove the (empty) parent between the two mkdirs
+                    parent.mkdir(exist_ok=True)
+                    if self.version == "v2":
+                        _enable_controllers(root)
+                        _enable_controllers(parent)
+                    try:
+                        d.mkdir()
+                        break
+                    except FileNotFoundError:
+                        if attempt == 2:
+                            raise
                 self.dirs.append(d)
                 if self.version == "v2":
                     (d / "pids.max").write_text(str(pids_max))
@@ -129,33 +141,85 @@ class SandboxGroup:
         """Kill whatever is left in the group(s) and remove them (idempotent; never raises)."""
         deadline = time.monotonic() + wait_s
         for d in reversed(self.dirs):
-            while True:
-                for pid in _read_pids(d):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.02)
+            _kill_and_remove(d, deadline)
         self.dirs = []
 
 
-def remove_server_groups(server: str) -> None:
-    """Remove the server's parent group(s) ``forkyard-<server>`` where no sandbox group is left in them (another
-    instance of the same server name may still hold some); never raises."""
+def remove_owner_groups(owner: str) -> None:
+    """Remove the parent group(s) ``forkyard-<owner>`` where no sandbox group is left in them; never raises."""
     found = hierarchy()
     for root in found[1] if found else []:
         try:
-            (root / f"forkyard-{server}").rmdir()
+            (root / f"forkyard-{owner}").rmdir()
         except OSError:
             pass
+
+
+_OWNER_PID = re.compile(r"@(\d+)-[0-9a-f]+\Z")
+
+
+def remove_orphan_groups() -> int:
+    """Remove the groups that processes now gone left behind; returns how many sandbox groups went. Never raises.
+
+    A parent group ``forkyard-...@<pid>-<hex>`` whose process ``<pid>`` no longer runs loses every sandbox group in it
+    (whatever still runs there is killed: a sandbox of a dead server) and then itself. Parents of the older naming
+    ``forkyard-<server>`` (no owner in the name) lose only their empty sandbox groups, and themselves when empty. A
+    live owner's groups are never touched (a reused pid keeps a dead owner's groups until that process ends too).
+    """
+    found = hierarchy()
+    removed = 0
+    for root in found[1] if found else []:
+        try:
+            parents = [p for p in root.iterdir() if p.name.startswith("forkyard-") and p.is_dir()]
+        except OSError:
+            continue
+        for parent in parents:
+            m = _OWNER_PID.search(parent.name)
+            if m and _pid_alive(int(m.group(1))):
+                continue
+            try:
+                children = [c for c in parent.iterdir() if c.is_dir()]
+            except OSError:
+                continue
+            for child in children:
+                if m is None and _read_pids(child):
+                    continue
+                removed += _kill_and_remove(child, time.monotonic() + 2.0)
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+    return removed
+
+
+def _kill_and_remove(d: Path, deadline: float) -> bool:
+    """Kill every process in group ``d`` and remove it, retrying until ``deadline`` (monotonic seconds); whether it
+    is gone."""
+    while True:
+        for pid in _read_pids(d):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            d.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
 
 
 def _read_pids(d: Path) -> list[int]:
@@ -183,4 +247,4 @@ def _try_write(path: Path, text: str) -> None:
         pass
 
 
-__all__ = ["CGROUP_ROOT", "SandboxGroup", "available", "hierarchy", "remove_server_groups"]
+__all__ = ["CGROUP_ROOT", "SandboxGroup", "available", "hierarchy", "remove_orphan_groups", "remove_owner_groups"]

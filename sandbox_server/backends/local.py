@@ -36,7 +36,7 @@ from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES
 from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
 from sandbox_server.errors import AgentFailed, EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
-from sandbox_server.backends.cgroups import SandboxGroup, available, remove_server_groups
+from sandbox_server.backends.cgroups import SandboxGroup, available, remove_orphan_groups, remove_owner_groups
 from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record
 from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, parse_size
 
@@ -151,6 +151,9 @@ class LocalBackend(AgentBackend):
                                            f"{INSTALL_HINT}")
         self.server_dir = Path(state_dir or default_state_root()) / _safe_name(server_name)
         self.state_dir = self.server_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        #: This instance's parent control group: ``forkyard-<server>@<pid>-<hex>`` (the instance folder's name), so
+        #: the groups of a server that ended without :meth:`close` are found and removed by the next clean-up.
+        self._group_owner = f"{_safe_name(server_name)}@{self.state_dir.name}"
         self.state_dir.mkdir(parents=True)  # parents: another process may just have removed an empty server folder
         tmp = self.state_dir / ".owner.json.tmp"
         tmp.write_text(json.dumps({**owner_record(), "server_name": server_name, "created_at": time.time()}))
@@ -236,7 +239,7 @@ class LocalBackend(AgentBackend):
         group = None
         if self.unbounded_reason is None:
             try:
-                group = SandboxGroup(_safe_name(self.server_name), sid, self.pids_limit, self.memory_bytes)
+                group = SandboxGroup(self._group_owner, sid, self.pids_limit, self.memory_bytes)
             except OSError as exc:
                 shutil.rmtree(sbdir, ignore_errors=True)
                 raise EngineUnavailable(f"could not make the control group of a local sandbox: {exc}") from None
@@ -373,6 +376,7 @@ class LocalBackend(AgentBackend):
         Looks at every instance folder ``<state root>/<any server name>/<pid>-<random>`` but this one and
         removes it when its ``owner.json`` names a process that is gone (pid not running, or reused by a
         process with another start time). Folders of owners on another machine or PID namespace are kept.
+        Control groups whose owning process is gone go too (:func:`~sandbox_server.backends.cgroups.remove_orphan_groups`).
         Sandbox folders of the old flat layout (``<server_name>/l-*``) are removed when no process has its
         working directory in them. Server-name folders left empty are removed too.
         """
@@ -407,6 +411,8 @@ class LocalBackend(AgentBackend):
                     sdir.rmdir()  # only when empty
                 except OSError:
                     pass
+        if self.unbounded_reason is None:
+            remove_orphan_groups()  # control groups of dead owners (their sandboxes' folders may be elsewhere)
         return n
 
     def close(self) -> None:
@@ -416,7 +422,7 @@ class LocalBackend(AgentBackend):
         self._spawner.shutdown(wait=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.unbounded_reason is None:
-            remove_server_groups(_safe_name(self.server_name))
+            remove_owner_groups(self._group_owner)
         try:
             self.server_dir.rmdir()  # only when no other instance of this server name is left
         except OSError:

@@ -30,6 +30,7 @@ import pytest
 from sandbox_server.agent import writes as agent_mod  # the module whose os.open a write uses
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Agent
 from sandbox_server.backends import LocalBackend, machine_id, owner_record
+from sandbox_server.backends.cgroups import hierarchy
 from sandbox_server.errors import LimitExceeded, ServiceUnavailable, SnapshotUnsupported
 from tests.docker_support import (
     ROOT, SERVER_NAME, delete_quietly, host_sh, require_bwrap, require_docker, unisolated,
@@ -105,10 +106,16 @@ def test_s22_two_processes_and_a_killed_one(fixture_data, tmp_path, local_kind):
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "from the other process\n"  # A's sandbox still works after B's clean-up
+        found = None if local_kind else hierarchy()  # the holder's sandbox has control groups (root, bwrap)
+        groups = [root / f"forkyard-{name}@{sbdir.parent.name}" for root in (found[1] if found else [])]
+        assert groups or local_kind or os.geteuid() != 0
+        assert all((g / sbdir.name).is_dir() for g in groups)  # B's clean-up left the live holder's groups
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         assert sbdir.parent.exists()  # a killed process cannot clean up after itself...
+        assert all(g.is_dir() for g in groups)
         assert b.cleanup_orphans() == 1 and not sbdir.parent.exists()  # ...the next one removes its folder
+        assert not any(g.exists() for g in groups)  # ...and its control groups
     finally:
         if proc.poll() is None:
             proc.kill()
