@@ -341,7 +341,7 @@ class SandboxService:
         except ToolRefused:
             self.metrics.rejected.inc()
             raise
-        res = self._run(s, call.argv, call.path_args, t, call.runs_code)
+        res = self._run(s, call.argv, call.path_args, t, call.runs_code, call.code)
         if res.status == "refused":  # the agent's on-filesystem check (symlink escape): nothing ran
             self.metrics.rejected.inc()
             raise ToolRefused(res.message)
@@ -358,7 +358,7 @@ class SandboxService:
         return self._run(s, list(argv), list(path_args or []), t)
 
     def _run(self, s: _Session, argv: builtins.list[str], path_args: builtins.list[int],
-             timeout_s: float, bounded_only: bool = False) -> ToolResult:
+             timeout_s: float, bounded_only: bool = False, code: str | None = None) -> ToolResult:
         t0 = time.perf_counter()
         with s.lock:
             self._live(s)
@@ -366,7 +366,7 @@ class SandboxService:
             try:
                 res = self.backend.exec(s.sid, argv, cwd=s.state.cwd, env=s.state.env, timeout_s=timeout_s,
                                         cap_bytes=self.config.output_cap_bytes, path_args=path_args,
-                                        bounded_only=bounded_only)
+                                        bounded_only=bounded_only, code=code)
             except (AgentTimeout, AgentFailed) as exc:
                 # the agent answered: an error, not a failure
                 if isinstance(exc, AgentFailed) and self.backend.alive(s.sid):
@@ -429,14 +429,17 @@ class SandboxService:
             ServiceUnavailable: ``cancel`` was set first (nothing is stored).
         """
         s = self._session(sandbox_id)
+        # a sandbox with the interpreter family keeps a stopped copy of its live interpreter with the snapshot: a
+        # rollback of that sandbox to it resumes the copy (the variables as they were), forks start a new one
+        mark = "m-" + uuid.uuid4().hex[:16] if "interpreter" in s.state.families else None
         with s.lock:
             self._live(s)
-            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
+            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid, mark=mark), SnapshotUnsupported)
             s.restore_point = data
             state = s.state.model_copy(deep=True)
         if not claim(cancel):
             raise ServiceUnavailable("the request was abandoned before its snapshot was stored", retry_after_s=1.0)
-        snap = self.snapshots.put(s.id, data, state, ttl_s or self.config.snapshot_ttl_s)
+        snap = self.snapshots.put(s.id, data, state, ttl_s or self.config.snapshot_ttl_s, mark=mark)
         self._gauges()
         return snap.info()
 
@@ -510,7 +513,10 @@ class SandboxService:
         """Put a sandbox back, in place, to a stored snapshot: its writable areas replaced by the snapshot's (the
         agent's ``unpack``), its state (cwd, env, metadata, families) set to the snapshot's, the snapshot its new
         restore point. The sandbox keeps its id; any snapshot of this server will do (one of another sandbox too).
-        Nothing a call started survives the call, so the areas are all there is to put back.
+        Nothing a call started survives the call, so the areas are all there is to put back, but for the live
+        interpreter of a sandbox with the ``interpreter`` family: rolled back to one of its own snapshots, the
+        stopped copy of the interpreter kept with that snapshot takes the live one's place (its variables as they
+        were then); otherwise the live interpreter ends and the next cell starts a new one.
 
         Raises:
             SandboxNotFound: unknown sandbox or snapshot (HTTP 404).
@@ -521,7 +527,8 @@ class SandboxService:
         s = self._session(sandbox_id)
         with s.lock:
             self._live(s)
-            self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
+            resume = snap.mark if snap.source == s.id else None  # its own snapshot: the interpreter copy it kept
+            self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data, resume=resume))
             s.state = snap.state.model_copy(deep=True)
             s.restore_point = snap.data
             s.touch()

@@ -28,6 +28,9 @@ class StoredSnapshot:
     created_at: float
     expires_at: float
     deadline: float
+    #: The name under which the source sandbox keeps a stopped copy of its live interpreter taken with this
+    #: snapshot (a rollback of that sandbox resumes it), or None.
+    mark: str | None = None
 
     def info(self) -> SnapshotInfo:
         """Its :class:`SnapshotInfo` (the state copied)."""
@@ -51,7 +54,8 @@ class SnapshotStore:
     def __len__(self) -> int:
         return len(self._snapshots)
 
-    def put(self, source: str, data: bytes, state: SessionState, ttl_s: float) -> StoredSnapshot:
+    def put(self, source: str, data: bytes, state: SessionState, ttl_s: float,
+            mark: str | None = None) -> StoredSnapshot:
         """Store a snapshot of sandbox ``source`` for ``ttl_s`` seconds.
 
         Raises:
@@ -59,7 +63,7 @@ class SnapshotStore:
         """
         wall, now = time.time(), time.monotonic()
         snap = StoredSnapshot(id="snap-" + uuid.uuid4().hex[:16], source=source, data=data, state=state,
-                              created_at=wall, expires_at=wall + ttl_s, deadline=now + ttl_s)
+                              created_at=wall, expires_at=wall + ttl_s, deadline=now + ttl_s, mark=mark)
         with self._mu:
             held = sum(len(v.data) for v in self._snapshots.values() if v.deadline > now)
             if held + len(data) > self.max_bytes:

@@ -69,9 +69,9 @@ WRITABLE_AREAS = ("/scratch", "/tmp")
 STAT_FORMAT = "  File: %N\n  Type: %F\n  Size: %s\n  Mode: %04a (%A)\nModify: %y\n"
 #: The tool families: ``files`` (coreutils over /data and /scratch), ``sql`` (read-only SQLite queries) and
 #: ``workspace`` (edits of /scratch and code run there).
-TOOL_FAMILIES = ("files", "sql", "workspace")
+TOOL_FAMILIES = ("files", "sql", "workspace", "interpreter")
 #: Families a sandbox has only when created with them (``create(families=[...])``): the others are always there.
-OPT_IN_FAMILIES = ("workspace",)
+OPT_IN_FAMILIES = ("workspace", "interpreter")
 #: The workspace: where the ``workspace`` tools write (the first writable area, the one snapshots and forks carry).
 WORKSPACE = "/scratch"
 #: Longest file text ``write_file`` / ``replace_in_file`` take in one argument, in characters.
@@ -84,6 +84,9 @@ SQL_DB_PATH = "/scratch/db.sqlite"
 _SQL_RUNNER = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("sql_runner.py")).read_text("utf-8")]
 #: The ``workspace`` editor: the same, on :mod:`sandbox_server.workspace_runner`.
 _EDITOR = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("workspace_runner.py")).read_text("utf-8")]
+#: The ``interpreter`` family's live session: the sandbox's python3 on :mod:`sandbox_server.interpreter_runner`.
+_SESSION = ["python3", "-E", "-s", "-B", "-c",
+            (Path(__file__).with_name("interpreter_runner.py")).read_text("utf-8")]
 #: How ``run_python`` / ``run_tests`` start the interpreter: no ``PYTHON*`` variables, no user site, no bytecode
 #: written (the working directory stays importable, as a test suite needs).
 _PYTHON = ["python3", "-E", "-s", "-B"]
@@ -153,6 +156,8 @@ class Tool:
     family: str = "files"
     #: Runs code the caller chose (a script, a test suite): only in a sandbox whose process count is bounded.
     runs_code: bool = False
+    #: Runs its ``code`` argument as a cell of the sandbox's live interpreter (``argv`` starts one when none runs).
+    cell: bool = False
 
     @property
     def param_names(self) -> list[str]:
@@ -201,6 +206,8 @@ class PreparedCall:
     argv: list[str]
     path_args: list[int]
     runs_code: bool = False
+    #: The cell of an ``interpreter`` tool (``argv`` then starts the session when the sandbox has none), or None.
+    code: str | None = None
 
 
 def _path_arg(value: str) -> str:
@@ -369,6 +376,11 @@ TOOLS: dict[str, Tool] = {
              (Param("path", "string", "the directory the tests are found under", default=".", is_path=True),
               Param("pattern", "string", "file name glob of the test modules", default="test*.py")),
              _run_tests, family="workspace", runs_code=True),
+        Tool("run_cell", "run Python code in the sandbox's live interpreter: variables persist from cell to cell; "
+             "the value of a last expression is printed (working directory /scratch; no network; memory, time and "
+             "output bounded)",
+             (Param("code", "string", "the cell's Python source", required=True, max_chars=MAX_TEXT_CHARS),),
+             lambda a: (list(_SESSION), []), family="interpreter", runs_code=True, cell=True),
     ]
 }
 
@@ -473,7 +485,8 @@ def validate_call(name: Any, args: Any, cwd: str = "/data", registry: dict[str, 
         raise ToolRefused(f"{name}() is a {tool.family} tool, and this sandbox was created without the "
                           f"{tool.family} family (create it with families=[{tool.family!r}])")
     argv, path_args = tool.build(bound)
-    return PreparedCall(tool=name, argv=argv, path_args=path_args, runs_code=tool.runs_code)
+    return PreparedCall(tool=name, argv=argv, path_args=path_args, runs_code=tool.runs_code,
+                        code=bound["code"] if tool.cell else None)
 
 
 def validate_session_env(env: Any) -> dict[str, str]:

@@ -4,6 +4,7 @@ Standard library only, one module per concern: :mod:`.protocol` (limits, the ses
 allow-list, answers, host paths back to sandbox paths), :mod:`.confine` (noexec remounts, capabilities,
 Landlock), :mod:`.state` (the agent's paths and limits), :mod:`.core` (``exec``, ``ps``, dispatch),
 :mod:`.snapshot` (``pack`` / ``unpack``), :mod:`.writes` (``write``), :mod:`.recycle` (``recycle``),
+:mod:`.interp` (``cell``: the live interpreter),
 :mod:`.proc` and :mod:`.fs` (process table, IPC, directory helpers), :mod:`.capped` (capped execution) and
 :mod:`.cli` (arguments, set-up, the request loop). The server imports the limits and :class:`Agent` from
 here. Every module imports only the standard library and this package (relative imports), because the
@@ -42,7 +43,13 @@ Operations (``op``):
     Carried: regular files, directories, symbolic links and hard links within the writable areas, with
     their permission bits (setuid/setgid dropped) and modification times to the nanosecond. Anything else
     (FIFOs, sockets, devices) makes ``pack`` refuse (``error_kind: "unsupported"``) naming the path:
-    nothing is ever dropped silently.
+    nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a stopped ``os.fork`` copy of the live
+    interpreter under that name; ``unpack`` ends the live interpreter, or with ``resume`` puts that copy in its
+    place (``resumed``: whether it did).
+``cell``
+    ``code`` run in the sandbox's live Python interpreter (:mod:`.interp`; ``argv`` starts one when none runs):
+    variables persist between cells; answered like ``exec``, plus ``session`` (``kept``, ``started``, ``ended``).
+    Refused unless ``--bounded``.
 ``write``
     ``files``: {relative path: base64 bytes} written under the first writable area (``/scratch``); at
     most :data:`MAX_WRITE_FILES` files per write, and the area's limits hold (below). A write that

@@ -97,7 +97,8 @@ class _Stream:
 
 def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes: int,
                rewriter: Callable[[], PathRewriter] | None = None,
-               limits: list[tuple[str, int]] | None = None, scope: Callable[[], None] | None = None) -> dict:
+               limits: list[tuple[str, int]] | None = None, scope: Callable[[], None] | None = None,
+               spare: frozenset[int] | set[int] = frozenset()) -> dict:
     """Run ``argv`` in a new session with empty stdin; read stdout/stderr while it runs.
 
     Stops the call's whole process group at ``cap_bytes`` of stdout or at ``timeout_s`` seconds. The call
@@ -107,7 +108,8 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
     ``rewriter``: a factory of :class:`PathRewriter` (or None) applied to both streams before the caps, and
     to the message. ``limits``: resource limits of the call's processes
     (:func:`process_limits`), or None; ``scope``: a step every call's first process takes before it runs
-    (:meth:`.confine.SignalScope.enter`), or None. Returns the answer dict of the ``exec`` op.
+    (:meth:`.confine.SignalScope.enter`), or None; ``spare``: descendants the clean-up leaves (the live interpreter
+    and its marks). Returns the answer dict of the ``exec`` op.
     """
     t0 = time.monotonic()
     deadline = t0 + max(0.0, timeout_s)
@@ -188,7 +190,7 @@ def run_capped(argv: list[str], cwd: str, env: dict, timeout_s: float, cap_bytes
     proc.stdout.close()
     proc.stderr.close()
     _wait_group_gone(pgid)
-    kill_descendants()  # and what left the group (setsid, a double fork): it re-parented to the agent
+    kill_descendants(spare=spare)  # and what left the group (setsid, a double fork): it re-parented to the agent
     status = "timeout" if timed_out else "ok"
     out_b = bytes(out.buf[:cap_bytes])
     err_trunc = len(err.buf) > err_cap

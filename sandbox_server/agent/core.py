@@ -9,12 +9,13 @@ import os
 
 from .capped import process_limits, run_capped
 from .protocol import PAGE_BYTES, PROC_MEMORY_BYTES, PROC_OPEN_FILES, Fail, PathRewriter, env_problems, refused, within
+from .interp import InterpreterOps
 from .recycle import RecycleOps
 from .snapshot import SnapshotOps
 from .writes import WriteOps
 
 
-class Agent(SnapshotOps, WriteOps, RecycleOps):
+class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
     """One agent process: the root mapping, the writable areas and their limits, and the operations of the
     protocol (the package docstring), each an ``op_<name>(request) -> answer`` method.
 
@@ -59,9 +60,36 @@ class Agent(SnapshotOps, WriteOps, RecycleOps):
         env.update(req.get("env") or {})
         rewriter = (lambda: PathRewriter(self._pairs)) if self._pairs else None  # one per stream
         if not req.get("bounded_only"):  # a fixed program of the whitelist: the agent's own limits, inherited
-            return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter)
+            return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter, spare=self.spared())
         return run_capped(argv, self.host(cwd), env, timeout, cap, rewriter, process_limits(timeout, self.area_bytes),
-                          self.signal_scope.enter if self.signal_scope is not None else None)
+                          self.signal_scope.enter if self.signal_scope is not None else None, spare=self.spared())
+
+    def op_pack(self, req: dict) -> dict:
+        """``pack`` (:mod:`.snapshot`); with ``mark``, first a stopped copy of the live interpreter kept under that
+        name (:meth:`op_mark`)."""
+        if req.get("mark"):
+            self.op_mark({"name": req["mark"]})
+        return SnapshotOps.op_pack(self, req)
+
+    def op_unpack(self, req: dict) -> dict:
+        """``unpack`` (:mod:`.snapshot`), then the live interpreter ends, or the copy named ``resume`` takes its place
+        (:meth:`op_resume`); ``resumed`` says which."""
+        try:
+            ans = SnapshotOps.op_unpack(self, req)
+        except BaseException:
+            self.end_interpreter()
+            raise
+        if req.get("resume"):
+            ans["resumed"] = self.op_resume({"name": str(req["resume"])})["resumed"]
+        else:
+            self.end_interpreter()
+            ans["resumed"] = False
+        return ans
+
+    def op_recycle(self, req: dict) -> dict:
+        """``recycle`` (:mod:`.recycle`), the interpreter and its copies ended first."""
+        self.end_interpreter()
+        return RecycleOps.op_recycle(self, req)
 
     def op_ps(self, req: dict) -> dict:
         """``{"procs": [command line, ...]}`` of every process the agent sees."""

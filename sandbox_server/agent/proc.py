@@ -122,25 +122,26 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
-def descendants() -> list[int]:
-    """Every descendant of the agent: walked down the ``children`` files from the agent (a few reads when it has
-    none, whatever else runs on the machine), or found by a scan of the whole process table where the kernel has no
-    ``children`` files."""
+def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """Every descendant of the agent but the pids in ``spare`` (their own descendants are listed): walked down the
+    ``children`` files from the agent (a few reads when it has none, whatever else runs on the machine), or found by
+    a scan of the whole process table where the kernel has no ``children`` files."""
     me = os.getpid()
     first = _children(me)
     if first is None:
         table = proc_table()
-        return [pid for pid in table if pid != me and me in lineage(pid, table)]
+        return [pid for pid in table if pid != me and pid not in spare and me in lineage(pid, table)]
     out, stack = [], list(first)
     while stack:
         pid = stack.pop()
-        out.append(pid)
+        if pid not in spare:
+            out.append(pid)
         stack += _children(pid) or []
     return out
 
 
-def kill_descendants(limit_s: float = 2.0) -> int:
-    """SIGKILL every descendant of the agent and wait until none is left (reaped), at most ``limit_s`` seconds:
+def kill_descendants(limit_s: float = 2.0, spare: frozenset[int] | set[int] = frozenset()) -> int:
+    """SIGKILL every descendant of the agent but ``spare`` (the live interpreter and its marks) and wait until none is left (reaped), at most ``limit_s`` seconds:
     what calls started and left behind, those that left their process group (``setsid``) included, since the agent
     is their child subreaper (:func:`become_subreaper`) and every orphan re-parents to it. Returns how many signals
     were sent."""
@@ -148,7 +149,7 @@ def kill_descendants(limit_s: float = 2.0) -> int:
 
     deadline, killed = time.monotonic() + limit_s, 0
     while True:
-        found = descendants()
+        found = descendants(spare)
         if not found or time.monotonic() > deadline:
             return killed
         for pid in found:
@@ -158,7 +159,7 @@ def kill_descendants(limit_s: float = 2.0) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         reap_children()
-        if descendants():
+        if descendants(spare):
             time.sleep(0.001)  # the signal is delivered; its exit and the re-parenting to the agent are not yet
 
 

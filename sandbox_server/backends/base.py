@@ -60,16 +60,19 @@ class Backend(Protocol):
 
     def exec(self, sid: str, argv: list[str], *, cwd: str = "/data", env: dict[str, str] | None = None,
              timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None,
-             bounded_only: bool = False) -> ToolResult:
+             bounded_only: bool = False, code: str | None = None) -> ToolResult:
         """Run an already-validated argv in the sandbox; ``bounded_only``: refused (``status="refused"``) unless the
-        sandbox bounds its process count (code the caller chose). Raises AgentTimeout / AgentFailed /
+        sandbox bounds its process count (code the caller chose); ``code``: run it as a cell of the sandbox's live
+        interpreter instead (``argv`` starts one when none runs). Raises AgentTimeout / AgentFailed /
         SandboxNotFound."""
 
-    def snapshot(self, sid: str) -> bytes:
-        """A tar (bytes) of the sandbox's writable areas (/scratch, /tmp)."""
+    def snapshot(self, sid: str, mark: str | None = None) -> bytes:
+        """A tar (bytes) of the sandbox's writable areas (/scratch, /tmp); ``mark``: also keep a stopped copy of its
+        live interpreter under that name."""
 
-    def restore(self, sid: str, data: bytes) -> None:
-        """Replace the writable areas' contents with a tar made by :meth:`snapshot`."""
+    def restore(self, sid: str, data: bytes, resume: str | None = None) -> bool:
+        """Replace the writable areas' contents with a tar made by :meth:`snapshot`; the live interpreter ends, or the
+        copy named ``resume`` takes its place (returns whether one did)."""
 
     def write_files(self, sid: str, files: dict[str, bytes]) -> None:
         """Write ``{relative path: bytes}`` under the sandbox's /scratch (the server's per-episode files).
@@ -231,37 +234,48 @@ class AgentBackend:
 
     def exec(self, sid: str, argv: list[str], *, cwd: str = "/data", env: dict[str, str] | None = None,
              timeout_s: float = 10.0, cap_bytes: int = 65536, path_args: list[int] | None = None,
-             bounded_only: bool = False) -> ToolResult:
-        """Run ``argv`` (already validated) in sandbox ``sid``; see :class:`Backend`.
+             bounded_only: bool = False, code: str | None = None) -> ToolResult:
+        """Run ``argv`` (already validated) in sandbox ``sid``, or ``code`` in its live interpreter; see
+        :class:`Backend`.
 
         The agent enforces ``timeout_s``; this method waits ``timeout_s + AGENT_GRACE_S`` at most.
         Raises AgentTimeout if the agent does not answer by then, AgentFailed if it died.
         """
-        ans = self._call(sid, {"op": "exec", "argv": argv, "cwd": cwd, "env": env or {}, "timeout_s": timeout_s,
-                               "cap_bytes": cap_bytes, "path_args": path_args or [], "bounded_only": bounded_only},
-                         timeout_s + AGENT_GRACE_S)
+        if code is not None:
+            req: dict[str, Any] = {"op": "cell", "argv": argv, "code": code, "env": env or {}, "timeout_s": timeout_s,
+                                   "cap_bytes": cap_bytes}
+        else:
+            req = {"op": "exec", "argv": argv, "cwd": cwd, "env": env or {}, "timeout_s": timeout_s,
+                   "cap_bytes": cap_bytes, "path_args": path_args or [], "bounded_only": bounded_only}
+        ans = self._call(sid, req, timeout_s + AGENT_GRACE_S)
         ans.pop("id", None)
         return ToolResult(**ans)
 
-    def snapshot(self, sid: str) -> bytes:
+    def snapshot(self, sid: str, mark: str | None = None) -> bytes:
         """PAX tar bytes of the writable areas: files, directories, symbolic links and hard links with their
         modes and modification times (ns).
 
         Raises:
             SnapshotUnsupported: a FIFO, socket or device is in /scratch or /tmp (the message names it).
             AgentTimeout / AgentFailed.
-        """
-        return base64.b64decode(self._call(sid, {"op": "pack"})["data"])
 
-    def restore(self, sid: str, data: bytes) -> None:
-        """Replace the writable areas with the tar ``data`` (made by :meth:`snapshot`).
+        ``mark``: also keep a stopped copy of the sandbox's live interpreter under that name (``os.fork`` in the
+        sandbox), which :meth:`restore` with ``resume`` puts back.
+        """
+        return base64.b64decode(self._call(sid, {"op": "pack", "mark": mark})["data"])
+
+    def restore(self, sid: str, data: bytes, resume: str | None = None) -> bool:
+        """Replace the writable areas with the tar ``data`` (made by :meth:`snapshot`). The sandbox's live interpreter
+        ends, unless ``resume`` names a copy it kept (``snapshot(mark=...)``): that copy then takes its place.
+        Returns whether one did.
 
         Raises:
             LimitExceeded: it would pass an area's limits (nothing changed).
             ToolRefused: a member outside the writable areas, or written through a symbolic link.
             AgentTimeout / AgentFailed.
         """
-        self._call(sid, {"op": "unpack", "data": base64.b64encode(data).decode("ascii")})
+        ans = self._call(sid, {"op": "unpack", "data": base64.b64encode(data).decode("ascii"), "resume": resume})
+        return bool(ans.get("resumed"))
 
     def write_files(self, sid: str, files: dict[str, bytes]) -> None:
         """Write ``{relpath: bytes}`` under /scratch (mode 0644), all or nothing.

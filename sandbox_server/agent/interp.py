@@ -1,0 +1,329 @@
+"""The ``cell`` operation (:class:`InterpreterOps`): one live Python session per sandbox, kept between calls.
+
+The session is :mod:`sandbox_server.interpreter_runner` run by the sandbox's ``python3`` (the server sends its argv
+with each request; the agent starts it at the first cell, and again after it ended). It runs in its own session and
+process group with the workspace as its directory, the agent's limits (inherited) and its own Landlock signal scope,
+and only where the sandbox's process count is bounded (``--bounded``), like every call that runs code. What a cell
+starts (subprocesses, daemons) is killed when the cell ends; the session process and its stopped copies
+(``marks``) are spared. A cell past its deadline is interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the
+session kept) and, when it does not stop within :data:`INTERRUPT_GRACE_S`, the session is killed (its variables are
+gone; the answer says so). Output is captured like ``exec``'s: at most ``cap_bytes`` of stdout (the cell is
+interrupted at the cap), 16 KiB of stderr. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+
+from .proc import kill_descendants, reap_children
+from .protocol import MARKER, decode, refused, utf8_cut
+from .state import AgentState
+
+#: Seconds a cell has, after its SIGINT, to stop before its session is killed.
+INTERRUPT_GRACE_S = 1.0
+#: Most stopped copies (marks) of a session kept; the oldest goes first.
+MAX_MARKS = 8
+
+
+class _Session:
+    """A running interpreter: its process, the request / answer pipes (agent's ends) and its output pipes."""
+
+    def __init__(self, proc: subprocess.Popen, req_w: int, ans_r: int):
+        self.proc = proc
+        self.pid = proc.pid  # the live session's pid (a resumed mark's, after a rollback)
+        self.req_w = req_w
+        self.ans_r = ans_r
+        self.answer = bytearray()
+        self.cells = 0
+        self.n = 0  # number of the last request sent; an answer with another is stale (dropped)
+
+    def send(self, req: dict) -> bool:
+        """Send one numbered request; False when the session cannot take it (it ended)."""
+        self.n += 1
+        try:
+            os.write(self.req_w, json.dumps({**req, "n": self.n}).encode("utf-8", "surrogatepass") + b"\n")
+            return True
+        except OSError:
+            return False
+
+    def take_answer(self) -> dict | None | bool:
+        """The answer to the last request if a whole line of it arrived (stale ones dropped); None when none yet;
+        False when the channel carried something that is not an answer."""
+        while b"\n" in self.answer:
+            line, _, rest = bytes(self.answer).partition(b"\n")
+            self.answer = bytearray(rest)
+            try:
+                ans = json.loads(line)
+            except ValueError:
+                return False
+            if isinstance(ans, dict) and ans.get("n") == self.n:
+                return ans
+        return None
+
+    def close(self) -> None:
+        for fd in (self.req_w, self.ans_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+class InterpreterOps(AgentState):
+    """``cell``: run code in the sandbox's live interpreter (see the module docstring); ``mark`` / ``resume``: a
+    stopped ``os.fork`` copy of the session, and putting it back in place of the live one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._interp: _Session | None = None
+        #: The stopped copies kept: {name: pid}, oldest first.
+        self._marks: dict[str, int] = {}
+
+    def spared(self) -> set[int]:
+        """Pids a call's clean-up must not kill: the live session and its marks."""
+        if self._interp is None:
+            return set()
+        return {self._interp.pid, *self._marks.values()}
+
+    def end_interpreter(self) -> None:
+        """Kill the session and its marks (recycling, an unpack that puts other areas in place)."""
+        s, self._interp = self._interp, None
+        for pid in ([s.pid] if s else []) + list(self._marks.values()):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self._marks = {}
+        if s is not None:
+            s.close()
+            try:
+                s.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        reap_children()
+
+    def _start(self, argv: list[str], env: dict) -> _Session:
+        req_r, req_w = os.pipe()
+        ans_r, ans_w = os.pipe()
+        scope = self.signal_scope.enter if self.signal_scope is not None else None
+        try:  # the runner's last two arguments: the request and answer channels' descriptors
+            proc = subprocess.Popen([*argv, str(req_r), str(ans_w)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, cwd=self.host(self.writable[0]), env=env,
+                                    start_new_session=True, pass_fds=(req_r, ans_w), preexec_fn=scope)
+        finally:
+            os.close(req_r)
+            os.close(ans_w)
+        for f in (proc.stdout, proc.stderr):
+            os.set_blocking(f.fileno(), False)
+        os.set_blocking(ans_r, False)
+        return _Session(proc, req_w, ans_r)
+
+    def op_cell(self, req: dict) -> dict:
+        """Run ``code`` in the live session (starting ``argv`` when there is none); answer like ``exec`` plus
+        ``session`` (``kept``, ``started``: a new session ran this cell, ``ended``: the cell ended the session)."""
+        t0 = time.monotonic()
+        if not self.bounded:
+            return refused("this sandbox does not bound its process count; the interpreter is off here")
+        argv, code = req.get("argv"), req.get("code")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+            return refused("argv must be a non-empty list of strings")
+        if not isinstance(code, str):
+            return refused("code must be a string")
+        timeout = float(req.get("timeout_s", 10.0))
+        cap = int(req.get("cap_bytes", 65536))
+        started = False
+        if self._interp is not None and self._interp.proc.poll() is not None and self._interp.pid == self._interp.proc.pid:
+            self.end_interpreter()
+        if self._interp is None:
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+                   "HOME": self.writable[0] if self.writable else "/tmp"}
+            env.update(req.get("env") or {})
+            try:
+                self._interp = self._start(argv, env)
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                return {"stdout": "", "stderr": "", "exit_code": None, "status": "error", "truncated": False,
+                        "duration_s": time.monotonic() - t0, "message": f"could not start the interpreter: {exc}"}
+            started = True
+        s = self._interp
+        answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap)
+        ended = answer is None
+        if ended:
+            self.end_interpreter()
+        else:
+            s.cells += 1
+        kill_descendants(spare=self.spared())  # what the cell started, never the session or its marks
+        err_cap = min(cap, 16384)
+        stdout = decode(utf8_cut(bytes(out[:cap])) if truncated else bytes(out[:cap]))
+        if truncated:
+            stdout += MARKER.format(cap=cap)
+        stderr = decode(utf8_cut(bytes(err[:err_cap])) if len(err) > err_cap else bytes(err))
+        if timed_out:
+            msg = (f"the cell ran past its {timeout:g} s timeout and was interrupted"
+                   + ("; it did not stop, so the interpreter was ended (its variables are gone)" if ended else ""))
+        elif truncated:
+            msg = f"the output passed the {cap}-byte cap; the cell was interrupted"
+        elif ended:
+            msg = "the cell ended the interpreter (its variables are gone; the next cell starts a new one)"
+        else:
+            msg = ""
+        if started:  # a policy that relies on earlier variables learns they are gone (a fork, a crash, a rollback)
+            msg = "; ".join(x for x in ("a new interpreter started for this cell (no variables from before)", msg) if x)
+        ok = answer.get("ok") if answer else None
+        return {"stdout": stdout, "stderr": stderr, "exit_code": None if ended or timed_out else (0 if ok else 1),
+                "status": "timeout" if timed_out else "ok", "truncated": truncated,
+                "duration_s": time.monotonic() - t0, "message": msg,
+                "session": "ended" if ended else ("started" if started else "kept")}
+
+    def _run(self, s: _Session, code: str, deadline: float, cap: int):
+        """Send one cell and read until its answer; ``(answer dict or None if the session ended, stdout bytes,
+        stderr bytes, truncated, timed_out)``."""
+        out, err = bytearray(), bytearray()
+        truncated = timed_out = False
+        if not s.send({"code": code}):
+            return None, out, err, False, False
+        sel = selectors.DefaultSelector()
+        sel.register(s.proc.stdout, selectors.EVENT_READ, out)
+        sel.register(s.proc.stderr, selectors.EVENT_READ, err)
+        sel.register(s.ans_r, selectors.EVENT_READ, None)
+        interrupted_at = None
+        answer = None
+        try:
+            while answer is None:
+                now = time.monotonic()
+                if interrupted_at is None and (now >= deadline or truncated):
+                    timed_out = not truncated
+                    interrupted_at = now
+                    try:
+                        os.kill(s.pid, signal.SIGINT)
+                    except OSError:
+                        pass
+                elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
+                    break
+                limit = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE_S) - now
+                events = sel.select(max(0.0, min(limit, 0.5)))
+                for key, _ in events:
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        if key.data is None:  # the answer channel closed: the session ended
+                            return None, out, err, truncated, timed_out
+                        continue
+                    if key.data is None:
+                        s.answer += chunk
+                        got = s.take_answer()
+                        if got is False:
+                            return None, out, err, truncated, timed_out
+                        answer = got
+                    elif len(key.data) <= cap + 16384:
+                        key.data.extend(chunk)
+                        if key.data is out and len(out) > cap:
+                            truncated = True
+                if s.proc.poll() is not None and s.pid == s.proc.pid and not events:
+                    return None, out, err, truncated, timed_out
+            for f, buf in ((s.proc.stdout, out), (s.proc.stderr, err)):  # written before the answer: in the pipe
+                try:
+                    while len(buf) <= cap + 16384:
+                        chunk = os.read(f.fileno(), 65536)
+                        if not chunk:
+                            break
+                        buf += chunk
+                except BlockingIOError:
+                    pass
+        finally:
+            sel.close()
+        if len(out) > cap:
+            truncated = True
+        return answer, out, err, truncated, timed_out
+
+    def op_mark(self, req: dict) -> dict:
+        """Keep a stopped ``os.fork`` copy of the live session under ``name`` (at most :data:`MAX_MARKS`, the oldest
+        dropped); ``{"marked": bool}`` (False: no live session, nothing to keep)."""
+        name = str(req.get("name", ""))
+        s = self._interp
+        if s is None or not name:
+            return {"marked": False}
+        answer = self._request(s, {"op": "fork"})
+        if not answer or not isinstance(answer.get("pid"), int):
+            self.end_interpreter()
+            return {"marked": False}
+        old = self._marks.pop(name, None)
+        if old is not None:
+            _kill_group(old)
+        self._marks[name] = answer["pid"]
+        while len(self._marks) > MAX_MARKS:
+            _kill_group(self._marks.pop(next(iter(self._marks))))
+        return {"marked": True}
+
+    def _request(self, s: _Session, req: dict) -> dict | None:
+        """Send a request that runs no cell and wait (5 s at most) for its answer; None when none came."""
+        if not s.send(req):
+            return None
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                s.answer += os.read(s.ans_r, 65536)
+            except BlockingIOError:
+                time.sleep(0.0005)
+                continue
+            got = s.take_answer()
+            if got is False:
+                return None
+            if got is not None:
+                return got
+        return None
+
+    def op_resume(self, req: dict) -> dict:
+        """Put the mark ``name`` in place of the live session (the live one is killed; the mark is kept for a later
+        resume: the resumed copy is itself forked first). ``{"resumed": bool}``: False when no such mark is kept
+        (the interpreter is then ended: the next cell starts a new one)."""
+        name = str(req.get("name", ""))
+        s = self._interp
+        pid = self._marks.get(name)
+        if s is None or pid is None:
+            self.end_interpreter()
+            return {"resumed": False}
+        if s.pid != pid:
+            _kill_group(s.pid)
+        del self._marks[name]
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            self.end_interpreter()
+            return {"resumed": False}
+        s.pid = pid
+        s.answer = bytearray()
+        _drain(s)
+        again = self.op_mark({"name": name})  # keep the mark for the next resume
+        return {"resumed": True, "marked_again": again["marked"]}
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    reap_children()
+
+
+def _drain(s: _Session) -> None:
+    for fd in (s.proc.stdout.fileno(), s.proc.stderr.fileno(), s.ans_r):
+        try:
+            while os.read(fd, 65536):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+
+__all__ = ["INTERRUPT_GRACE_S", "InterpreterOps", "MAX_MARKS"]

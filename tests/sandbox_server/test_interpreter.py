@@ -1,0 +1,131 @@
+"""The ``interpreter`` family: a live Python session per sandbox (``run_cell``), on both backends.
+
+Variables persist from cell to cell; a last expression's value is printed; exceptions and ``exit()`` keep the
+session; a cell past its deadline is interrupted (session kept) or, when it will not stop, its session ended; what
+a cell starts dies with the cell; hostile cells (fork bomb, memory bomb, killing the agent, output flood) are cut
+and the sandbox stays usable. Snapshots keep a stopped ``os.fork`` copy of the session: a rollback of the sandbox
+to its own snapshot resumes it (the variables as they were), as often as asked; forks and rollbacks to other
+snapshots start a new session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_server.tools import TOOLS, ToolRefused, validate_call
+
+
+@pytest.fixture(params=["local", "docker"])
+def cellbox(request):
+    """(service, sandbox id with the interpreter and workspace families) per backend."""
+    svc = request.getfixturevalue(f"{request.param}_service")
+    sb = svc.create(cwd="/scratch", families=["interpreter", "workspace"])
+    yield svc, sb.id
+    svc.delete(sb.id)
+
+
+def cell(box, code, timeout_s=5.0):
+    svc, sid = box
+    return svc.exec(sid, "run_cell", {"code": code}, timeout_s=timeout_s)
+
+
+def test_the_family_is_opt_in():
+    assert TOOLS["run_cell"].family == "interpreter" and TOOLS["run_cell"].runs_code
+    with pytest.raises(ToolRefused, match="interpreter family"):
+        validate_call("run_cell", {"code": "1"}, families=["workspace"])
+    call = validate_call("run_cell", {"code": "x = 1"}, families=["interpreter"])
+    assert call.code == "x = 1" and call.argv[:2] == ["python3", "-E"]
+
+
+def test_variables_persist_and_values_print(cellbox):
+    r = cell(cellbox, "x = 40\nimport os\nos.getcwd()")
+    assert r.status == "ok" and r.exit_code == 0 and r.stdout == "'/scratch'\n", r
+    r = cell(cellbox, "x + 2")
+    assert r.stdout == "42\n" and r.exit_code == 0
+    r = cell(cellbox, "print('a'); import sys; print('b', file=sys.stderr); None")
+    assert (r.stdout, r.stderr) == ("a\n", "b\n")
+
+
+def test_errors_and_exit_keep_the_session(cellbox):
+    cell(cellbox, "y = 7")
+    r = cell(cellbox, "1 / 0")
+    assert r.exit_code == 1 and "ZeroDivisionError" in r.stderr and "interpreter_runner" not in r.stderr
+    r = cell(cellbox, "def f(:")
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr
+    r = cell(cellbox, "exit(3)")
+    assert r.exit_code == 1 and "SystemExit" in r.stderr
+    assert cell(cellbox, "y").stdout == "7\n"
+
+
+def test_a_cell_sees_the_workspace_and_its_edits(cellbox):
+    svc, sid = cellbox
+    svc.exec(sid, "write_file", {"path": "mod.py", "text": "def double(v):\n    return 2 * v\n"})
+    r = cell(cellbox, "import mod\nmod.double(21)")
+    assert r.stdout == "42\n", r
+    r = cell(cellbox, "open('out.txt', 'w').write('from a cell')")
+    assert svc.exec(sid, "cat", {"path": "out.txt"}).stdout == "from a cell"
+
+
+def test_a_slow_cell_is_interrupted_and_the_session_kept(cellbox):
+    cell(cellbox, "z = 5")
+    r = cell(cellbox, "import time\nwhile True: time.sleep(0.01)", timeout_s=1.0)
+    assert r.status == "timeout" and "KeyboardInterrupt" in r.stderr and "interrupted" in r.message
+    assert cell(cellbox, "z").stdout == "5\n"
+
+
+def test_a_cell_that_will_not_stop_ends_the_session(cellbox):
+    cell(cellbox, "w = 1")
+    r = cell(cellbox, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+             timeout_s=1.0)
+    assert r.status == "timeout" and "variables are gone" in r.message
+    r = cell(cellbox, "'w' in dir()")
+    assert r.stdout == "False\n" and "new interpreter" in r.message
+
+
+def test_what_a_cell_starts_dies_with_it(cellbox):
+    svc, sid = cellbox
+    r = cell(cellbox, "import subprocess\np = subprocess.Popen(['sleep', '300'], start_new_session=True)\np.pid")
+    assert r.exit_code == 0
+    procs = svc.backend._call(svc._session(sid).sid, {"op": "ps"})["procs"]
+    assert not any(p.startswith("sleep 300") for p in procs) and any("interpreter" in p or "-c" in p for p in procs)
+    assert cell(cellbox, "p.poll() is not None").stdout == "True\n"
+
+
+def test_hostile_cells_are_cut(cellbox):
+    svc, sid = cellbox
+    cell(cellbox, "keep = 'kept'")
+    r = cell(cellbox, "b = bytearray(2 << 30)")
+    assert "MemoryError" in r.stderr
+    r = cell(cellbox, "import os\ntry:\n    os.kill(1, 9)\nexcept OSError as e:\n    print(type(e).__name__)")
+    assert r.stdout.strip() in ("PermissionError", "ProcessLookupError"), r
+    r = cell(cellbox, "while True: print('x' * 1000)", timeout_s=5.0)
+    assert r.truncated and "cap" in r.message
+    assert cell(cellbox, "keep").stdout == "'kept'\n"
+    r = cell(cellbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        break", timeout_s=3.0)
+    assert not r.sandbox_replaced
+    assert svc.exec(sid, "ls", {"path": "/data"}).status == "ok"
+
+
+def test_rollback_resumes_the_interpreter_of_the_snapshot(cellbox):
+    svc, sid = cellbox
+    cell(cellbox, "import random\nrandom.seed(1)\nhistory = ['before']")
+    snap = svc.snapshot(sid)
+    cell(cellbox, "history.append('after'); r1 = random.random()")
+    first = cell(cellbox, "r1").stdout
+    for _ in range(2):  # as often as asked: each resume leaves the copy in place
+        svc.rollback(sid, snap.id)
+        r = cell(cellbox, "history")
+        assert r.stdout == "['before']\n", r
+        cell(cellbox, "history.append('again'); r1 = random.random()")
+        assert cell(cellbox, "r1").stdout == first  # the generator's state came back with the copy
+    other = svc.create(cwd="/scratch", families=["interpreter"])
+    try:
+        svc.rollback(other.id, snap.id)  # another sandbox's snapshot: its files, a new interpreter
+        r = svc.exec(other.id, "run_cell", {"code": "'history' in dir()"})
+        assert r.stdout == "False\n"
+        [child] = svc.fork(sid, 1)
+        r = svc.exec(child.id, "run_cell", {"code": "'history' in dir()"})
+        assert r.stdout == "False\n" and "new interpreter" in r.message
+        svc.delete(child.id)
+    finally:
+        svc.delete(other.id)
