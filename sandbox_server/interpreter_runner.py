@@ -37,8 +37,10 @@ def _compile(code: str):
     """``(statements code object or None, last-expression code object or None)`` of one cell."""
     tree = ast.parse(code, "<cell>", "exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    tail = tree.body[-1] if tree.body else None
+    if isinstance(tail, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(tail.value)
     body = compile(tree, "<cell>", "exec") if tree.body else None
     return body, (compile(last, "<cell>", "eval") if last is not None else None)
 

@@ -34,7 +34,9 @@ class _Session:
     """A running interpreter: its process, the request / answer pipes (agent's ends) and its output pipes."""
 
     def __init__(self, proc: subprocess.Popen, req_w: int, ans_r: int):
+        assert proc.stdout is not None and proc.stderr is not None  # both are pipes
         self.proc = proc
+        self.out_fd, self.err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         self.pid = proc.pid  # the live session's pid (a resumed mark's, after a rollback)
         self.req_w = req_w
         self.ans_r = ans_r
@@ -51,16 +53,13 @@ class _Session:
         except OSError:
             return False
 
-    def take_answer(self) -> dict | None | bool:
-        """The answer to the last request if a whole line of it arrived (stale ones dropped); None when none yet;
-        False when the channel carried something that is not an answer."""
+    def take_answer(self) -> dict | None:
+        """The answer to the last request if a whole line of it arrived (stale ones dropped); None when none yet.
+        Raises ValueError when the channel carried something that is not an answer."""
         while b"\n" in self.answer:
             line, _, rest = bytes(self.answer).partition(b"\n")
             self.answer = bytearray(rest)
-            try:
-                ans = json.loads(line)
-            except ValueError:
-                return False
+            ans = json.loads(line)
             if isinstance(ans, dict) and ans.get("n") == self.n:
                 return ans
         return None
@@ -121,8 +120,8 @@ class InterpreterOps(AgentState):
         finally:
             os.close(req_r)
             os.close(ans_w)
-        for f in (proc.stdout, proc.stderr):
-            os.set_blocking(f.fileno(), False)
+        for fd in (proc.stdout.fileno(), proc.stderr.fileno()):  # type: ignore[union-attr]  # both are pipes
+            os.set_blocking(fd, False)
         os.set_blocking(ans_r, False)
         return _Session(proc, req_w, ans_r)
 
@@ -140,8 +139,9 @@ class InterpreterOps(AgentState):
         timeout = float(req.get("timeout_s", 10.0))
         cap = int(req.get("cap_bytes", 65536))
         started = False
-        if self._interp is not None and self._interp.proc.poll() is not None and self._interp.pid == self._interp.proc.pid:
-            self.end_interpreter()
+        live = self._interp
+        if live is not None and live.pid == live.proc.pid and live.proc.poll() is not None:
+            self.end_interpreter()  # the session ended between calls
         if self._interp is None:
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
                    "HOME": self.writable[0] if self.writable else "/tmp"}
@@ -190,8 +190,8 @@ class InterpreterOps(AgentState):
         if not s.send({"code": code}):
             return None, out, err, False, False
         sel = selectors.DefaultSelector()
-        sel.register(s.proc.stdout, selectors.EVENT_READ, out)
-        sel.register(s.proc.stderr, selectors.EVENT_READ, err)
+        sel.register(s.out_fd, selectors.EVENT_READ, out)
+        sel.register(s.err_fd, selectors.EVENT_READ, err)
         sel.register(s.ans_r, selectors.EVENT_READ, None)
         interrupted_at = None
         answer = None
@@ -221,20 +221,20 @@ class InterpreterOps(AgentState):
                         continue
                     if key.data is None:
                         s.answer += chunk
-                        got = s.take_answer()
-                        if got is False:
+                        try:
+                            answer = s.take_answer()
+                        except ValueError:
                             return None, out, err, truncated, timed_out
-                        answer = got
                     elif len(key.data) <= cap + 16384:
                         key.data.extend(chunk)
                         if key.data is out and len(out) > cap:
                             truncated = True
                 if s.proc.poll() is not None and s.pid == s.proc.pid and not events:
                     return None, out, err, truncated, timed_out
-            for f, buf in ((s.proc.stdout, out), (s.proc.stderr, err)):  # written before the answer: in the pipe
+            for fd, buf in ((s.out_fd, out), (s.err_fd, err)):  # written before the answer: in the pipe
                 try:
                     while len(buf) <= cap + 16384:
-                        chunk = os.read(f.fileno(), 65536)
+                        chunk = os.read(fd, 65536)
                         if not chunk:
                             break
                         buf += chunk
@@ -276,8 +276,9 @@ class InterpreterOps(AgentState):
             except BlockingIOError:
                 time.sleep(0.0005)
                 continue
-            got = s.take_answer()
-            if got is False:
+            try:
+                got = s.take_answer()
+            except ValueError:
                 return None
             if got is not None:
                 return got
@@ -318,7 +319,7 @@ def _kill_group(pid: int) -> None:
 
 
 def _drain(s: _Session) -> None:
-    for fd in (s.proc.stdout.fileno(), s.proc.stderr.fileno(), s.ans_r):
+    for fd in (s.out_fd, s.err_fd, s.ans_r):
         try:
             while os.read(fd, 65536):
                 pass

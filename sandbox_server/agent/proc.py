@@ -141,7 +141,8 @@ def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
 
 
 def kill_descendants(limit_s: float = 2.0, spare: frozenset[int] | set[int] = frozenset()) -> int:
-    """SIGKILL every descendant of the agent but ``spare`` (the live interpreter and its marks) and wait until none is left (reaped), at most ``limit_s`` seconds:
+    """SIGKILL every descendant of the agent but ``spare`` (the live interpreter and its marks) and wait until none is
+    left (reaped), at most ``limit_s`` seconds:
     what calls started and left behind, those that left their process group (``setsid``) included, since the agent
     is their child subreaper (:func:`become_subreaper`) and every orphan re-parents to it. Returns how many signals
     were sent."""

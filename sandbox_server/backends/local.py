@@ -376,7 +376,8 @@ class LocalBackend(AgentBackend):
         Looks at every instance folder ``<state root>/<any server name>/<pid>-<random>`` but this one and
         removes it when its ``owner.json`` names a process that is gone (pid not running, or reused by a
         process with another start time). Folders of owners on another machine or PID namespace are kept.
-        Control groups whose owning process is gone go too (:func:`~sandbox_server.backends.cgroups.remove_orphan_groups`).
+        Control groups whose owning process is gone go too
+        (:func:`~sandbox_server.backends.cgroups.remove_orphan_groups`).
         Sandbox folders of the old flat layout (``<server_name>/l-*``) are removed when no process has its
         working directory in them. Server-name folders left empty are removed too.
         """

@@ -101,7 +101,8 @@ def test_hostile_cells_are_cut(cellbox):
     r = cell(cellbox, "while True: print('x' * 1000)", timeout_s=5.0)
     assert r.truncated and "cap" in r.message
     assert cell(cellbox, "keep").stdout == "'kept'\n"
-    r = cell(cellbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        break", timeout_s=3.0)
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        break"
+    r = cell(cellbox, bomb, timeout_s=3.0)
     assert not r.sandbox_replaced
     assert svc.exec(sid, "ls", {"path": "/data"}).status == "ok"
 
