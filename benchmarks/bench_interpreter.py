@@ -80,10 +80,11 @@ def bench(kind: str, reps: int, ints: int) -> None:
         row("snapshot, no interpreter (baseline)", snap_plain)
         row(f"snapshot with the interpreter copied ({ints} ints held)", snaps, snap_plain)
         resume, rebuild = [], []
-        for i in range(reps):
+        for _ in range(reps):
             run("total = -1; data = None")
             resume.append(timed(lambda: svc.rollback(sb, snap_ids[-1])))
-            assert run("total").stdout == expected, "the resumed interpreter lost its state"
+            got = run("total")
+            assert got.stdout == expected, f"the resumed interpreter lost its state: {got}"
 
             def replay() -> None:
                 svc.rollback(other, snap_ids[-1])  # another sandbox's snapshot: a new interpreter

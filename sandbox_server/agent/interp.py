@@ -255,7 +255,10 @@ class InterpreterOps(AgentState):
             return {"marked": False}
         answer = self._request(s, {"op": "fork"})
         if not answer or not isinstance(answer.get("pid"), int):
-            self.end_interpreter()
+            self.end_interpreter()  # the session did not answer: it is of no use any more
+            return {"marked": False}
+        if not _wait_stopped(answer["pid"]):
+            _kill_group(answer["pid"])  # a copy that never stopped: dropped, the live session kept
             return {"marked": False}
         old = self._marks.pop(name, None)
         if old is not None:
@@ -309,13 +312,41 @@ class InterpreterOps(AgentState):
         return {"resumed": True, "marked_again": again["marked"]}
 
 
-def _kill_group(pid: int) -> None:
+def _wait_stopped(pid: int, limit_s: float = 5.0) -> bool:
+    """Wait until process ``pid`` (a new copy) has stopped itself; a SIGCONT sent before that would be lost and the
+    copy would stop for good. Whether it did within ``limit_s`` seconds."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in (b"T", b"t"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)
+
+
+def _kill_group(pid: int, limit_s: float = 2.0) -> None:
+    """SIGKILL process group ``pid`` (and the process) and wait until the process is gone: a session killed while it
+    waits on the request channel may still take the next request from it before it dies."""
     for kill in (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    reap_children()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        reap_children()
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X"):
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.0002)
 
 
 def _drain(s: _Session) -> None:
