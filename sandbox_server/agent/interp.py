@@ -5,10 +5,12 @@ with each request; the agent starts it at the first cell, and again after it end
 process group with the workspace as its directory, the agent's limits (inherited) and its own Landlock signal scope,
 and only where the sandbox's process count is bounded (``--bounded``), like every call that runs code. What a cell
 starts (subprocesses, daemons) is killed when the cell ends; the session process and its stopped copies
-(``marks``) are spared. A cell past its deadline is interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the
-session kept) and, when it does not stop within :data:`INTERRUPT_GRACE_S`, the session is killed (its variables are
-gone; the answer says so). Output is captured like ``exec``'s: at most ``cap_bytes`` of stdout (the cell is
-interrupted at the cap), 16 KiB of stderr. Standard library only.
+(``marks``) are spared, and the session itself is stopped (SIGSTOP) until its next request: a thread a cell left
+running never runs between calls (never beside a snapshot or another tool). A cell past its deadline is
+interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the session kept) and, when it does not stop within
+:data:`INTERRUPT_GRACE_S`, the session is killed (its variables are gone; the answer says so). Output is
+captured like ``exec``'s: at most ``cap_bytes`` of stdout (the cell is interrupted at the cap), 16 KiB of stderr.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -109,6 +111,13 @@ class InterpreterOps(AgentState):
                 pass
         reap_children()
 
+    def _pause(self) -> None:
+        """Stop the live session until its next request (its threads too: nothing of a cell runs between calls, so a
+        snapshot or another tool never races it); a session that will not stop is ended."""
+        s = self._interp
+        if s is not None and not (_signal(s.pid, signal.SIGSTOP) and _wait_stopped(s.pid, 2.0)):
+            self.end_interpreter()
+
     def _start(self, argv: list[str], env: dict) -> _Session:
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
@@ -153,6 +162,7 @@ class InterpreterOps(AgentState):
                         "duration_s": time.monotonic() - t0, "message": f"could not start the interpreter: {exc}"}
             started = True
         s = self._interp
+        _signal(s.pid, signal.SIGCONT)  # stopped between calls
         answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap)
         ended = answer is None
         if ended:
@@ -160,6 +170,8 @@ class InterpreterOps(AgentState):
         else:
             s.cells += 1
         kill_descendants(spare=self.spared())  # what the cell started, never the session or its marks
+        if self._interp is not None:
+            self._pause()
         err_cap = min(cap, 16384)
         stdout = decode(utf8_cut(bytes(out[:cap])) if truncated else bytes(out[:cap]))
         if truncated:
@@ -253,17 +265,22 @@ class InterpreterOps(AgentState):
         s = self._interp
         if s is None or not name:
             return {"marked": False}
+        _signal(s.pid, signal.SIGCONT)
         answer = self._request(s, {"op": "fork"})
-        if not answer or not isinstance(answer.get("pid"), int):
-            self.end_interpreter()  # the session did not answer: it is of no use any more
+        pid = answer.get("pid") if answer else None
+        self._pause()
+        if not isinstance(pid, int) or self._interp is None:
+            if isinstance(pid, int):
+                _kill_group(pid)
+            self.end_interpreter()  # the session did not answer, or will not stop: it is of no use any more
             return {"marked": False}
-        if not _wait_stopped(answer["pid"]):
-            _kill_group(answer["pid"])  # a copy that never stopped: dropped, the live session kept
+        if not _wait_stopped(pid):
+            _kill_group(pid)  # a copy that never stopped: dropped, the live session kept
             return {"marked": False}
         old = self._marks.pop(name, None)
         if old is not None:
             _kill_group(old)
-        self._marks[name] = answer["pid"]
+        self._marks[name] = pid
         while len(self._marks) > MAX_MARKS:
             _kill_group(self._marks.pop(next(iter(self._marks))))
         return {"marked": True}
@@ -310,6 +327,15 @@ class InterpreterOps(AgentState):
         _drain(s)
         again = self.op_mark({"name": name})  # keep the mark for the next resume
         return {"resumed": True, "marked_again": again["marked"]}
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """Send ``sig`` to process ``pid``; whether it was sent."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
 
 
 def _wait_stopped(pid: int, limit_s: float = 5.0) -> bool:

@@ -10,6 +10,8 @@ snapshots start a new session.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sandbox_server.tools import TOOLS, ToolRefused, validate_call
@@ -89,6 +91,18 @@ def test_what_a_cell_starts_dies_with_it(cellbox):
     procs = svc.backend._call(svc._session(sid).sid, {"op": "ps"})["procs"]
     assert not any(p.startswith("sleep 300") for p in procs) and any("interpreter" in p or "-c" in p for p in procs)
     assert cell(cellbox, "p.poll() is not None").stdout == "True\n"
+
+
+def test_a_thread_a_cell_leaves_runs_only_during_cells(cellbox):
+    """The session is stopped between calls: a background thread cannot change the workspace beside other tools."""
+    svc, sid = cellbox
+    cell(cellbox, "import threading, time\nticks = []\ndef tick():\n    while True:\n        ticks.append(1)\n"
+                  "        open('ticks.txt', 'w').write(str(len(ticks)))\n        time.sleep(0.005)\n"
+                  "threading.Thread(target=tick, daemon=True).start()\ntime.sleep(0.05)")
+    first = svc.exec(sid, "cat", {"path": "ticks.txt"}).stdout
+    time.sleep(0.3)
+    assert svc.exec(sid, "cat", {"path": "ticks.txt"}).stdout == first and int(first) > 0
+    assert int(cell(cellbox, "time.sleep(0.05); len(ticks)").stdout) > int(first)  # it runs again in a cell
 
 
 def test_hostile_cells_are_cut(cellbox):
