@@ -40,10 +40,10 @@ Operations (``op``):
     trace anything outside the call (:class:`.confine.SignalScope`).
 ``pack`` / ``unpack``
     Pack the writable areas into a base64 PAX tar (``data``), or replace their contents with one.
-    Carried: regular files, directories, symbolic links and hard links within the writable areas, with
-    their permission bits (setuid/setgid dropped) and modification times to the nanosecond. Anything else
-    (FIFOs, sockets, devices) makes ``pack`` refuse (``error_kind: "unsupported"``) naming the path:
-    nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a stopped ``os.fork`` copy of the live
+    Carried: regular files, directories, symbolic links, hard links, FIFOs and (unbound) UNIX socket files within
+    the writable areas, with their permission bits (setuid/setgid dropped) and modification times to the
+    nanosecond, whatever their modes. A device makes ``pack`` refuse (``error_kind: "unsupported"``) naming the
+    path: nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a stopped ``os.fork`` copy of the live
     interpreter under that name; ``unpack`` ends the live interpreter, or with ``resume`` puts that copy in its
     place (``resumed``: whether it did).
 ``cell``

@@ -73,7 +73,7 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
 
     def op_unpack(self, req: dict) -> dict:
         """``unpack`` (:mod:`.snapshot`), then the live interpreter ends, or the copy named ``resume`` takes its place
-        (:meth:`op_resume`); ``resumed`` says which."""
+        (:meth:`op_resume`); ``resumed`` (with ``resume`` only) says whether it did."""
         try:
             ans = SnapshotOps.op_unpack(self, req)
         except BaseException:
@@ -83,7 +83,6 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
             ans["resumed"] = self.op_resume({"name": str(req["resume"])})["resumed"]
         else:
             self.end_interpreter()
-            ans["resumed"] = False
         return ans
 
     def op_recycle(self, req: dict) -> dict:

@@ -1,7 +1,9 @@
 """The ``pack`` and ``unpack`` operations (:class:`SnapshotOps`): the writable areas as a base64 PAX tar
-and back. Carried: regular files, directories, symbolic links and hard links, with their permission bits
-(setuid/setgid dropped) and modification times to the nanosecond; anything else is refused, never dropped.
-Standard library only.
+and back. Carried: regular files, directories, symbolic links, hard links, FIFOs and (unbound, as every socket file
+is once the process that bound it has gone) UNIX socket files, with their permission bits (setuid/setgid dropped) and
+modification times to the nanosecond, whatever the modes the sandbox's own code set (a 0000 folder is opened for the
+pack and closed again). Devices, which nothing in a sandbox can make, are refused, never dropped. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from .protocol import Fail, pages
 from .state import AgentState
 
 
+#: The PAX header that marks an empty member as a UNIX socket file.
+SOCKET_HEADER = "FORKYARD.socket"
+
+
 class SnapshotOps(AgentState):
     """``pack`` / ``unpack`` of an agent's writable areas (see the package docstring for the protocol)."""
 
@@ -27,14 +33,23 @@ class SnapshotOps(AgentState):
         """``{"data": base64 tar, "size_bytes": n}`` of the writable areas. Raises Fail (``unsupported``)."""
         buf = io.BytesIO()
         seen: dict[tuple[int, int], str] = {}
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for w in self.writable:
-                h = self.host(w)
-                if os.path.isdir(h):
-                    self._pack_tree(tar, h, w, seen)
+        opened: list[tuple[str, os.stat_result]] = []  # folders the pack opened (mode without owner r-x), in order
+        try:
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for w in self.writable:
+                    h = self.host(w)
+                    if os.path.isdir(h):
+                        self._pack_tree(tar, h, w, seen, opened)
+        finally:
+            for path, st in reversed(opened):  # children first: a parent's mtime is put back last
+                try:
+                    os.chmod(path, stat.S_IMODE(st.st_mode))
+                    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+                except OSError:
+                    pass
         return {"data": base64.b64encode(buf.getvalue()).decode("ascii"), "size_bytes": buf.tell()}
 
-    def _pack_tree(self, tar: tarfile.TarFile, host_root: str, virt_root: str, seen: dict) -> None:
+    def _pack_tree(self, tar: tarfile.TarFile, host_root: str, virt_root: str, seen: dict, opened: list) -> None:
         stack = [(host_root, virt_root)]
         while stack:
             hpath, vpath = stack.pop()
@@ -48,8 +63,10 @@ class SnapshotOps(AgentState):
             if stat.S_ISDIR(st.st_mode):
                 ti.type = tarfile.DIRTYPE
                 tar.addfile(ti)
-                with TempReadable(hpath, st, 0o500):
-                    names = os.listdir(hpath)
+                if stat.S_IMODE(st.st_mode) & 0o500 != 0o500:  # open for the walk below it; closed again after
+                    os.chmod(hpath, stat.S_IMODE(st.st_mode) | 0o500)
+                    opened.append((hpath, st))
+                names = os.listdir(hpath)
                 for name in sorted(names, reverse=True):
                     stack.append((os.path.join(hpath, name), f"{vpath}/{name}"))
             elif stat.S_ISREG(st.st_mode):
@@ -67,11 +84,16 @@ class SnapshotOps(AgentState):
                 ti.type = tarfile.SYMTYPE
                 ti.linkname = os.readlink(hpath)
                 tar.addfile(ti)
+            elif stat.S_ISFIFO(st.st_mode):
+                ti.type = tarfile.FIFOTYPE
+                tar.addfile(ti)
+            elif stat.S_ISSOCK(st.st_mode):  # tar has no socket type: an empty member marked as one
+                ti.pax_headers[SOCKET_HEADER] = "1"
+                tar.addfile(ti)
             else:
-                kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
-                        else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a special file")
+                kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a special file"
                 raise Fail(f"cannot snapshot {vpath}: it is {kind}; snapshots carry regular files, directories, "
-                           "symbolic links and hard links only (remove it first)", "unsupported")
+                           "links, FIFOs and socket files only (remove it first)", "unsupported")
 
     def op_unpack(self, req: dict) -> dict:
         """Replace the writable areas' contents with the base64 tar ``data`` (checked whole against the
@@ -95,7 +117,7 @@ class SnapshotOps(AgentState):
             area = self._area_of(virt)
             if area is None or (virt == area and not m.isdir()):
                 raise Fail(f"archive member {m.name!r} outside the writable areas", "refused")
-            if not (m.isdir() or m.isreg() or m.issym() or m.islnk()):
+            if not (m.isdir() or m.isreg() or m.issym() or m.islnk() or m.isfifo()):
                 raise Fail(f"archive member {virt} is not a file, directory or link", "unsupported")
             if virt != area:
                 usage[area][1] += 1
@@ -150,7 +172,14 @@ class SnapshotOps(AgentState):
             if os.path.isdir(dest) and not os.path.islink(dest):
                 raise OSError(errno.EISDIR, f"{virt} is a directory")
             os.unlink(dest)
-        if m.isreg():
+        if m.isfifo() or (m.isreg() and m.pax_headers.get(SOCKET_HEADER) == "1" and m.size == 0):
+            if m.isfifo():
+                os.mkfifo(dest, 0o600)
+            else:
+                _make_socket_file(dest)
+            os.chmod(dest, mode)
+            os.utime(dest, ns=(mtime_ns, mtime_ns))
+        elif m.isreg():
             src = tar.extractfile(m)
             assert src is not None  # a regular file's member
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -173,3 +202,18 @@ class SnapshotOps(AgentState):
                     raise
                 shutil.copyfile(target, dest, follow_symlinks=False)  # another area on another mount
                 shutil.copystat(target, dest, follow_symlinks=False)
+
+
+def _make_socket_file(path: str) -> None:
+    """Make an unbound UNIX socket file at ``path`` (bound, then closed: what a socket file is once its process went).
+    The path is made relative to a folder opened first, since a bound name holds 107 bytes at most."""
+    import socket
+
+    parent, name = os.path.split(path)
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(f"/proc/self/fd/{fd}/{name}" if len(os.fsencode(path)) > 100 else path)
+    finally:
+        s.close()
+        os.close(fd)
