@@ -32,9 +32,9 @@ from sandbox_server.agent import writes as agent_mod  # the module whose os.open
 from sandbox_server.agent import AREA_BYTES, MAX_AREA_ENTRIES, MAX_WRITE_FILES, PAGE_BYTES, Agent
 from sandbox_server.backends import LocalBackend, machine_id, owner_record
 from sandbox_server.backends.cgroups import hierarchy
-from sandbox_server.errors import LimitExceeded, ServiceUnavailable, SnapshotUnsupported
+from sandbox_server.errors import LimitExceeded, ServiceUnavailable
 from tests.docker_support import (
-    ROOT, SERVER_NAME, delete_quietly, host_sh, require_bwrap, require_docker, unisolated,
+    ROOT, SERVER_NAME, delete_quietly, host_sh, require_bwrap, require_docker,
 )
 
 
