@@ -78,8 +78,8 @@ class SandboxedTextEnv(TextEnv):
     needed_tools: ClassVar[tuple[str, ...]] = ()
     #: Further tool families the env calls (their tools join :attr:`needed_tools`' check and the listing).
     extra_families: ClassVar[tuple[str, ...]] = ()
-    #: Opt-in families (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``) the env's sandboxes are created
-    #: with; passed to the provider's ``create`` as ``families`` only when not empty.
+    #: Opt-in families (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``, ``interpreter``) the env's sandboxes
+    #: are created with; passed to the provider's ``create`` as ``families`` only when not empty.
     sandbox_families: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, provider: SandboxProvider, backend: str, tools: list[Any], per_turn_timeout_s: float,

@@ -99,8 +99,8 @@ class RequestModel(BaseModel):
 
 class SessionState(BaseModel):
     """The non-filesystem state of a sandbox: working directory, environment variables, free metadata, and the
-    opt-in tool families it was created with (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``; kept by its
-    snapshots, clones and forks)."""
+    opt-in tool families it was created with (``sandbox_server.tools.OPT_IN_FAMILIES``: ``workspace``,
+    ``interpreter``; kept by its snapshots, clones and forks)."""
 
     cwd: str = "/data"
     env: dict[str, str] = Field(default_factory=dict)

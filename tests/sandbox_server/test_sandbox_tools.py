@@ -91,13 +91,15 @@ def test_every_tool_builds_an_argv_and_has_a_schema():
     assert files == {"ls", "cat", "head", "tail", "wc", "grep", "find", "stat"}
     sql = {n for n, s in specs.items() if s.family == "sql"}
     assert sql == {"list_tables", "describe", "query", "rows"}  # test_sql_tools.py
-    assert set(specs) - files - sql == {"write_file", "replace_in_file", "make_dir", "remove", "run_python",
-                                        "run_tests"}  # the workspace family: test_workspace_tools.py
+    workspace = {n for n, s in specs.items() if s.family == "workspace"}
+    assert workspace == {"write_file", "replace_in_file", "make_dir", "remove", "run_python",
+                         "run_tests"}  # test_workspace_tools.py
+    assert set(specs) - files - sql - workspace == {"run_cell"}  # the interpreter family: test_interpreter.py
     for name, tool in TOOLS.items():
         assert specs[name].params == tool.param_names and specs[name].family == tool.family
         assert specs[name].schema_["additionalProperties"] is False
         args = {p.name: ("x" if p.type == "string" else None) for p in tool.params if p.required}
-        call = validate_call(name, args, cwd="/scratch", families=["workspace"])
+        call = validate_call(name, args, cwd="/scratch", families=["workspace", "interpreter"])
         assert call.argv[0] == (name if tool.family == "files" else "python3")
         assert all(isinstance(a, str) for a in call.argv)
 

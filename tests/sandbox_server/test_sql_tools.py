@@ -60,7 +60,7 @@ def scratch(box) -> dict[str, bytes]:
 def test_the_sql_family_is_listed_and_builds_argv_without_a_shell():
     specs = {s.name: s for s in tool_specs()}
     assert [n for n, s in specs.items() if s.family == "sql"] == SQL_TOOLS
-    assert {s.family for s in specs.values()} == {"files", "sql", "workspace"}
+    assert {s.family for s in specs.values()} == {"files", "sql", "workspace", "interpreter"}
     assert specs["describe"].params == ["table", "budget_ms"] and specs["query"].params == ["sql", "budget_ms"]
     hostile = "x'); import os; os.system('id') --"
     call = validate_call("query", {"sql": hostile})
