@@ -67,6 +67,14 @@ def test_round_trip_with_the_sync_client(client):
         assert client.get(workspace.id).state.families == ["workspace"]
         assert client.exec(workspace.id, "write_file", {"path": "w.txt", "text": "hi"}).exit_code == 0
         client.delete(workspace.id)
+        live = client.create(cwd="/scratch", families=["interpreter"])  # the live interpreter over HTTP
+        assert client.exec(live.id, "run_cell", {"code": "seen = ['kept']"}).exit_code == 0
+        mark = client.snapshot(live.id)
+        client.exec(live.id, "run_cell", {"code": "seen.append('later')"})
+        client.rollback(live.id, mark.id)
+        assert client.exec(live.id, "run_cell", {"code": "seen"}).stdout == "['kept']\n"
+        client.delete(live.id)
+        client.delete_snapshot(mark.id)
         client.delete_snapshot(snap.id)
         assert client.pool_status().max_total == 8
     finally:
