@@ -10,8 +10,8 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
 
 * requests, one JSON line each, numbered (``n``, echoed by the answer): ``{"code": str}`` runs a cell;
   ``{"op": "fork"}`` answers with the pid of a
-  copy of this process made by ``os.fork`` that waits, stopped, until the agent resumes it (SIGCONT) in place of
-  the session then running: the session's variables as they were (a rollback of the interpreter).
+  copy of this process made by ``os.fork`` that waits until the agent resumes it (SIGUSR1, from the agent only) in
+  place of the session then running: the session's variables as they were (a rollback of the interpreter).
 * answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null}``, written after the cell's output is
   flushed. A process the cell itself forked never answers: it exits when the cell ends in it.
 * ``1`` / ``2``: the cell's standard output and error (the agent captures and caps them); stdin is ``/dev/null``.
@@ -32,6 +32,12 @@ import os
 import signal
 import sys
 import traceback
+
+#: The signal that resumes a waiting copy, taken from the agent only.
+RESUME_SIGNAL = signal.SIGUSR1
+#: The agent: the process that started this session (every copy keeps the value).
+AGENT_PID = os.getppid()
+
 
 def _compile(code: str):
     """``(statements code object or None, last-expression code object or None)`` of one cell."""
@@ -76,18 +82,23 @@ def run_cell(code: str, namespace: dict) -> tuple[bool, str | None]:
 
 
 def _fork_template() -> int:
-    """Make a stopped copy of this session (``os.fork``); returns its pid here. The copy waits stopped until the
-    agent sends SIGCONT, then goes on serving the request channel as the live session. The ``random`` module's
-    generator, which reseeds itself in a forked child, is put back to the session's state in the copy."""
+    """Make a waiting copy of this session (``os.fork``); returns its pid here. The copy waits until the agent sends it
+    :data:`RESUME_SIGNAL` (the same signal from any other process is ignored), then goes on serving the request
+    channel as the live session. The ``random`` module's generator, which reseeds itself in a forked child, is put
+    back to the session's state in the copy."""
     rng = sys.modules.get("random")
     state = rng.getstate() if rng is not None else None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {RESUME_SIGNAL})  # the copy's resume stays pending until it waits
     pid = os.fork()
     if pid == 0:
         if rng is not None:  # the random module reseeds itself in a forked child: a copy keeps the session's state
             rng.setstate(state)
         os.setsid()  # its own process group: killing the live session's group never reaches a waiting copy
-        os.kill(os.getpid(), signal.SIGSTOP)
+        while signal.sigwaitinfo({RESUME_SIGNAL}).si_pid != AGENT_PID:
+            pass  # sent by anyone but the agent (a cell): ignored
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {RESUME_SIGNAL})
         return 0
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {RESUME_SIGNAL})
     return pid
 
 

@@ -31,6 +31,7 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
         argv = req.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             return refused("argv must be a non-empty list of strings")
+        self.open_areas()
         if any("\x00" in a for a in argv):
             return refused("argv contains a NUL byte")
         if req.get("bounded_only") and not self.bounded:
@@ -69,25 +70,29 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
         name (:meth:`op_mark`)."""
         if req.get("mark"):
             self.op_mark({"name": req["mark"]})
+        self.open_areas()
         return SnapshotOps.op_pack(self, req)
 
     def op_unpack(self, req: dict) -> dict:
         """``unpack`` (:mod:`.snapshot`), then the live interpreter ends, or the copy named ``resume`` takes its place
         (:meth:`op_resume`); ``resumed`` (with ``resume`` only) says whether it did."""
+        self.open_areas()
         try:
             ans = SnapshotOps.op_unpack(self, req)
         except BaseException:
-            self.end_interpreter()
+            self.end_session()
             raise
+        self.open_areas()  # an archive of an area taken while it was closed
         if req.get("resume"):
             ans["resumed"] = self.op_resume({"name": str(req["resume"])})["resumed"]
         else:
-            self.end_interpreter()
+            self.end_session()  # the copies stay: a later rollback to one of this sandbox's snapshots resumes it
         return ans
 
     def op_recycle(self, req: dict) -> dict:
         """``recycle`` (:mod:`.recycle`), the interpreter and its copies ended first."""
         self.end_interpreter()
+        self.open_areas()
         return RecycleOps.op_recycle(self, req)
 
     def op_ps(self, req: dict) -> dict:

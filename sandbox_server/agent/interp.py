@@ -22,14 +22,16 @@ import signal
 import subprocess
 import time
 
-from .proc import kill_descendants, reap_children
+from .proc import kill_descendants, parent_of, reap_children, state_of
 from .protocol import MARKER, decode, refused, utf8_cut
 from .state import AgentState
 
 #: Seconds a cell has, after its SIGINT, to stop before its session is killed.
 INTERRUPT_GRACE_S = 1.0
-#: Most stopped copies (marks) of a session kept; the oldest goes first.
+#: Most copies (marks) of a session kept; the oldest goes first.
 MAX_MARKS = 8
+#: The signal that resumes a copy; the copy takes it from the agent only (``si_pid``), so a cell cannot wake one.
+RESUME_SIGNAL = signal.SIGUSR1
 
 
 class _Session:
@@ -39,7 +41,7 @@ class _Session:
         assert proc.stdout is not None and proc.stderr is not None  # both are pipes
         self.proc = proc
         self.out_fd, self.err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-        self.pid = proc.pid  # the live session's pid (a resumed mark's, after a rollback)
+        self.pid: int | None = proc.pid  # the live session's pid (a resumed copy's, after a rollback), None: ended
         self.req_w = req_w
         self.ans_r = ans_r
         self.answer = bytearray()
@@ -79,44 +81,65 @@ class _Session:
 
 class InterpreterOps(AgentState):
     """``cell``: run code in the sandbox's live interpreter (see the module docstring); ``mark`` / ``resume``: a
-    stopped ``os.fork`` copy of the session, and putting it back in place of the live one."""
+    waiting ``os.fork`` copy of the session, and putting it back in place of the live one.
+
+    A copy outlives the session it was made from (a crash, a session ended at its deadline, a rollback elsewhere):
+    only recycling (:meth:`end_interpreter`) and the :data:`MAX_MARKS` bound drop copies. Each copy keeps the
+    channel (pipes) of the session it came from, open until no copy and no live session uses it."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        #: The channel of the live session (its ``pid`` None when no session runs on it), or None.
         self._interp: _Session | None = None
-        #: The stopped copies kept: {name: pid}, oldest first.
-        self._marks: dict[str, int] = {}
+        #: The copies kept: {name: (pid, the channel it answers on)}, oldest first.
+        self._marks: dict[str, tuple[int, _Session]] = {}
 
     def spared(self) -> set[int]:
-        """Pids a call's clean-up must not kill: the live session and its marks."""
-        if self._interp is None:
-            return set()
-        return {self._interp.pid, *self._marks.values()}
+        """Pids a call's clean-up must not kill: the live session and the copies."""
+        live = {self._interp.pid} if self._interp is not None and self._interp.pid is not None else set()
+        return live | {pid for pid, _ in self._marks.values()}
+
+    def _release(self, ch: _Session | None) -> None:
+        """Close channel ``ch`` when no live session and no copy uses it any more."""
+        if ch is None or (ch is self._interp and ch.pid is not None) or any(c is ch for _, c in self._marks.values()):
+            return
+        ch.close()
+        try:
+            ch.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            pass
+        if ch is self._interp:
+            self._interp = None
+
+    def end_session(self) -> None:
+        """Kill the live session (its variables are gone; the next cell starts a new one); the copies stay."""
+        s = self._interp
+        if s is None:
+            return
+        if s.pid is not None:
+            _kill_group(s.pid)
+            s.pid = None
+        self._interp = None
+        self._release(s)
+
+    def _drop_mark(self, name: str) -> None:
+        pid, ch = self._marks.pop(name)
+        _kill_group(pid)
+        self._release(ch)
 
     def end_interpreter(self) -> None:
-        """Kill the session and its marks (recycling, an unpack that puts other areas in place)."""
-        s, self._interp = self._interp, None
-        for pid in ([s.pid] if s else []) + list(self._marks.values()):
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        self._marks = {}
-        if s is not None:
-            s.close()
-            try:
-                s.proc.wait(2)
-            except subprocess.TimeoutExpired:
-                pass
+        """Kill the session and every copy, close their channels (recycling: nothing of it reaches the next user)."""
+        self.end_session()
+        for name in list(self._marks):
+            self._drop_mark(name)
         reap_children()
 
     def _pause(self) -> None:
         """Stop the live session until its next request (its threads too: nothing of a cell runs between calls, so a
         snapshot or another tool never races it); a session that will not stop is ended."""
         s = self._interp
-        if s is not None and not (_signal(s.pid, signal.SIGSTOP) and _wait_stopped(s.pid, 2.0)):
-            self.end_interpreter()
+        if s is not None and s.pid is not None and not (_signal(s.pid, signal.SIGSTOP) and _wait_stopped(s.pid, 2.0)):
+            self.end_session()
 
     def _start(self, argv: list[str], env: dict) -> _Session:
         req_r, req_w = os.pipe()
@@ -147,11 +170,13 @@ class InterpreterOps(AgentState):
             return refused("code must be a string")
         timeout = float(req.get("timeout_s", 10.0))
         cap = int(req.get("cap_bytes", 65536))
+        self.open_areas()
         started = False
         live = self._interp
-        if live is not None and live.pid == live.proc.pid and live.proc.poll() is not None:
-            self.end_interpreter()  # the session ended between calls
-        if self._interp is None:
+        if live is not None and live.pid is not None and state_of(live.pid) in ("Z", "X", None):
+            self.end_session()  # the session ended between calls
+        if self._interp is None or self._interp.pid is None:
+            self.end_session()
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
                    "HOME": self.writable[0] if self.writable else "/tmp"}
             env.update(req.get("env") or {})
@@ -162,16 +187,16 @@ class InterpreterOps(AgentState):
                         "duration_s": time.monotonic() - t0, "message": f"could not start the interpreter: {exc}"}
             started = True
         s = self._interp
+        assert s.pid is not None
         _signal(s.pid, signal.SIGCONT)  # stopped between calls
         answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap)
         ended = answer is None
         if ended:
-            self.end_interpreter()
+            self.end_session()
         else:
             s.cells += 1
-        kill_descendants(spare=self.spared())  # what the cell started, never the session or its marks
-        if self._interp is not None:
-            self._pause()
+        kill_descendants(spare=self.spared())  # what the cell started, never the session or its copies
+        self._pause()
         err_cap = min(cap, 16384)
         stdout = decode(utf8_cut(bytes(out[:cap])) if truncated else bytes(out[:cap]))
         if truncated:
@@ -213,10 +238,8 @@ class InterpreterOps(AgentState):
                 if interrupted_at is None and (now >= deadline or truncated):
                     timed_out = not truncated
                     interrupted_at = now
-                    try:
-                        os.kill(s.pid, signal.SIGINT)
-                    except OSError:
-                        pass
+                    if s.pid is not None:
+                        _signal(s.pid, signal.SIGINT)
                 elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
                     break
                 limit = (deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE_S) - now
@@ -241,8 +264,8 @@ class InterpreterOps(AgentState):
                         key.data.extend(chunk)
                         if key.data is out and len(out) > cap:
                             truncated = True
-                if s.proc.poll() is not None and s.pid == s.proc.pid and not events:
-                    return None, out, err, truncated, timed_out
+                if not events and (s.pid is None or state_of(s.pid) in ("Z", "X", None)):
+                    return None, out, err, truncated, timed_out  # the session died (a copy keeps the pipes open)
             for fd, buf in ((s.out_fd, out), (s.err_fd, err)):  # written before the answer: in the pipe
                 try:
                     while len(buf) <= cap + 16384:
@@ -259,30 +282,28 @@ class InterpreterOps(AgentState):
         return answer, out, err, truncated, timed_out
 
     def op_mark(self, req: dict) -> dict:
-        """Keep a stopped ``os.fork`` copy of the live session under ``name`` (at most :data:`MAX_MARKS`, the oldest
-        dropped); ``{"marked": bool}`` (False: no live session, nothing to keep)."""
+        """Keep a waiting ``os.fork`` copy of the live session under ``name`` (at most :data:`MAX_MARKS`, the oldest
+        dropped); ``{"marked": bool}`` (False: no live session, or no copy it made can be trusted to be one)."""
         name = str(req.get("name", ""))
         s = self._interp
-        if s is None or not name:
+        if s is None or s.pid is None or not name:
             return {"marked": False}
         _signal(s.pid, signal.SIGCONT)
         answer = self._request(s, {"op": "fork"})
         pid = answer.get("pid") if answer else None
         self._pause()
-        if not isinstance(pid, int) or self._interp is None:
+        if answer is None or self._interp is None:
             if isinstance(pid, int):
                 _kill_group(pid)
-            self.end_interpreter()  # the session did not answer, or will not stop: it is of no use any more
+            self.end_session()  # the session did not answer, or will not stop: it is of no use any more
             return {"marked": False}
-        if not _wait_stopped(pid):
-            _kill_group(pid)  # a copy that never stopped: dropped, the live session kept
-            return {"marked": False}
-        old = self._marks.pop(name, None)
-        if old is not None:
-            _kill_group(old)
-        self._marks[name] = pid
+        if not isinstance(pid, int) or pid == s.pid or parent_of(pid) != s.pid:
+            return {"marked": False}  # not a child of the session (a cell rewrote the runner): no copy kept
+        if name in self._marks:
+            self._drop_mark(name)
+        self._marks[name] = (pid, s)
         while len(self._marks) > MAX_MARKS:
-            _kill_group(self._marks.pop(next(iter(self._marks))))
+            self._drop_mark(next(iter(self._marks)))
         return {"marked": True}
 
     def _request(self, s: _Session, req: dict) -> dict | None:
@@ -305,27 +326,22 @@ class InterpreterOps(AgentState):
         return None
 
     def op_resume(self, req: dict) -> dict:
-        """Put the mark ``name`` in place of the live session (the live one is killed; the mark is kept for a later
-        resume: the resumed copy is itself forked first). ``{"resumed": bool}``: False when no such mark is kept
-        (the interpreter is then ended: the next cell starts a new one)."""
+        """Put the copy ``name`` in place of the live session (the live one is killed and waited for; the copy is
+        copied again first, for a later resume). ``{"resumed": bool}``: False when no such copy is kept (the live
+        session is then ended: the next cell starts a new one; the other copies stay)."""
         name = str(req.get("name", ""))
-        s = self._interp
-        pid = self._marks.get(name)
-        if s is None or pid is None:
-            self.end_interpreter()
+        self.end_session()
+        if name not in self._marks:
             return {"resumed": False}
-        if s.pid != pid:
-            _kill_group(s.pid)
-        del self._marks[name]
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except OSError:
-            self.end_interpreter()
+        pid, ch = self._marks.pop(name)
+        if not _signal(pid, RESUME_SIGNAL):
+            self._release(ch)
             return {"resumed": False}
-        s.pid = pid
-        s.answer = bytearray()
-        _drain(s)
-        again = self.op_mark({"name": name})  # keep the mark for the next resume
+        ch.pid = pid
+        self._interp = ch
+        ch.answer = bytearray()
+        _drain(ch)
+        again = self.op_mark({"name": name})  # keep a copy for the next resume
         return {"resumed": True, "marked_again": again["marked"]}
 
 
@@ -339,18 +355,14 @@ def _signal(pid: int, sig: int) -> bool:
 
 
 def _wait_stopped(pid: int, limit_s: float = 5.0) -> bool:
-    """Wait until process ``pid`` (a new copy) has stopped itself; a SIGCONT sent before that would be lost and the
-    copy would stop for good. Whether it did within ``limit_s`` seconds."""
+    """Wait until process ``pid`` (the live session, sent SIGSTOP) has stopped; whether it did within ``limit_s``
+    seconds."""
     deadline = time.monotonic() + limit_s
     while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            return False
-        if state in (b"T", b"t"):
+        state = state_of(pid)
+        if state in ("T", "t"):
             return True
-        if time.monotonic() > deadline:
+        if state in (None, "Z", "X") or time.monotonic() > deadline:
             return False
         time.sleep(0.0002)
 
@@ -366,11 +378,7 @@ def _kill_group(pid: int, limit_s: float = 2.0) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         reap_children()
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] in (b"Z", b"X"):
-                    return
-        except (OSError, IndexError):
+        if state_of(pid) in ("Z", "X", None):
             return
         time.sleep(0.0002)
 
@@ -384,4 +392,4 @@ def _drain(s: _Session) -> None:
             pass
 
 
-__all__ = ["INTERRUPT_GRACE_S", "InterpreterOps", "MAX_MARKS"]
+__all__ = ["INTERRUPT_GRACE_S", "InterpreterOps", "MAX_MARKS", "RESUME_SIGNAL"]

@@ -122,19 +122,41 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
+def state_of(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T``, ``Z``, ...), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[0].decode("ascii", "replace")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of process ``pid``, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
-    """Every descendant of the agent but the pids in ``spare`` (their own descendants are listed): walked down the
-    ``children`` files from the agent (a few reads when it has none, whatever else runs on the machine), or found by
-    a scan of the whole process table where the kernel has no ``children`` files."""
+    """Every live descendant of the agent but the pids in ``spare`` (their own descendants are listed; zombies are
+    not: they are dead, and one whose parent does not reap it, a stopped interpreter session's, would be waited for
+    in vain): walked down the ``children`` files from the agent (a few reads when it has none, whatever else runs on
+    the machine), or found by a scan of the whole process table where the kernel has no ``children`` files."""
     me = os.getpid()
     first = _children(me)
     if first is None:
         table = proc_table()
-        return [pid for pid in table if pid != me and pid not in spare and me in lineage(pid, table)]
+        return [pid for pid in table if pid != me and pid not in spare and table[pid][1] not in ("Z", "X")
+                and me in lineage(pid, table)]
     out, stack = [], list(first)
     while stack:
         pid = stack.pop()
-        if pid not in spare:
+        if pid not in spare and state_of(pid) not in ("Z", "X", None):
             out.append(pid)
         stack += _children(pid) or []
     return out

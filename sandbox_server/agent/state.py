@@ -55,6 +55,19 @@ class AgentState:
                     pairs.append((os.fsencode(hv), os.fsencode(s)))
         self._pairs = pairs
 
+    def open_areas(self) -> None:
+        """Give each writable area itself back its owner's read, write and search bits where the sandbox's code took
+        them (``chmod 000 /scratch``): every call runs there and every snapshot, rollback and reset empties it, so an
+        area the agent cannot enter would end the sandbox's use. What is inside keeps its modes."""
+        for w in self.writable:
+            h = self.host(w)
+            try:
+                mode = stat.S_IMODE(os.stat(h).st_mode)
+                if mode & 0o700 != 0o700:
+                    os.chmod(h, mode | 0o700)
+            except OSError:
+                pass
+
     # -- path mapping ---------------------------------------------------------------------------
     def host(self, sandbox_path: str) -> str:
         """Map a sandbox path to a host path (identity where no root maps it)."""

@@ -22,6 +22,7 @@ class WriteOps(AgentState):
         Raises Fail (refused | limit | error)."""
         if not self.writable:
             raise Fail("no writable area", "refused")
+        self.open_areas()
         base = self.writable[0]
         files = req.get("files") or {}
         if not isinstance(files, dict):

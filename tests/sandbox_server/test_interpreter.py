@@ -144,3 +144,89 @@ def test_rollback_resumes_the_interpreter_of_the_snapshot(cellbox):
         svc.delete(child.id)
     finally:
         svc.delete(other.id)
+
+
+def test_copies_outlive_a_miss_and_a_crash(cellbox):
+    """A rollback to a snapshot whose copy was dropped, and a crash of the live session, lose only the live
+    session's variables: the other snapshots' copies still resume."""
+    svc, sid = cellbox
+    snaps = []
+    for i in range(10):  # 10 snapshots: the first two copies are dropped (8 kept)
+        cell(cellbox, f"v = {i}")
+        snaps.append(svc.snapshot(sid))
+    svc.rollback(sid, snaps[0].id)  # its copy was dropped: a new interpreter...
+    assert "new interpreter" in cell(cellbox, "1").message
+    svc.rollback(sid, snaps[9].id)  # ...and the others still resume
+    assert cell(cellbox, "v").stdout == "9\n"
+    cell(cellbox, "import os; os._exit(1)")  # the live session crashes
+    svc.rollback(sid, snaps[5].id)
+    assert cell(cellbox, "v").stdout == "5\n"
+    r = cell(cellbox, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+             timeout_s=1.0)
+    assert "variables are gone" in r.message  # killed at its deadline...
+    svc.rollback(sid, snaps[8].id)
+    assert cell(cellbox, "v").stdout == "8\n"  # ...and a copy still resumes
+    for snap in snaps:
+        svc.delete_snapshot(snap.id)
+
+
+def test_a_cell_cannot_wake_or_fake_a_copy(cellbox):
+    """A copy waits for the agent's signal only: a cell's SIGCONT / SIGUSR1 to it changes nothing; a runner rewritten
+    by a cell so that it reports itself as the copy gets no copy kept (the rollback says the interpreter is new)."""
+    svc, sid = cellbox
+    cell(cellbox, "v = 'snap'")
+    snap = svc.snapshot(sid)
+    cell(cellbox, "v = 'live'")
+    r = cell(cellbox, "import os, signal\nme = os.getpid()\nkids = []\n"
+                      "for p in os.listdir('/proc'):\n"
+                      "    if p.isdigit() and int(p) != me:\n"
+                      "        try:\n"
+                      "            if open(f'/proc/{p}/cmdline','rb').read().startswith(b'python3\\x00-E'):\n"
+                      "                os.kill(int(p), signal.SIGCONT); os.kill(int(p), signal.SIGUSR1); kids.append(p)\n"
+                      "        except OSError:\n"
+                      "            pass\n"
+                      "len(kids)")
+    assert r.stdout == "1\n", r  # the one copy, signalled
+    assert [cell(cellbox, "v").stdout for _ in range(6)] == ["'live'\n"] * 6  # one interpreter answers
+    svc.rollback(sid, snap.id)
+    assert cell(cellbox, "v").stdout == "'snap'\n"
+    cell(cellbox, "import sys, os\nsys.modules['__main__']._fork_template = lambda: os.getpid()")
+    forged = svc.snapshot(sid)
+    cell(cellbox, "v = 'after'")
+    svc.rollback(sid, forged.id)
+    r = cell(cellbox, "'v' in dir()")
+    assert r.stdout == "False\n" and "new interpreter" in r.message
+    svc.delete_snapshot(snap.id)
+    svc.delete_snapshot(forged.id)
+
+
+def test_an_unreaped_child_costs_nothing_later(cellbox):
+    """A child a cell never waited for is a zombie of the stopped session: later calls do not wait for it."""
+    svc, sid = cellbox
+    cell(cellbox, "import subprocess\np = subprocess.Popen(['true'])\nimport time; time.sleep(0.2)")
+    for _ in range(3):
+        assert cell(cellbox, "1").duration_s < 1.0
+        assert svc.exec(sid, "cat", {"path": "/data/manifest.json"}).duration_s < 1.0
+
+
+def test_a_closed_workspace_is_opened_again(cellbox):
+    """``chmod 000 /scratch`` from a cell or a shell leaves the sandbox usable: the next call, a snapshot, a fork
+    and a rollback all work, and the workspace's files keep their contents."""
+    svc, sid = cellbox
+    svc.exec(sid, "write_file", {"path": "keep.txt", "text": "kept"})
+    early = svc.snapshot(sid)
+    cell(cellbox, "import os; os.chmod('/scratch', 0)")
+    assert svc.exec(sid, "cat", {"path": "keep.txt"}).stdout == "kept"
+    cell(cellbox, "import os; os.chmod('/scratch', 0)")
+    late = svc.snapshot(sid)
+    [kid] = svc.fork(sid, 1)
+    assert svc.exec(kid.id, "cat", {"path": "keep.txt"}).stdout == "kept"
+    assert svc.exec(kid.id, "run_cell", {"code": "open('keep.txt').read()"}).stdout == "'kept'\n"
+    svc.delete(kid.id)
+    cell(cellbox, "import os; os.chmod('/scratch', 0)")
+    svc.rollback(sid, early.id)
+    assert svc.exec(sid, "cat", {"path": "keep.txt"}).stdout == "kept"
+    svc.rollback(sid, late.id)
+    assert cell(cellbox, "open('keep.txt').read()").stdout == "'kept'\n"
+    svc.delete_snapshot(early.id)
+    svc.delete_snapshot(late.id)
