@@ -182,7 +182,8 @@ def test_a_cell_cannot_wake_or_fake_a_copy(cellbox):
                       "    if p.isdigit() and int(p) != me:\n"
                       "        try:\n"
                       "            if open(f'/proc/{p}/cmdline','rb').read().startswith(b'python3\\x00-E'):\n"
-                      "                os.kill(int(p), signal.SIGCONT); os.kill(int(p), signal.SIGUSR1); kids.append(p)\n"
+                      "                os.kill(int(p), signal.SIGCONT); os.kill(int(p), signal.SIGUSR1)\n"
+                      "                kids.append(p)\n"
                       "        except OSError:\n"
                       "            pass\n"
                       "len(kids)")
