@@ -12,8 +12,9 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
   ``{"op": "fork"}`` answers with the pid of a
   copy of this process made by ``os.fork`` that waits until the agent resumes it (SIGUSR1, from the agent only) in
   place of the session then running: the session's variables as they were (a rollback of the interpreter).
-* answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null}``, written after the cell's output is
-  flushed. A process the cell itself forked never answers: it exits when the cell ends in it.
+* answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null, "lost_output": bool}`` (``lost_output``:
+  file descriptor 1 or 2 is no longer the agent's pipe), written after the cell's output is flushed. A process the
+  cell itself forked never answers: it exits when the cell ends in it.
 * ``1`` / ``2``: the cell's standard output and error (the agent captures and caps them); stdin is ``/dev/null``.
 
 A cell runs as IPython runs one: its statements in the session's ``__main__`` namespace, and when its last statement
@@ -37,6 +38,18 @@ import traceback
 RESUME_SIGNAL = signal.SIGUSR1
 #: The agent: the process that started this session (every copy keeps the value).
 AGENT_PID = os.getppid()
+
+
+def _streams() -> list:
+    """What file descriptors 1 and 2 are now: ``(device, inode)`` each, None when closed."""
+    out = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            out.append(None)
+    return out
 
 
 def _compile(code: str):
@@ -106,6 +119,7 @@ def main() -> int:
     """Serve cells until the request channel closes."""
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     session = [os.getpid()]  # the process that serves requests (a resumed copy, after a rollback)
+    streams = _streams()  # the agent's output pipes
     requests = os.fdopen(int(sys.argv[-2]), "rb")
     answers = os.fdopen(int(sys.argv[-1]), "wb", buffering=0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -133,7 +147,8 @@ def main() -> int:
         ok, error = run_cell(str(req.get("code", "")), namespace)
         if os.getpid() != session[0]:
             os._exit(0)  # a copy the cell's own os.fork made: it never answers nor reads the next request
-        answers.write(json.dumps({"n": req.get("n"), "ok": ok, "error": error}).encode() + b"\n")
+        lost = _streams() != streams  # a cell closed or replaced fd 1 or 2: later output never reaches the agent
+        answers.write(json.dumps({"n": req.get("n"), "ok": ok, "error": error, "lost_output": lost}).encode() + b"\n")
 
 
 if __name__ == "__main__":

@@ -211,6 +211,10 @@ class InterpreterOps(AgentState):
             msg = "the cell ended the interpreter (its variables are gone; the next cell starts a new one)"
         else:
             msg = ""
+        if answer and answer.get("lost_output"):
+            msg = "; ".join(x for x in (msg, "the cell closed or replaced its standard output or error: what the "
+                                             "session prints no longer reaches the caller (os._exit(0) in a cell "
+                                             "starts a new interpreter)") if x)
         if started:  # a policy that relies on earlier variables learns they are gone (a fork, a crash, a rollback)
             msg = "; ".join(x for x in ("a new interpreter started for this cell (no variables from before)", msg) if x)
         ok = answer.get("ok") if answer else None

@@ -231,3 +231,9 @@ def test_a_closed_workspace_is_opened_again(cellbox):
     assert cell(cellbox, "open('keep.txt').read()").stdout == "'kept'\n"
     svc.delete_snapshot(early.id)
     svc.delete_snapshot(late.id)
+
+
+def test_a_cell_that_closes_its_output_is_told(cellbox):
+    r = cell(cellbox, "import os\nos.close(1)")
+    assert "no longer reaches the caller" in r.message
+    assert "no longer reaches the caller" in cell(cellbox, "print('lost')").message
