@@ -40,9 +40,9 @@ RESUME_SIGNAL = signal.SIGUSR1
 AGENT_PID = os.getppid()
 
 
-def _streams() -> list:
+def _streams() -> list[tuple[int, int] | None]:
     """What file descriptors 1 and 2 are now: ``(device, inode)`` each, None when closed."""
-    out = []
+    out: list[tuple[int, int] | None] = []
     for fd in (1, 2):
         try:
             st = os.fstat(fd)
