@@ -208,7 +208,8 @@ class InterpreterOps(AgentState):
         elif truncated:
             msg = f"the output passed the {cap}-byte cap; the cell was interrupted"
         elif ended:
-            msg = "the cell ended the interpreter (its variables are gone; the next cell starts a new one)"
+            msg = ("the cell ended the interpreter (os._exit, a crash, or a kill at the sandbox's memory bound); its "
+                   "variables are gone and the next cell starts a new one")
         else:
             msg = ""
         if answer and answer.get("lost_output"):
