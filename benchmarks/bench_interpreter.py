@@ -97,7 +97,7 @@ def bench(kind: str, reps: int, ints: int) -> None:
         row("rollback resuming the interpreter's copy", resume, rebuild)
         if before is not None and after is not None:
             print(f"  memory charged to the sandbox: {before / 2**20:.1f} MiB with the live interpreter, "
-                  f"{after / 2**20:.1f} MiB with {min(reps, 8)} stopped copies kept as well")
+                  f"{after / 2**20:.1f} MiB with {min(reps, 8)} waiting copies kept as well")
         for sid in (sb, plain, other):
             svc.delete(sid)
     finally:

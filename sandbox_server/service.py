@@ -429,7 +429,7 @@ class SandboxService:
             ServiceUnavailable: ``cancel`` was set first (nothing is stored).
         """
         s = self._session(sandbox_id)
-        # a sandbox with the interpreter family keeps a stopped copy of its live interpreter with the snapshot: a
+        # a sandbox with the interpreter family keeps a waiting copy of its live interpreter with the snapshot: a
         # rollback of that sandbox to it resumes the copy (the variables as they were), forks start a new one
         mark = "m-" + uuid.uuid4().hex[:16] if "interpreter" in s.state.families else None
         with s.lock:
@@ -515,7 +515,7 @@ class SandboxService:
         restore point. The sandbox keeps its id; any snapshot of this server will do (one of another sandbox too).
         Nothing a call started survives the call, so the areas are all there is to put back, but for the live
         interpreter of a sandbox with the ``interpreter`` family: rolled back to one of its own snapshots, the
-        stopped copy of the interpreter kept with that snapshot takes the live one's place (its variables as they
+        waiting copy of the interpreter kept with that snapshot takes the live one's place (its variables as they
         were then); otherwise the live interpreter ends and the next cell starts a new one.
 
         Raises:

@@ -28,7 +28,7 @@ class StoredSnapshot:
     created_at: float
     expires_at: float
     deadline: float
-    #: The name under which the source sandbox keeps a stopped copy of its live interpreter taken with this
+    #: The name under which the source sandbox keeps a waiting copy of its live interpreter taken with this
     #: snapshot (a rollback of that sandbox resumes it), or None.
     mark: str | None = None
 

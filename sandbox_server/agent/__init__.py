@@ -43,7 +43,7 @@ Operations (``op``):
     Carried: regular files, directories, symbolic links, hard links, FIFOs and (unbound) UNIX socket files within
     the writable areas, with their permission bits (setuid/setgid dropped) and modification times to the
     nanosecond, whatever their modes. A device makes ``pack`` refuse (``error_kind: "unsupported"``) naming the
-    path: nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a stopped ``os.fork`` copy of the live
+    path: nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a waiting ``os.fork`` copy of the live
     interpreter under that name; ``unpack`` ends the live interpreter, or with ``resume`` puts that copy in its
     place (``resumed``: whether it did).
 ``cell``

@@ -66,7 +66,7 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
                           self.signal_scope.enter if self.signal_scope is not None else None, spare=self.spared())
 
     def op_pack(self, req: dict) -> dict:
-        """``pack`` (:mod:`.snapshot`); with ``mark``, first a stopped copy of the live interpreter kept under that
+        """``pack`` (:mod:`.snapshot`); with ``mark``, first a waiting copy of the live interpreter kept under that
         name (:meth:`op_mark`)."""
         if req.get("mark"):
             self.op_mark({"name": req["mark"]})

@@ -4,7 +4,7 @@ The session is :mod:`sandbox_server.interpreter_runner` run by the sandbox's ``p
 with each request; the agent starts it at the first cell, and again after it ended). It runs in its own session and
 process group with the workspace as its directory, the agent's limits (inherited) and its own Landlock signal scope,
 and only where the sandbox's process count is bounded (``--bounded``), like every call that runs code. What a cell
-starts (subprocesses, daemons) is killed when the cell ends; the session process and its stopped copies
+starts (subprocesses, daemons) is killed when the cell ends; the session process and its waiting copies
 (``marks``) are spared, and the session itself is stopped (SIGSTOP) until its next request: a thread a cell left
 running never runs between calls (never beside a snapshot or another tool). A cell past its deadline is
 interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the session kept) and, when it does not stop within

@@ -67,7 +67,7 @@ class Backend(Protocol):
         SandboxNotFound."""
 
     def snapshot(self, sid: str, mark: str | None = None) -> bytes:
-        """A tar (bytes) of the sandbox's writable areas (/scratch, /tmp); ``mark``: also keep a stopped copy of its
+        """A tar (bytes) of the sandbox's writable areas (/scratch, /tmp); ``mark``: also keep a waiting copy of its
         live interpreter under that name."""
 
     def restore(self, sid: str, data: bytes, resume: str | None = None) -> bool:
@@ -259,7 +259,7 @@ class AgentBackend:
             SnapshotUnsupported: a FIFO, socket or device is in /scratch or /tmp (the message names it).
             AgentTimeout / AgentFailed.
 
-        ``mark``: also keep a stopped copy of the sandbox's live interpreter under that name (``os.fork`` in the
+        ``mark``: also keep a waiting copy of the sandbox's live interpreter under that name (``os.fork`` in the
         sandbox), which :meth:`restore` with ``resume`` puts back.
         """
         return base64.b64decode(self._call(sid, {"op": "pack", "mark": mark})["data"])
