@@ -11,7 +11,8 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
 * requests, one JSON line each, numbered (``n``, echoed by the answer): ``{"code": str}`` runs a cell;
   ``{"op": "fork"}`` answers with the pid of a
   copy of this process made by ``os.fork`` that waits until the agent resumes it (SIGUSR1, from the agent only) in
-  place of the session then running: the session's variables as they were (a rollback of the interpreter).
+  place of the session then running: the session's variables as they were (a rollback of the interpreter);
+  ``{"op": "reap"}`` reaps the session's ended children (after the agent killed what a cell left).
 * answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null, "lost_output": bool}`` (``lost_output``:
   file descriptor 1 or 2 is no longer the agent's pipe), written after the cell's output is flushed. A process the
   cell itself forked never answers: it exits when the cell ends in it.
@@ -50,6 +51,37 @@ def _streams() -> list[tuple[int, int] | None]:
         except OSError:
             out.append(None)
     return out
+
+
+def _reap_forked() -> None:
+    """Reap the children a cell forked that have ended and that no live ``subprocess.Popen`` holds: a fork bomb's
+    exited copies would otherwise stay zombies of this session, each one counted against the sandbox's process bound
+    until the session ends. (A child a cell forked with ``os.fork`` and meant to ``os.waitpid`` later is reaped here
+    too; a ``Popen``'s child is left to its object.)"""
+    zombies = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                for child in f.read().split():
+                    with open(f"/proc/{child}/stat", "rb") as st:
+                        if st.read().rpartition(b")")[2].split()[0] == b"Z":
+                            zombies.append(int(child))
+    except (OSError, ValueError, IndexError):
+        pass
+    if not zombies:
+        return
+    held: set = set()
+    if "subprocess" in sys.modules:
+        import gc
+
+        popen = sys.modules["subprocess"].Popen
+        held = {o.pid for o in gc.get_objects() if isinstance(o, popen) and o.returncode is None}
+    for pid in zombies:
+        if pid not in held:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except OSError:
+                pass
 
 
 def _compile(code: str):
@@ -137,6 +169,10 @@ def main() -> int:
         except ValueError:
             req = {}
         line = b""
+        if req.get("op") == "reap":  # the agent killed what the cell left: its ended children
+            _reap_forked()
+            answers.write(json.dumps({"n": req.get("n"), "ok": True}).encode() + b"\n")
+            continue
         if req.get("op") == "fork":
             pid = _fork_template()
             if pid == 0:

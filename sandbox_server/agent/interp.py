@@ -196,6 +196,8 @@ class InterpreterOps(AgentState):
         else:
             s.cells += 1
         kill_descendants(spare=self.spared())  # what the cell started, never the session or its copies
+        if self._interp is not None and self._interp.pid is not None and _zombie_children(self._interp.pid):
+            self._request(self._interp, {"op": "reap"})  # dead children of the session count against the pids bound
         self._pause()
         err_cap = min(cap, 16384)
         stdout = decode(utf8_cut(bytes(out[:cap])) if truncated else bytes(out[:cap]))
@@ -348,6 +350,18 @@ class InterpreterOps(AgentState):
         _drain(ch)
         again = self.op_mark({"name": name})  # keep a copy for the next resume
         return {"resumed": True, "marked_again": again["marked"]}
+
+
+def _zombie_children(pid: int) -> bool:
+    """Whether process ``pid`` has a child that ended and was not reaped."""
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                if any(state_of(int(c)) == "Z" for c in f.read().split()):
+                    return True
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _signal(pid: int, sig: int) -> bool:
