@@ -11,6 +11,9 @@ interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the session kept) and, w
 :data:`INTERRUPT_GRACE_S`, the session is killed (its variables are gone; the answer says so). Output is
 captured like ``exec``'s: at most ``cap_bytes`` of stdout (the cell is interrupted at the cap), 16 KiB of stderr.
 Standard library only.
+
+Why one file: the session, its copies and the channels they share are one set of handles whose life is one
+sequence (start, cell, pause, copy, resume, end): split, each part would reach into the others' pids and pipes.
 """
 
 from __future__ import annotations
