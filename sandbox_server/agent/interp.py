@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 
-from .proc import kill_descendants, parent_of, reap_children, state_of
+from .proc import children_of, kill_descendants, parent_of, reap_children, state_of
 from .protocol import MARKER, decode, refused, utf8_cut
 from .state import AgentState
 
@@ -357,14 +357,7 @@ class InterpreterOps(AgentState):
 
 def _zombie_children(pid: int) -> bool:
     """Whether process ``pid`` has a child that ended and was not reaped."""
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                if any(state_of(int(c)) == "Z" for c in f.read().split()):
-                    return True
-    except (OSError, ValueError):
-        pass
-    return False
+    return any(state_of(c) == "Z" for c in children_of(pid) or [])
 
 
 def _signal(pid: int, sig: int) -> bool:

@@ -17,13 +17,9 @@ def proc_table() -> dict[int, tuple[int, str]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            rest = data[data.rindex(b")") + 2:].split()
-            out[int(name)] = (int(rest[1]), rest[0].decode("ascii", "replace"))
-        except (OSError, ValueError, IndexError):
-            pass
+        fields = _stat(int(name))
+        if fields and len(fields) > 1:
+            out[int(name)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
     return out
 
 
@@ -104,7 +100,7 @@ def killpg(pgid: int) -> None:
         pass
 
 
-def _children(pid: int) -> list[int] | None:
+def children_of(pid: int) -> list[int] | None:
     """The children of ``pid`` from ``/proc/PID/task/*/children`` (None when the kernel has no such files)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -122,24 +118,26 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
-def state_of(pid: int) -> str | None:
-    """The state letter of process ``pid`` (``R``, ``S``, ``T``, ``Z``, ...), or None when there is no such process."""
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then the parent pid, ...), or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return data[data.rindex(b")") + 2:].split()[0].decode("ascii", "replace")
-    except (OSError, ValueError, IndexError):
+        return data[data.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
         return None
+
+
+def state_of(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T``, ``Z``, ...), or None when there is no such process."""
+    fields = _stat(pid)
+    return fields[0].decode("ascii", "replace") if fields else None
 
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of process ``pid``, or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = _stat(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
 
 
 def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
@@ -148,7 +146,7 @@ def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
     in vain): walked down the ``children`` files from the agent (a few reads when it has none, whatever else runs on
     the machine), or found by a scan of the whole process table where the kernel has no ``children`` files."""
     me = os.getpid()
-    first = _children(me)
+    first = children_of(me)
     if first is None:
         table = proc_table()
         return [pid for pid in table if pid != me and pid not in spare and table[pid][1] not in ("Z", "X")
@@ -158,7 +156,7 @@ def descendants(spare: frozenset[int] | set[int] = frozenset()) -> list[int]:
         pid = stack.pop()
         if pid not in spare and state_of(pid) not in ("Z", "X", None):
             out.append(pid)
-        stack += _children(pid) or []
+        stack += children_of(pid) or []
     return out
 
 
