@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from .proc import kill_descendants, killpg, reap_children
+from .proc import kill_descendants, killpg, oom_first, reap_children
 from .protocol import MARKER, PROC_MEMORY_BYTES, PROC_OPEN_FILES, PathRewriter, decode, utf8_cut
 
 
@@ -64,7 +64,8 @@ def limit_self(limits: list[tuple[str, int]]) -> dict[str, int]:
 
 def _limiter(limits: list[tuple[str, int]], scope: Callable[[], None] | None = None) -> Callable[[], None]:
     """A ``preexec_fn`` setting ``limits`` in the child before it runs the call's program (never above a hard
-    limit the agent already has), then calling ``scope`` (:meth:`.confine.SignalScope.enter`) when given."""
+    limit the agent already has), making it the OOM killer's first choice (:func:`.proc.oom_first`) when ``limits``
+    are given (a call that runs code), then calling ``scope`` (:meth:`.confine.SignalScope.enter`) when given."""
     import resource
 
     pairs = [(which, value) for _, which, value in _clamped(limits)]
@@ -72,6 +73,8 @@ def _limiter(limits: list[tuple[str, int]], scope: Callable[[], None] | None = N
     def apply() -> None:
         for which, value in pairs:
             resource.setrlimit(which, (value, value))
+        if limits:
+            oom_first()
         if scope is not None:
             scope()
 

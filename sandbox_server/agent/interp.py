@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 
-from .proc import children_of, kill_descendants, parent_of, reap_children, state_of
+from .proc import children_of, kill_descendants, oom_first, parent_of, reap_children, state_of
 from .protocol import MARKER, decode, refused, utf8_cut
 from .state import AgentState
 
@@ -147,11 +147,17 @@ class InterpreterOps(AgentState):
     def _start(self, argv: list[str], env: dict) -> _Session:
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
-        scope = self.signal_scope.enter if self.signal_scope is not None else None
+        scope = self.signal_scope
+
+        def first_step() -> None:  # the OOM killer's first choice (the agent its last), then its own signal scope
+            oom_first()
+            if scope is not None:
+                scope.enter()
+
         try:  # the runner's last two arguments: the request and answer channels' descriptors
             proc = subprocess.Popen([*argv, str(req_r), str(ans_w)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, cwd=self.host(self.writable[0]), env=env,
-                                    start_new_session=True, pass_fds=(req_r, ans_w), preexec_fn=scope)
+                                    start_new_session=True, pass_fds=(req_r, ans_w), preexec_fn=first_step)
         finally:
             os.close(req_r)
             os.close(ans_w)

@@ -46,6 +46,8 @@ def test_variables_persist_and_values_print(cellbox):
     assert r.stdout == "42\n" and r.exit_code == 0
     r = cell(cellbox, "print('a'); import sys; print('b', file=sys.stderr); None")
     assert (r.stdout, r.stderr) == ("a\n", "b\n")
+    r = cell(cellbox, "open('/proc/self/oom_score_adj').read().split()")  # past the memory bound, the session dies
+    assert r.stdout == "['1000']\n", r  # before the agent (tests/sandbox_server/test_workspace_tools.py)
 
 
 def test_errors_and_exit_keep_the_session(cellbox):

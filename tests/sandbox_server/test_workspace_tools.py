@@ -187,6 +187,23 @@ def test_hostile_code_is_cut_or_refused_and_harms_nothing(package, name):
     unharmed(box)
 
 
+def test_past_the_memory_bound_the_calls_processes_die_before_the_agent(package):
+    """60 processes of 6 MiB each pass the sandbox's 256 MiB bound: the OOM killer takes some of them (each smaller
+    than the agent) and never the agent, so the sandbox keeps its workspace (before, the agent died and the sandbox
+    was replaced from its last snapshot, the episode's edits lost)."""
+    box = package
+    seen = script(box, "adj.py", "import os\nprint(open('/proc/self/oom_score_adj').read().strip(),"
+                  " open(f'/proc/{os.getppid()}/oom_score_adj').read().strip())\n")
+    assert seen.stdout.split() == ["1000", "0"], seen  # the call first, the agent last
+    res = script(box, "hog.py", "import os, time\nkids = []\nfor i in range(60):\n    pid = os.fork()\n"
+                 "    if pid == 0:\n        b = bytearray(6 << 20)\n        b[::4096] = b'1' * len(b[::4096])\n"
+                 "        time.sleep(2)\n        os._exit(0)\n    kids.append(pid)\n"
+                 "print(sum(os.waitpid(k, 0)[1] == 9 for k in kids), 'killed')\n", timeout_s=8.0)
+    assert res.status == "ok" and not res.sandbox_replaced and res.exit_code == 0, res
+    assert int(res.stdout.split()[0]) >= 1, res.stdout  # the bound was reached and the children paid for it
+    unharmed(box)
+
+
 def test_remove_takes_folders_the_episode_locked(box):
     locked = script(box, "lock.py", "import os\nos.makedirs('/scratch/locked/a/b')\nopen('/scratch/locked/a/b/f', 'w')"
                     ".write('x')\nos.chmod('/scratch/locked/a/b', 0)\nos.chmod('/scratch/locked/a', 0o500)\n")
