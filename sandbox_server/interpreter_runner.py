@@ -12,9 +12,13 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
   ``{"op": "fork"}`` answers with the pid of a
   copy of this process made by ``os.fork`` that waits until the agent resumes it (SIGUSR1, from the agent only) in
   place of the session then running: the session's variables as they were (a rollback of the interpreter);
-  ``{"op": "reap"}`` reaps the session's ended children (after the agent killed what a cell left).
+  ``{"op": "reap"}`` reaps the session's ended children (after the agent killed what a cell left);
+  ``{"op": "export"}`` answers with ``data``, the session's state by value (:func:`export_state`), for a copy of the
+  sandbox elsewhere (a fork, a clone): a cell request's ``carry`` (that ``data``) is imported before the cell runs, in
+  a session that has run nothing yet.
 * answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null, "lost_output": bool}`` (``lost_output``:
-  file descriptor 1 or 2 is no longer the agent's pipe), written after the cell's output is flushed. A process the
+  file descriptor 1 or 2 is no longer the agent's pipe), written after the cell's output is flushed; with
+  ``carried`` (names) and ``dropped`` ({name: why}) after an import. A process the
   cell itself forked never answers: it exits when the cell ends in it.
 * ``1`` / ``2``: the cell's standard output and error (the agent captures and caps them); stdin is ``/dev/null``.
 
@@ -24,21 +28,41 @@ runner's frames) to stderr and the session goes on; ``SystemExit`` (``exit()``, 
 way and does not end the session; SIGINT (the agent's first step at a cell's deadline) raises ``KeyboardInterrupt``
 in the cell. A cell that ends the process (``os._exit``, a crash, the memory bound) ends the session: the agent
 says so, and the next cell starts a new one with no variables.
+
+The session's namespace is the ``__dict__`` of the module ``sys.modules["__main__"]``, as in a script or IPython, so
+that ``pickle`` finds the classes and functions cells define (``__main__.Name``).
+
+**State by value** (:func:`export_state` / :func:`import_state`): a process cannot move into another sandbox (their
+namespaces are not its to enter), so a fork into other sandboxes carries the session's *variables*, not its process:
+modules by name (imported again in the copy, from the copy's own workspace), the functions and classes cells defined
+by their source (defined again), every other value by ``pickle`` (shared references between names kept), and the
+``random`` generator's state, the working directory, ``sys.path`` and ``os.environ``. What ``pickle`` refuses (open
+files, sockets, generators, threads, lambdas, closures, instances of a class redefined since) is not carried: each
+such name comes back with the reason, and the copy's first cell says so. At most :data:`CARRY_MAX_BYTES` of pickled
+values go (the largest dropped first). Module attributes a cell changed are not carried (the module is imported
+afresh).
 """
 
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
+import pickle
 import signal
 import sys
 import traceback
+import types
 
 #: The signal that resumes a waiting copy, taken from the agent only.
 RESUME_SIGNAL = signal.SIGUSR1
 #: The agent: the process that started this session (every copy keeps the value).
 AGENT_PID = os.getppid()
+#: Most bytes of pickled values one export carries (the largest values are dropped first past it).
+CARRY_MAX_BYTES = 8 << 20
+#: The top-level ``def`` and ``class`` statements cells ran: {name: (order, source)}, the latest of each name.
+DEFINITIONS: dict = {}
 
 
 def _streams() -> list[tuple[int, int] | None]:
@@ -85,8 +109,14 @@ def _reap_forked() -> None:
 
 
 def _compile(code: str):
-    """``(statements code object or None, last-expression code object or None)`` of one cell."""
+    """``(statements code object or None, last-expression code object or None)`` of one cell; its top-level
+    ``def`` and ``class`` statements' source recorded in :data:`DEFINITIONS` (for :func:`export_state`)."""
     tree = ast.parse(code, "<cell>", "exec")
+    lines = code.splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.end_lineno:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            DEFINITIONS[node.name] = (len(DEFINITIONS), "".join(lines[first - 1:node.end_lineno]))
     last = None
     tail = tree.body[-1] if tree.body else None
     if isinstance(tail, ast.Expr):
@@ -126,6 +156,107 @@ def run_cell(code: str, namespace: dict) -> tuple[bool, str | None]:
                 pass
 
 
+def _defined_here(name: str, value) -> bool:
+    """Whether ``value`` is the function or class a cell's top-level statement ``name`` defined (carried by source)."""
+    if not (isinstance(value, (type, types.FunctionType)) or hasattr(value, "__wrapped__")):
+        return False
+    return (getattr(value, "__module__", None) == "__main__" and getattr(value, "__qualname__", None) == name
+            and name in DEFINITIONS)
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short reason, without memory addresses (the same state gives the same text every time)."""
+    text = f"{type(exc).__name__}: {exc}"
+    while " at 0x" in text:
+        head, _, tail = text.partition(" at 0x")
+        text = head + tail.lstrip("0123456789abcdef")
+    return text[:200]
+
+
+def export_state(namespace: dict) -> tuple[bytes, list, dict]:
+    """The session's state by value (see the module docstring): ``(bytes, names carried, {name: why not carried})``.
+    The bytes are a pickle of plain data, read by :func:`import_state` only."""
+    modules, sources, values, sizes, dropped = {}, [], {}, {}, {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            modules[name] = value.__name__
+        elif _defined_here(name, value):
+            sources.append(DEFINITIONS[name] + (name,))
+        else:
+            try:
+                sizes[name] = len(pickle.dumps(value, protocol=4))
+                values[name] = value
+            except Exception as exc:  # noqa: BLE001 -- whatever pickle raises, the name is not carried
+                dropped[name] = _why(exc)
+    total = sum(sizes.values())
+    for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        if total <= CARRY_MAX_BYTES:
+            break
+        total -= sizes[name]
+        values.pop(name)
+        dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {CARRY_MAX_BYTES} in all)"
+    rng = sys.modules.get("random")
+    try:
+        blob = pickle.dumps(values, protocol=4)
+    except Exception as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
+        dropped.update({n: _why(exc) for n in values})
+        values, blob = {}, pickle.dumps({}, protocol=4)
+    state = {"version": 1, "modules": modules, "sources": sorted(sources), "values": blob, "dropped": dropped,
+             "random": rng.getstate() if rng is not None else None, "cwd": os.getcwd(), "path": list(sys.path),
+             "environ": dict(os.environ)}
+    return pickle.dumps(state, protocol=4), sorted(modules) + [n for _, _, n in sorted(sources)] + sorted(values), \
+        dropped
+
+
+def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
+    """Put a state of :func:`export_state` into ``namespace`` (a session that has run nothing yet); ``(names
+    carried, {name: why not})``. Never raises."""
+    carried: list = []
+    try:
+        state = pickle.loads(data)
+        dropped = dict(state["dropped"])  # what the export already left out
+        os.environ.clear()
+        os.environ.update(state["environ"])
+        sys.path[:] = state["path"]
+        os.chdir(state["cwd"])
+    except Exception as exc:  # noqa: BLE001
+        return [], {"*": f"the carried state cannot be read: {_why(exc)}"}
+    if state.get("random") is not None:
+        import random
+
+        random.setstate(state["random"])
+    for name, module in state["modules"].items():
+        try:
+            namespace[name] = __import__(module, fromlist=["_"])
+            carried.append(name)
+        except BaseException as exc:  # noqa: BLE001 -- an import may raise anything, SystemExit included
+            dropped[name] = f"import {module}: {_why(exc)}"
+    later = []
+    for _, source, name in state["sources"]:
+        try:
+            exec(compile(source, "<cell>", "exec"), namespace)
+            carried.append(name)
+            DEFINITIONS[name] = (len(DEFINITIONS), source)  # this copy's own forks carry it again
+        except BaseException:  # noqa: BLE001 -- e.g. a default value naming a variable not carried yet
+            later.append((source, name))
+    try:
+        values = pickle.loads(state["values"])
+        namespace.update(values)
+        carried += list(values)
+    except BaseException as exc:  # noqa: BLE001
+        dropped.update({"*values": _why(exc)})
+    for source, name in later:
+        try:
+            exec(compile(source, "<cell>", "exec"), namespace)
+            carried.append(name)
+            DEFINITIONS[name] = (len(DEFINITIONS), source)
+        except BaseException as exc:  # noqa: BLE001
+            dropped[name] = _why(exc)
+    return carried, dropped
+
+
 def _fork_template() -> int:
     """Make a waiting copy of this session (``os.fork``); returns its pid here. The copy waits until the agent sends it
     :data:`RESUME_SIGNAL` (the same signal from any other process is ignored), then goes on serving the request
@@ -149,7 +280,10 @@ def _fork_template() -> int:
 
 def main() -> int:
     """Serve cells until the request channel closes."""
-    namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    main_module = types.ModuleType("__main__")  # the cells' module: pickle finds what they define there
+    main_module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main_module
+    namespace = main_module.__dict__
     session = [os.getpid()]  # the process that serves requests (a resumed copy, after a rollback)
     streams = _streams()  # the agent's output pipes
     requests = os.fdopen(int(sys.argv[-2]), "rb")
@@ -173,6 +307,14 @@ def main() -> int:
             _reap_forked()
             answers.write(json.dumps({"n": req.get("n"), "ok": True}).encode() + b"\n")
             continue
+        if req.get("op") == "export":
+            try:  # a value's own __reduce__ runs here: it may raise anything
+                data, names, dropped = export_state(namespace)
+                ans = {"ok": True, "data": base64.b64encode(data).decode("ascii"), "carried": names, "dropped": dropped}
+            except BaseException as exc:  # noqa: BLE001
+                ans = {"ok": False, "error": _why(exc)}
+            answers.write(json.dumps({"n": req.get("n"), **ans}).encode() + b"\n")
+            continue
         if req.get("op") == "fork":
             pid = _fork_template()
             if pid == 0:
@@ -180,11 +322,18 @@ def main() -> int:
                 continue  # resumed: this copy is now the session
             answers.write(json.dumps({"n": req.get("n"), "ok": True, "pid": pid}).encode() + b"\n")
             continue
+        extra: dict = {}
+        if isinstance(req.get("carry"), str):  # a copy's first cell: the state it carries first
+            try:
+                extra["carried"], extra["dropped"] = import_state(base64.b64decode(req["carry"]), namespace)
+            except ValueError as exc:
+                extra["carried"], extra["dropped"] = [], {"*": f"the carried state is not base64: {exc}"}
         ok, error = run_cell(str(req.get("code", "")), namespace)
         if os.getpid() != session[0]:
             os._exit(0)  # a copy the cell's own os.fork made: it never answers nor reads the next request
         lost = _streams() != streams  # a cell closed or replaced fd 1 or 2: later output never reaches the agent
-        answers.write(json.dumps({"n": req.get("n"), "ok": ok, "error": error, "lost_output": lost}).encode() + b"\n")
+        answers.write(json.dumps({"n": req.get("n"), "ok": ok, "error": error, "lost_output": lost,
+                                  **extra}).encode() + b"\n")
 
 
 if __name__ == "__main__":

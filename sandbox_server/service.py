@@ -430,7 +430,8 @@ class SandboxService:
         """
         s = self._session(sandbox_id)
         # a sandbox with the interpreter family keeps a waiting copy of its live interpreter with the snapshot: a
-        # rollback of that sandbox to it resumes the copy (the variables as they were), forks start a new one
+        # rollback of that sandbox to it resumes the copy (the process as it was); the snapshot's tar carries the
+        # interpreter's state by value for every other sandbox it is restored into (forks, clones)
         mark = "m-" + uuid.uuid4().hex[:16] if "interpreter" in s.state.families else None
         with s.lock:
             self._live(s)
@@ -466,7 +467,9 @@ class SandboxService:
         sids = self.pool.acquire_many(n)
 
         def fill(sid: str) -> None:  # a large source's areas copied by the backend where it can, else the snapshot
-            copy = getattr(self.backend, "copy_areas", None) if len(data) >= HOST_COPY_MIN_BYTES else None
+            # (always the snapshot where an interpreter's state may ride in it: a host copy of the areas leaves it out)
+            copy = (getattr(self.backend, "copy_areas", None)
+                    if len(data) >= HOST_COPY_MIN_BYTES and "interpreter" not in state.families else None)
             if source is None or copy is None or not copy(source, sid):
                 self.backend.restore(sid, data)
 
@@ -496,7 +499,9 @@ class SandboxService:
     def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """Snapshot + clone in one call (the snapshot is not stored; it is each copy's restore point). Where the
         backend can copy the sandbox's areas itself (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar)
-        the copies are made so, the sandbox's calls waiting meanwhile; else the snapshot is restored into each.
+        the copies are made so, the sandbox's calls waiting meanwhile; else the snapshot is restored into each. A
+        sandbox with the ``interpreter`` family always goes by the snapshot: its live interpreter's state rides in it
+        by value, and each copy's first cell starts from those variables.
         Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
@@ -515,8 +520,9 @@ class SandboxService:
         restore point. The sandbox keeps its id; any snapshot of this server will do (one of another sandbox too).
         Nothing a call started survives the call, so the areas are all there is to put back, but for the live
         interpreter of a sandbox with the ``interpreter`` family: rolled back to one of its own snapshots, the
-        waiting copy of the interpreter kept with that snapshot takes the live one's place (its variables as they
-        were then); otherwise the live interpreter ends and the next cell starts a new one.
+        waiting copy of the interpreter kept with that snapshot takes the live one's place (the process as it was
+        then); otherwise the live interpreter ends and the next cell starts a new one with the variables the
+        snapshot carried by value (:mod:`sandbox_server.interpreter_runner`).
 
         Raises:
             SandboxNotFound: unknown sandbox or snapshot (HTTP 404).

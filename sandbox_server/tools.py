@@ -113,6 +113,11 @@ class ToolResult(BaseModel):
     ``duration_s``: wall time in the sandbox, in seconds. ``sandbox_replaced``: the sandbox itself failed
     (its agent hung or died: an infrastructure failure, not the tool's) and the session now runs on a
     new sandbox restored from its last snapshot; envs end such an episode as ``infra_error``.
+
+    ``run_cell`` only (None / empty for every other tool): ``session`` says whether the sandbox's live interpreter
+    was ``kept`` from the call before, ``started`` for this cell, or ``ended`` by it; ``carried`` (a session
+    started in a copy of a sandbox: a fork, a clone, a rollback that could not resume its own copy) the names it took
+    by value from the snapshot, and ``not_carried`` those it could not, each with the reason.
     """
 
     stdout: str = ""
@@ -123,6 +128,9 @@ class ToolResult(BaseModel):
     duration_s: float = 0.0
     message: str = ""
     sandbox_replaced: bool = False  # the sandbox failed during the call and was rebuilt from its last snapshot
+    session: Literal["kept", "started", "ended"] | None = None
+    carried: list[str] | None = None
+    not_carried: dict[str, str] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,12 @@ generated offline from the reset seed by :mod:`envs.suite.code_tasks`: a package
 functions, one made wrong, its visible unit tests (at least one fails), and hidden tests. The package lives in the
 episode's sandbox workspace (``/scratch``); every edit and every test run happens **in the sandbox** through the
 sandbox service's ``workspace`` tool family (opt-in: the env creates its sandboxes with it), never on the host. A
-fork clones the sandbox, so each branch continues from the files as the episode left them, edits included.
+fork clones the sandbox, so each branch continues from the files as the episode left them, edits included, and
+from the live Python session's variables (the ``interpreter`` family: each copy's session takes them by value, see
+:mod:`sandbox_server.interpreter_runner`): a branch's next ``python()`` reads as it would had the episode been
+replayed up to the fork, unless a variable could not be carried (an open file, a generator: the observation then
+names it). A module the session imported is imported afresh in a copy, from the copy's files: a cell that reloads
+the module it probes (as the menu's probe does) reads alike either way.
 
 Actions (forkyard's one action format; positional or keyword arguments; paths relative to the workspace):
 
@@ -19,6 +24,8 @@ Actions (forkyard's one action format; positional or keyword arguments; paths re
 ``write(path, text)``          write a whole file
 ``run_tests()``                run the visible tests (``tests/``, ``python3 -m unittest``; the runner's wall time
                                is cut from the observation, so that equal states read alike)
+``python(code)``               run code in the episode's live Python session (variables kept from call to call,
+                               working directory the workspace; a last expression's value is printed)
 ``submit()``                   end the episode: the hidden tests run on the package as it is; reward 1.0 when they
                                all pass, else 0.0. Gated: refused (an invalid action) until the visible tests have
                                run after the last edit.
@@ -28,7 +35,9 @@ A failed edit, a failing test run or a script error is an observation, and the e
 ``continue_on_timeout=True``). Out of turns without a submission: truncated, reward 0.
 
 ``info["legal_actions"]`` offers a finite menu (tabular policies): ``ls()``, ``cat`` of every module and test file,
-``run_tests()``, the right repair and a wrong one (another mutation of the same lines), and ``submit()``.
+``run_tests()``, a ``python()`` probe (the buggy function, reloaded, called on a visible test's arguments), the right
+repair and a wrong one (another mutation of the same lines), and ``submit()``. A ``python()`` call counts as an
+edit for ``submit()``'s gate (its code can write files).
 
 Optional features (:mod:`envs.features`): :class:`~envs.features.ToolSchemas` and :class:`~envs.features.Demonstrator`
 (run the tests, read the failing module, repair it, run the tests again, submit).
@@ -68,9 +77,10 @@ ACTIONS: dict[str, tuple[str, list[str], dict[str, Any]]] = {
     "replace": ("replace_in_file", ["path", "old", "new"], {}),
     "write": ("write_file", ["path", "text"], {}),
     "run_tests": ("run_tests", [], {"path": f"{WORKSPACE}/tests"}),
+    "python": ("run_cell", ["code"], {}),
     "submit": ("run_tests", [], {"path": f"{WORKSPACE}/{HIDDEN_DIR}"}),
 }
-_EDITS = ("replace", "write")
+_EDITS = ("replace", "write", "python")
 #: unittest's summary line with its wall time (``Ran 6 tests in 0.001s``), which the observation drops.
 _RAN_IN = re.compile(r"^(Ran \d+ tests?) in [0-9.]+s$", re.M)
 
@@ -94,9 +104,9 @@ class CodeRepairEnv(SandboxedTextEnv):
     """
 
     tool_family = "workspace"
-    extra_families = ("files",)
-    sandbox_families = ("workspace",)
-    needed_tools = ("cat", "grep", "ls", "replace_in_file", "run_tests", "write_file")
+    extra_families = ("files", "interpreter")
+    sandbox_families = ("workspace", "interpreter")
+    needed_tools = ("cat", "grep", "ls", "replace_in_file", "run_cell", "run_tests", "write_file")
     max_observation_length = 6144
     max_action_length = 4096  # the action format's own limit (envs.actions)
 
@@ -132,12 +142,13 @@ class CodeRepairEnv(SandboxedTextEnv):
         listing = "\n".join(sorted(task["files"]))
         return (f"CodeRepair: the package {task['package']} in {WORKSPACE} has a bug: one function returns wrong "
                 f"results. Its files:\n{listing}\nFind the bug and fix it. Tools: ls(path), cat(path), "
-                "grep(pattern, path), replace(path, old, new), write(path, text), run_tests(); submit() ends the "
+                "grep(pattern, path), replace(path, old, new), write(path, text), run_tests(), python(code) (a "
+                "Python session that keeps its variables); submit() ends the "
                 "episode (allowed once the tests have run after your last edit): hidden tests decide the reward. "
                 f"You have {self.max_turns} turn(s).\n{self._prompt()}")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """The seven actions as JSON-schema tool definitions (:class:`envs.features.ToolSchemas`); parameter names
+        """The eight actions as JSON-schema tool definitions (:class:`envs.features.ToolSchemas`); parameter names
         are the keywords the actions accept."""
         path = {"type": "string", "description": "a path relative to the package's workspace"}
         text = {"type": "string", "maxLength": 3500}
@@ -150,6 +161,8 @@ class CodeRepairEnv(SandboxedTextEnv):
                           "zero or several times)", {"path": path, "old": text, "new": text}),
             function_tool("write", "write a whole file", {"path": path, "text": text}),
             function_tool("run_tests", "run the package's unit tests", {}),
+            function_tool("python", "run Python code in the episode's live session (variables kept between calls; "
+                          "a last expression's value is printed)", {"code": text}),
             function_tool("submit", "end the episode: hidden tests run on the package (reward 1 when they pass)", {}),
         ]
 
@@ -162,12 +175,20 @@ class CodeRepairEnv(SandboxedTextEnv):
         return [format_action("replace", bug["path"], bug["buggy"], bug["fixed"]),
                 format_action("replace", bug["path"], bug["buggy"], bug["wrong"])]
 
+    def _probe(self) -> str:
+        """The menu's ``python()`` probe: the module with the bug reloaded (a copy's session imports it afresh, a
+        replayed one holds the module as first imported: reloaded, both read the files as they are now) and its
+        buggy function called on a visible test's arguments."""
+        bug = self._task["bug"]
+        module = bug["path"].removesuffix(".py").replace("/", ".")
+        return format_action("python", f"import importlib, {module} as m\nimportlib.reload(m)\nm.{bug['probe']}")
+
     def _legal_actions(self) -> list[str]:
         t = self._task
         if not t:
             return []
         return sorted([format_action("ls")] + [format_action("cat", p) for p in t["modules"] + t["tests"]]
-                      + [format_action("run_tests"), format_action("submit")] + self._repairs())
+                      + [format_action("run_tests"), format_action("submit"), self._probe()] + self._repairs())
 
     def _path(self, call: ToolCall, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
@@ -178,7 +199,8 @@ class CodeRepairEnv(SandboxedTextEnv):
     def _act(self, call: ToolCall) -> Outcome:
         if call.name not in ACTIONS:
             raise IllegalActionError(f"unknown tool {call.name!r}; the tools are ls(path), cat(path), grep(pattern, "
-                                     "path), replace(path, old, new), write(path, text), run_tests() and submit().")
+                                     "path), replace(path, old, new), write(path, text), run_tests(), python(code) "
+                                     "and submit().")
         tool, params, fixed = ACTIONS[call.name]
         args = bind_arguments(call, params)
         if call.name == "ls":
@@ -189,7 +211,7 @@ class CodeRepairEnv(SandboxedTextEnv):
             args["path"] = self._path(call, args.get("path") or ".")
         elif "path" in params:
             args["path"] = self._path(call, args.get("path"))
-        for p in ("old", "new", "text"):
+        for p in ("old", "new", "text", "code"):
             if p in params and not isinstance(args.get(p), str):
                 raise IllegalActionError(f"{call.name}() needs {p} as a quoted string.")
         if call.name == "replace" and not args["old"]:
@@ -207,7 +229,10 @@ class CodeRepairEnv(SandboxedTextEnv):
             body = _RAN_IN.sub(r"\1", body)
         if call.name == "run_tests" and res.status == "ok":
             body += "\n" + ("[the tests pass]" if res.exit_code == 0 else "[some tests fail]")
-        return self._tool_outcome(f"[turn {self._turn + 1}] {call.text()}\n", body, res)
+        notes = _session_notes(res) if call.name == "python" else []
+        if call.name == "python":
+            body = (res.stdout + res.stderr).rstrip("\n") or "(no output)"
+        return self._tool_outcome(f"[turn {self._turn + 1}] {call.text()}\n", body, res, notes)
 
     def _submit(self, call: ToolCall) -> Outcome:
         if not self._tested:
@@ -257,17 +282,35 @@ class CodeRepairEnv(SandboxedTextEnv):
         return mixed_demo(rng, skill, self.oracle_action, self._legal_actions)
 
     def oracle_action(self) -> str:
-        """The scripted play: ``run_tests()``, ``cat`` of the module with the bug, the right ``replace``,
-        ``run_tests()`` again, ``submit()``; with three turns left or fewer it repairs at once (the reading steps give
-        way). Uses the hidden location of the bug."""
+        """The scripted play: ``run_tests()``, ``cat`` of the module with the bug, the ``python()`` probe of the buggy
+        function, the right ``replace``, ``run_tests()`` again, ``submit()``; with three turns left or fewer it
+        repairs at once (the reading steps give way). Uses the hidden location of the bug."""
         bug = self._task["bug"]
         fix = self._repairs()[0]
         taken = [a for a, _ in self._history]
         left = self.max_turns - self._turn
         if fix in taken:
             return format_action("submit") if self._tested else format_action("run_tests")
-        plan = [format_action("run_tests"), format_action("cat", bug["path"]), fix]
+        plan = [format_action("run_tests"), format_action("cat", bug["path"]), self._probe(), fix]
         pending = [a for a in plan if a not in taken]
         if left <= 3:  # the repair, the test run and the submission still fit
             return fix
         return pending[0]
+
+
+def _session_notes(res: Any) -> list[str]:
+    """Notes of a ``python()`` call on the live session (``ToolResult.session``, ``carried``, ``not_carried``): a new
+    session with no variables, one in a copy that could not carry every variable (named), one the cell ended. A copy's
+    session that carried everything gets no note: it reads as the replayed episode's kept session does."""
+    session = getattr(res, "session", None)
+    if session == "ended":
+        return ["[the cell ended the Python session: its variables are gone]"]
+    if session != "started":
+        return []
+    carried, lost = getattr(res, "carried", None), getattr(res, "not_carried", None) or {}
+    if carried is None:
+        return ["[a new Python session: no variables from before]"]
+    if lost:
+        return ["[a new Python session in this copy of the episode; not carried: "
+                + "; ".join(f"{k} ({v})" for k, v in sorted(lost.items())[:8]) + "]"]
+    return []

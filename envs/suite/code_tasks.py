@@ -167,9 +167,10 @@ def draw_task(rng: random.Random, n_functions: int = 4, visible: int = 3, hidden
 
     Returns:
         ``{"package", "files": {path: text}, "hidden": test module text, "bug": {"path", "function", "buggy",
-        "fixed", "wrong"}, "modules": [module paths], "tests": [visible test paths]}``: paths relative to the
-        workspace; ``buggy`` / ``fixed``: the wrong and the right text of the changed lines; ``wrong``: a repair of
-        them that the hidden tests still fail (another mutation, or the buggy lines with a comment).
+        "fixed", "wrong", "probe"}, "modules": [module paths], "tests": [visible test paths]}``: paths relative to
+        the workspace; ``buggy`` / ``fixed``: the wrong and the right text of the changed lines; ``wrong``: a repair
+        of them that the hidden tests still fail (another mutation, or the buggy lines with a comment); ``probe``:
+        a call of the function with a visible test's arguments (``name(arg, ...)``).
 
     Raises:
         ValueError: ``n_functions`` out of range, or ``visible`` / ``hidden`` below 1.
@@ -219,5 +220,5 @@ def draw_task(rng: random.Random, n_functions: int = 4, visible: int = 3, hidden
         for module, fns in modules.items())
     return {"package": package, "files": files, "hidden": hidden_text,
             "bug": {"path": bug_path, "function": target.name, "buggy": buggy_lines, "fixed": fixed_lines,
-                    "wrong": wrong},
+                    "wrong": wrong, "probe": render_call(target.name, shown[target.name][0][0])},
             "modules": [f"{package}/{m}.py" for m in modules], "tests": [f"tests/test_{m}.py" for m in modules]}

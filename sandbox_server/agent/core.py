@@ -66,16 +66,19 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
                           self.signal_scope.enter if self.signal_scope is not None else None, spare=self.spared())
 
     def op_pack(self, req: dict) -> dict:
-        """``pack`` (:mod:`.snapshot`); with ``mark``, first a waiting copy of the live interpreter kept under that
-        name (:meth:`op_mark`)."""
+        """``pack`` (:mod:`.snapshot`) with the live interpreter's state by value (:meth:`export_session`, for copies
+        in other sandboxes); with ``mark``, first a waiting copy of the live interpreter kept under that name
+        (:meth:`op_mark`, for a rollback of this one)."""
         if req.get("mark"):
             self.op_mark({"name": req["mark"]})
+        carried = self.export_session()
         self.open_areas()
-        return SnapshotOps.op_pack(self, req)
+        return self.pack_areas(carried)
 
     def op_unpack(self, req: dict) -> dict:
         """``unpack`` (:mod:`.snapshot`), then the live interpreter ends, or the copy named ``resume`` takes its place
-        (:meth:`op_resume`); ``resumed`` (with ``resume`` only) says whether it did."""
+        (:meth:`op_resume`); ``resumed`` (with ``resume`` only) says whether it did. Where no copy was resumed, the
+        interpreter state the archive carries (if any) goes into the next session (:meth:`carry_in`)."""
         self.open_areas()
         try:
             ans = SnapshotOps.op_unpack(self, req)
@@ -83,10 +86,12 @@ class Agent(SnapshotOps, WriteOps, RecycleOps, InterpreterOps):
             self.end_session()
             raise
         self.open_areas()  # an archive of an area taken while it was closed
+        carried = ans.pop("carried", None)
         if req.get("resume"):
             ans["resumed"] = self.op_resume({"name": str(req["resume"])})["resumed"]
         else:
             self.end_session()  # the copies stay: a later rollback to one of this sandbox's snapshots resumes it
+        self.carry_in(None if ans.get("resumed") else carried)
         return ans
 
     def op_recycle(self, req: dict) -> dict:

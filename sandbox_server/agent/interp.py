@@ -18,6 +18,7 @@ sequence (start, cell, pause, copy, resume, end): split, each part would reach i
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import selectors
@@ -96,6 +97,8 @@ class InterpreterOps(AgentState):
         self._interp: _Session | None = None
         #: The copies kept: {name: (pid, the channel it answers on)}, oldest first.
         self._marks: dict[str, tuple[int, _Session]] = {}
+        #: An interpreter state by value an unpacked archive carried, for the next session's first cell; None: none.
+        self._carried: bytes | None = None
 
     def spared(self) -> set[int]:
         """Pids a call's clean-up must not kill: the live session and the copies."""
@@ -132,6 +135,7 @@ class InterpreterOps(AgentState):
 
     def end_interpreter(self) -> None:
         """Kill the session and every copy, close their channels (recycling: nothing of it reaches the next user)."""
+        self._carried = None
         self.end_session()
         for name in list(self._marks):
             self._drop_mark(name)
@@ -197,8 +201,9 @@ class InterpreterOps(AgentState):
             started = True
         s = self._interp
         assert s.pid is not None
+        carry, self._carried = (self._carried if started else None), (None if started else self._carried)
         _signal(s.pid, signal.SIGCONT)  # stopped between calls
-        answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap)
+        answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap, carry)
         ended = answer is None
         if ended:
             self.end_session()
@@ -227,20 +232,25 @@ class InterpreterOps(AgentState):
             msg = "; ".join(x for x in (msg, "the cell closed or replaced its standard output or error: what the "
                                              "session prints no longer reaches the caller (os._exit(0) in a cell "
                                              "starts a new interpreter)") if x)
-        if started:  # a policy that relies on earlier variables learns they are gone (a fork, a crash, a rollback)
-            msg = "; ".join(x for x in ("a new interpreter started for this cell (no variables from before)", msg) if x)
+        if started:  # a policy that relies on earlier variables learns what came with a copy, and what is gone
+            msg = "; ".join(x for x in (_started_text(carry, answer), msg) if x)
         ok = answer.get("ok") if answer else None
-        return {"stdout": stdout, "stderr": stderr, "exit_code": None if ended or timed_out else (0 if ok else 1),
-                "status": "timeout" if timed_out else "ok", "truncated": truncated,
-                "duration_s": time.monotonic() - t0, "message": msg,
-                "session": "ended" if ended else ("started" if started else "kept")}
+        out_ans = {"stdout": stdout, "stderr": stderr, "exit_code": None if ended or timed_out else (0 if ok else 1),
+                   "status": "timeout" if timed_out else "ok", "truncated": truncated,
+                   "duration_s": time.monotonic() - t0, "message": msg,
+                   "session": "ended" if ended else ("started" if started else "kept")}
+        if carry is not None:
+            names, dropped = _carry_result(answer)
+            out_ans.update(carried=names, not_carried=dropped)
+        return out_ans
 
-    def _run(self, s: _Session, code: str, deadline: float, cap: int):
-        """Send one cell and read until its answer; ``(answer dict or None if the session ended, stdout bytes,
-        stderr bytes, truncated, timed_out)``."""
+    def _run(self, s: _Session, code: str, deadline: float, cap: int, carry: bytes | None = None):
+        """Send one cell (with the state it imports first, ``carry``) and read until its answer; ``(answer dict or
+        None if the session ended, stdout bytes, stderr bytes, truncated, timed_out)``."""
         out, err = bytearray(), bytearray()
         truncated = timed_out = False
-        if not s.send({"code": code}):
+        req = {"code": code} if carry is None else {"code": code, "carry": base64.b64encode(carry).decode("ascii")}
+        if not s.send(req):
             return None, out, err, False, False
         sel = selectors.DefaultSelector()
         sel.register(s.out_fd, selectors.EVENT_READ, out)
@@ -322,6 +332,29 @@ class InterpreterOps(AgentState):
             self._drop_mark(next(iter(self._marks)))
         return {"marked": True}
 
+    def export_session(self) -> bytes | None:
+        """The live session's state by value (:func:`sandbox_server.interpreter_runner.export_state`), for a copy of
+        this sandbox elsewhere; where no session runs, the state the last unpack carried that no cell took yet (a
+        fork of a fork); None when there is neither. A session that does not answer within 5 s (a value's own
+        ``__reduce__`` that never returns) is ended, as a session that will not make a copy is."""
+        s = self._interp
+        if s is None or s.pid is None or state_of(s.pid) in ("Z", "X", None):
+            return self._carried
+        _signal(s.pid, signal.SIGCONT)
+        answer = self._request(s, {"op": "export"})
+        if answer is None:
+            self.end_session()
+            return None
+        self._pause()
+        try:
+            return base64.b64decode(answer["data"]) if answer and isinstance(answer.get("data"), str) else None
+        except ValueError:
+            return None
+
+    def carry_in(self, data: bytes | None) -> None:
+        """Keep ``data`` (an exported state, or None) for the next session: its first cell imports it first."""
+        self._carried = data
+
     def _request(self, s: _Session, req: dict) -> dict | None:
         """Send a request that runs no cell and wait (5 s at most) for its answer; None when none came."""
         if not s.send(req):
@@ -359,6 +392,30 @@ class InterpreterOps(AgentState):
         _drain(ch)
         again = self.op_mark({"name": name})  # keep a copy for the next resume
         return {"resumed": True, "marked_again": again["marked"]}
+
+
+def _carry_result(answer: dict | None) -> tuple[list[str], dict[str, str]]:
+    """``(names carried, {name: why not})`` of the answer to a cell that imported a carried state first."""
+    if answer is None or not isinstance(answer.get("carried"), list):
+        return [], {"*": "the session ended before it answered: nothing was restored"}
+    raw = answer.get("dropped")
+    dropped: dict = raw if isinstance(raw, dict) else {}
+    return [str(n) for n in answer["carried"]], {str(k): str(v) for k, v in dropped.items()}
+
+
+def _started_text(carry: bytes | None, answer: dict | None) -> str:
+    """The message of a cell that started a new session: no variables from before, or what a copy carried."""
+    if carry is None:
+        return "a new interpreter started for this cell (no variables from before)"
+    if answer is None or not isinstance(answer.get("carried"), list):
+        return "a new interpreter started for this cell; the variables this copy carried were not restored"
+    names, dropped = _carry_result(answer)
+    text = (f"a new interpreter started for this cell in this copy of the sandbox, with {len(names)} names carried "
+            f"by value ({', '.join(names[:20])}{', ...' if len(names) > 20 else ''})")
+    if dropped:
+        text += "; not carried: " + "; ".join(f"{k} ({v})" for k, v in list(dropped.items())[:10])
+        text += "; ..." if len(dropped) > 10 else ""
+    return text
 
 
 def _zombie_children(pid: int) -> bool:

@@ -24,13 +24,21 @@ from .state import AgentState
 
 #: The PAX header that marks an empty member as a UNIX socket file.
 SOCKET_HEADER = "FORKYARD.socket"
+#: The archive member that carries the live interpreter's state by value (outside every area: never a file of the
+#: sandbox; see :mod:`sandbox_server.interpreter_runner`), present only when a session ran.
+SESSION_MEMBER = "FORKYARD.interpreter"
 
 
 class SnapshotOps(AgentState):
     """``pack`` / ``unpack`` of an agent's writable areas (see the package docstring for the protocol)."""
 
     def op_pack(self, req: dict) -> dict:
-        """``{"data": base64 tar, "size_bytes": n}`` of the writable areas. Raises Fail (``unsupported``)."""
+        """``{"data": base64 tar, "size_bytes": n}`` of the writable areas (:meth:`pack_areas`)."""
+        return self.pack_areas(None)
+
+    def pack_areas(self, carried: bytes | None) -> dict:
+        """``{"data": base64 tar, "size_bytes": n}`` of the writable areas, and ``carried`` (the interpreter's state,
+        opaque bytes) as the member :data:`SESSION_MEMBER` when given. Raises Fail (``unsupported``)."""
         buf = io.BytesIO()
         seen: dict[tuple[int, int], str] = {}
         opened: list[tuple[str, os.stat_result]] = []  # folders the pack opened (mode without owner r-x), in order
@@ -40,6 +48,10 @@ class SnapshotOps(AgentState):
                     h = self.host(w)
                     if os.path.isdir(h):
                         self._pack_tree(tar, h, w, seen, opened)
+                if carried is not None:
+                    ti = tarfile.TarInfo(SESSION_MEMBER)
+                    ti.size = len(carried)
+                    tar.addfile(ti, io.BytesIO(carried))
         finally:
             for path, st in reversed(opened):  # children first: a parent's mtime is put back last
                 try:
@@ -97,7 +109,9 @@ class SnapshotOps(AgentState):
 
     def op_unpack(self, req: dict) -> dict:
         """Replace the writable areas' contents with the base64 tar ``data`` (checked whole against the
-        limits first; on failure the areas are left empty). Raises Fail (refused | unsupported | limit | error)."""
+        limits first; on failure the areas are left empty). The answer's ``carried`` holds the bytes of the member
+        :data:`SESSION_MEMBER` (None without one): the caller takes it out before answering. Raises Fail (refused |
+        unsupported | limit | error)."""
         try:
             raw = base64.b64decode(req.get("data") or "", validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -110,6 +124,13 @@ class SnapshotOps(AgentState):
                 members = tar.getmembers()
             except tarfile.TarError as exc:
                 raise Fail(f"the archive cannot be read: {exc}", "refused") from None
+        carried = None
+        for m in [m for m in members if m.name == SESSION_MEMBER]:
+            members.remove(m)
+            src = tar.extractfile(m) if tar is not None and m.isreg() else None
+            if src is None or m.size > self.area_bytes:
+                raise Fail(f"archive member {SESSION_MEMBER} is not an interpreter state", "refused")
+            carried = src.read()
         files_seen: set[str] = set()
         usage = {w: [0, 0] for w in self.writable}  # bytes, entries
         for m in members:
@@ -152,7 +173,7 @@ class SnapshotOps(AgentState):
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise Fail(f"restoring the snapshot filled a writable area: {self._limit_text()}", "limit") from None
             raise Fail(f"restoring the snapshot failed: {exc}") from None
-        return {"ok": True}
+        return {"ok": True, "carried": carried}
 
     def _extract(self, tar: tarfile.TarFile | None, m: tarfile.TarInfo, dirs: list) -> None:
         virt = os.path.normpath("/" + m.name)

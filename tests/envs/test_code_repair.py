@@ -83,7 +83,7 @@ def play(env, actions):
 def test_the_scripted_repair_earns_the_reward_and_the_gate_holds(env):
     obs, info = env.reset(seed=11)
     bug = env._task["bug"]
-    assert "has a bug" in obs and bug["path"] in obs and len(info["legal_actions"]) == 9
+    assert "has a bug" in obs and bug["path"] in obs and len(info["legal_actions"]) == 10
     early = env.step("submit()")
     assert early[1] == 0.0 and not early[2] and early[4]["invalid_action"] and "run_tests() first" in early[0]
     failing = env.step("run_tests()")[0]
@@ -131,6 +131,33 @@ def test_forks_carry_the_edited_workspace_and_branches_stay_apart(env):
         assert kept.step("submit()")[1] == 1.0
         assert "[the tests pass]" in env.step("run_tests()")[0]  # nor the parent
         assert env.step("submit()")[1] == 1.0
+    finally:
+        for k in kids:
+            k.close()
+
+
+def test_forks_carry_the_live_python_session(env):
+    """Variables of the episode's Python session reach every branch of a fork (by value) and diverge there; a name
+    that cannot be carried is named in the branch's observation; the probe reads the files as they are now."""
+    env.reset(seed=13)
+    first = env.step("python('seen = [1]\\nimport random\\nrandom.seed(4)\\nseen')")[0]
+    assert "[1]" in first and "[a new Python session: no variables from before]" in first
+    probe = env._probe()
+    buggy = env.step(probe)[0]
+    kids = env.fork(2)
+    try:
+        step = "python('seen.append(len(seen) + 1); seen, random.random()')"
+        outs = [k.step(step)[0] for k in kids]
+        assert outs[0] == outs[1] and "([1, 2], 0." in outs[0] and "Python session" not in outs[0], outs
+        kids[0].step("python('seen.append(99)')")
+        assert "[1, 2]" in kids[1].step("python('seen')")[0]  # apart
+        assert env.step(step)[0] == outs[0]  # the parent's own session reads as each branch did
+        env.step("python('fh = open(\\'x.txt\\', \\'w\\')')")
+        [late] = env.fork(1)
+        kids.append(late)
+        assert "not carried: fh (TypeError" in late.step("python('seen')")[0]
+        late.step(env._repairs()[0])
+        assert late.step(probe)[0].split("\n", 1)[1] != buggy.split("\n", 1)[1]  # the fixed function now
     finally:
         for k in kids:
             k.close()

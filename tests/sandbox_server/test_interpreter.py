@@ -4,8 +4,9 @@ Variables persist from cell to cell; a last expression's value is printed; excep
 session; a cell past its deadline is interrupted (session kept) or, when it will not stop, its session ended; what
 a cell starts dies with the cell; hostile cells (fork bomb, memory bomb, killing the agent, output flood) are cut
 and the sandbox stays usable. Snapshots keep a stopped ``os.fork`` copy of the session: a rollback of the sandbox
-to its own snapshot resumes it (the variables as they were), as often as asked; forks and rollbacks to other
-snapshots start a new session.
+to its own snapshot resumes it (the variables as they were), as often as asked; forks, clones and rollbacks to other
+snapshots start a new session that first takes the snapshot's variables by value (``test_a_fork_carries_the_variables``
+says which and how).
 """
 
 from __future__ import annotations
@@ -137,15 +138,71 @@ def test_rollback_resumes_the_interpreter_of_the_snapshot(cellbox):
         assert cell(cellbox, "r1").stdout == first  # the generator's state came back with the copy
     other = svc.create(cwd="/scratch", families=["interpreter"])
     try:
-        svc.rollback(other.id, snap.id)  # another sandbox's snapshot: its files, a new interpreter
-        r = svc.exec(other.id, "run_cell", {"code": "'history' in dir()"})
-        assert r.stdout == "False\n"
+        svc.rollback(other.id, snap.id)  # another sandbox's snapshot: a new interpreter, the variables by value
+        r = svc.exec(other.id, "run_cell", {"code": "history, random.random()"})  # the generator's state too
+        assert r.stdout == f"(['before'], {first.strip()})\n" and "carried by value" in r.message, r
         [child] = svc.fork(sid, 1)
-        r = svc.exec(child.id, "run_cell", {"code": "'history' in dir()"})
-        assert r.stdout == "False\n" and "new interpreter" in r.message
+        r = svc.exec(child.id, "run_cell", {"code": "history"})
+        assert r.stdout == "['before', 'again']\n" and "carried by value" in r.message, r
         svc.delete(child.id)
     finally:
         svc.delete(other.id)
+
+
+def test_a_fork_carries_the_variables_by_value(cellbox):
+    """fork(n), clone and a fork of a fork that ran no cell: modules by name, cell functions and classes by source,
+    values by pickle (a shared list stays shared), random's state, cwd and environment; an open file, a generator
+    and a lambda are named as not carried, with the reason, and the copies diverge from there."""
+    svc, sid = cellbox
+    cell(cellbox, "import random, json as j, os\nrandom.seed(3)\nx = [1, 2]\ny = x\nclass C:\n"
+                  "    def __init__(self, v):\n        self.v = v\n@staticmethod\ndef f(a, b=2):\n    return a * b\n"
+                  "c = C(5)\nfh = open('/scratch/a.txt', 'w')\ng = (i for i in range(3))\nl = lambda: 1\n"
+                  "os.environ['K'] = 'v'\nos.chdir('/tmp')")
+    kids = svc.fork(sid, 2)
+    parent = cell(cellbox, "random.random(), x").stdout
+    try:
+        for kid in kids:
+            r = svc.exec(kid.id, "run_cell", {"code": "random.random(), x, y is x, c.v, type(c).__name__, f(3), "
+                                                      "j.dumps(1), os.getcwd(), os.environ['K']"})
+            assert r.stdout == f"({parent.strip()[1:-1]}, True, 5, 'C', 6, '1', '/tmp', 'v')\n", r
+            assert "carried by value (random, j, os, C, f, x, y, c)" in r.message, r.message
+            for name, why in (("fh", "cannot pickle '_io.TextIOWrapper'"), ("g", "'generator'"), ("l", "lambda")):
+                assert f"{name} (" in r.message and why in r.message.split(f"{name} (", 1)[1], r.message
+            assert " at 0x" not in r.message  # the same state, the same words
+        svc.exec(kids[0].id, "run_cell", {"code": "x.append(9)"})
+        assert svc.exec(kids[1].id, "run_cell", {"code": "x"}).stdout == "[1, 2]\n"  # apart
+        [grand] = svc.fork(kids[0].id, 1)
+        [great] = svc.fork(grand.id, 1)  # its parent never ran a cell: what it carried goes on
+        r = svc.exec(great.id, "run_cell", {"code": "x, y is x, c.v"})
+        assert r.stdout == "([1, 2, 9], True, 5)\n", r
+        snap = svc.snapshot(kids[1].id)
+        [cl] = svc.clone(snap.id, 1)
+        assert svc.exec(cl.id, "run_cell", {"code": "x, f(1)"}).stdout == "([1, 2], 2)\n"
+        svc.delete_snapshot(snap.id)
+        kids += [grand, great, cl]
+    finally:
+        for kid in kids:
+            svc.delete(kid.id)
+
+
+def test_values_that_will_not_pickle_cost_only_themselves(cellbox):
+    """A value whose ``__reduce__`` raises is named as not carried; one whose ``__reduce__`` never returns ends the
+    session at the fork (after 5 s: the fork itself succeeds, its copy starts with no variables)."""
+    svc, sid = cellbox
+    cell(cellbox, "class Bad:\n    def __reduce__(self):\n        raise RuntimeError('no')\nb = Bad()\nk = 1")
+    [kid] = svc.fork(sid, 1)
+    r = svc.exec(kid.id, "run_cell", {"code": "k, 'b' in dir()"})
+    assert r.stdout == "(1, False)\n" and "b (RuntimeError: no)" in r.message, r
+    svc.delete(kid.id)
+    cell(cellbox, "class Slow:\n    def __reduce__(self):\n        import time\n        time.sleep(60)\ns = Slow()")
+    t0 = time.monotonic()
+    [kid] = svc.fork(sid, 1)
+    assert time.monotonic() - t0 < 10
+    r = svc.exec(kid.id, "run_cell", {"code": "'k' in dir()"})
+    assert r.stdout == "False\n" and "no variables from before" in r.message, r
+    svc.delete(kid.id)
+    r = cell(cellbox, "'k' in dir()")  # the parent's session was ended too (it would not answer)
+    assert r.stdout == "False\n" and "new interpreter" in r.message, r
 
 
 def test_copies_outlive_a_miss_and_a_crash(cellbox):
@@ -156,8 +213,9 @@ def test_copies_outlive_a_miss_and_a_crash(cellbox):
     for i in range(10):  # 10 snapshots: the first two copies are dropped (8 kept)
         cell(cellbox, f"v = {i}")
         snaps.append(svc.snapshot(sid))
-    svc.rollback(sid, snaps[0].id)  # its copy was dropped: a new interpreter...
-    assert "new interpreter" in cell(cellbox, "1").message
+    svc.rollback(sid, snaps[0].id)  # its copy was dropped: a new interpreter, the variables by value...
+    r = cell(cellbox, "v")
+    assert r.stdout == "0\n" and "new interpreter" in r.message and "carried by value" in r.message
     svc.rollback(sid, snaps[9].id)  # ...and the others still resume
     assert cell(cellbox, "v").stdout == "9\n"
     cell(cellbox, "import os; os._exit(1)")  # the live session crashes
@@ -193,12 +251,13 @@ def test_a_cell_cannot_wake_or_fake_a_copy(cellbox):
     assert [cell(cellbox, "v").stdout for _ in range(6)] == ["'live'\n"] * 6  # one interpreter answers
     svc.rollback(sid, snap.id)
     assert cell(cellbox, "v").stdout == "'snap'\n"
-    cell(cellbox, "import sys, os\nsys.modules['__main__']._fork_template = lambda: os.getpid()")
+    cell(cellbox, "import sys, os\nf = sys._getframe()\nwhile f.f_back is not None:\n    f = f.f_back\n"
+                  "f.f_globals['_fork_template'] = lambda: os.getpid()\ndel f")  # the runner's own function
     forged = svc.snapshot(sid)
     cell(cellbox, "v = 'after'")
     svc.rollback(sid, forged.id)
-    r = cell(cellbox, "'v' in dir()")
-    assert r.stdout == "False\n" and "new interpreter" in r.message
+    r = cell(cellbox, "v")  # no copy kept: a new interpreter with the snapshot's variables, never the live 'after'
+    assert r.stdout == "'snap'\n" and "new interpreter" in r.message, r
     svc.delete_snapshot(snap.id)
     svc.delete_snapshot(forged.id)
 
