@@ -13,9 +13,9 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
   copy of this process made by ``os.fork`` that waits until the agent resumes it (SIGUSR1, from the agent only) in
   place of the session then running: the session's variables as they were (a rollback of the interpreter);
   ``{"op": "reap"}`` reaps the session's ended children (after the agent killed what a cell left);
-  ``{"op": "export"}`` answers with ``data``, the session's state by value (:func:`export_state`), for a copy of the
-  sandbox elsewhere (a fork, a clone): a cell request's ``carry`` (that ``data``) is imported before the cell runs, in
-  a session that has run nothing yet.
+  ``{"op": "export"}`` answers with ``data``, the session's state by value (:func:`export_state`, run in a
+  throwaway child: :func:`_export_in_child`), for a copy of the sandbox elsewhere (a fork, a clone): a cell
+  request's ``carry`` (that ``data``) is imported before the cell runs, in a session that has run nothing yet.
 * answers, one JSON line each: ``{"n": int, "ok": bool, "error": str | null, "lost_output": bool}`` (``lost_output``:
   file descriptor 1 or 2 is no longer the agent's pipe), written after the cell's output is flushed; with
   ``carried`` (names) and ``dropped`` ({name: why}) after an import. A process the
@@ -176,7 +176,7 @@ def _why(exc: BaseException) -> str:
 def export_state(namespace: dict) -> tuple[bytes, list, dict]:
     """The session's state by value (see the module docstring): ``(bytes, names carried, {name: why not carried})``.
     The bytes are a pickle of plain data, read by :func:`import_state` only."""
-    modules, sources, values, sizes, dropped = {}, [], {}, {}, {}
+    modules, sources, values, dropped = {}, [], {}, {}
     for name, value in list(namespace.items()):
         if name.startswith("__"):
             continue
@@ -185,24 +185,32 @@ def export_state(namespace: dict) -> tuple[bytes, list, dict]:
         elif _defined_here(name, value):
             sources.append(DEFINITIONS[name] + (name,))
         else:
+            values[name] = value
+    try:  # all values in one pickle (shared references kept); only when that fails or is too large, one by one
+        blob = pickle.dumps(values, protocol=4)
+    except Exception:  # noqa: BLE001
+        blob = b""
+    if not blob or len(blob) > CARRY_MAX_BYTES:
+        sizes = {}
+        for name, value in list(values.items()):
             try:
                 sizes[name] = len(pickle.dumps(value, protocol=4))
-                values[name] = value
             except Exception as exc:  # noqa: BLE001 -- whatever pickle raises, the name is not carried
                 dropped[name] = _why(exc)
-    total = sum(sizes.values())
-    for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
-        if total <= CARRY_MAX_BYTES:
-            break
-        total -= sizes[name]
-        values.pop(name)
-        dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {CARRY_MAX_BYTES} in all)"
+                values.pop(name)
+        total = sum(sizes.values())
+        for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
+            if total <= CARRY_MAX_BYTES:
+                break
+            total -= sizes[name]
+            values.pop(name)
+            dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {CARRY_MAX_BYTES} in all)"
+        try:
+            blob = pickle.dumps(values, protocol=4)
+        except Exception as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
+            dropped.update({n: _why(exc) for n in values})
+            values, blob = {}, pickle.dumps({}, protocol=4)
     rng = sys.modules.get("random")
-    try:
-        blob = pickle.dumps(values, protocol=4)
-    except Exception as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
-        dropped.update({n: _why(exc) for n in values})
-        values, blob = {}, pickle.dumps({}, protocol=4)
     state = {"version": 1, "modules": modules, "sources": sorted(sources), "values": blob, "dropped": dropped,
              "random": rng.getstate() if rng is not None else None, "cwd": os.getcwd(), "path": list(sys.path),
              "environ": dict(os.environ)}
@@ -257,6 +265,36 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
     return carried, dropped
 
 
+def _export_in_child(namespace: dict, answers, n) -> None:
+    """Answer an ``export`` request from a throwaway ``os.fork`` child: pickling walks every object (their reference
+    counts change), which in this process would write to every page it shares with its waiting copies (each copy
+    would then cost its whole heap); in a child that exits those writes cost nothing after. Waits for the child.
+    The ``random`` module reseeds itself in a forked child: the child puts the session's state back first."""
+    rng = sys.modules.get("random")
+    state = rng.getstate() if rng is not None else None
+    pid = os.fork()
+    if pid == 0:
+        if rng is not None:
+            rng.setstate(state)
+        try:  # a value's own __reduce__ runs here: it may raise anything
+            data, names, dropped = export_state(namespace)
+            ans = {"ok": True, "data": base64.b64encode(data).decode("ascii"), "carried": names, "dropped": dropped}
+        except BaseException as exc:  # noqa: BLE001
+            ans = {"ok": False, "error": _why(exc)}
+        try:
+            answers.write(json.dumps({"n": n, **ans}).encode() + b"\n")
+        finally:
+            os._exit(0)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
+
+
 def _fork_template() -> int:
     """Make a waiting copy of this session (``os.fork``); returns its pid here. The copy waits until the agent sends it
     :data:`RESUME_SIGNAL` (the same signal from any other process is ignored), then goes on serving the request
@@ -308,12 +346,7 @@ def main() -> int:
             answers.write(json.dumps({"n": req.get("n"), "ok": True}).encode() + b"\n")
             continue
         if req.get("op") == "export":
-            try:  # a value's own __reduce__ runs here: it may raise anything
-                data, names, dropped = export_state(namespace)
-                ans = {"ok": True, "data": base64.b64encode(data).decode("ascii"), "carried": names, "dropped": dropped}
-            except BaseException as exc:  # noqa: BLE001
-                ans = {"ok": False, "error": _why(exc)}
-            answers.write(json.dumps({"n": req.get("n"), **ans}).encode() + b"\n")
+            _export_in_child(namespace, answers, req.get("n"))
             continue
         if req.get("op") == "fork":
             pid = _fork_template()

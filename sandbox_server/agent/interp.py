@@ -49,6 +49,7 @@ class _Session:
         self.req_w = req_w
         self.ans_r = ans_r
         self.answer = bytearray()
+        self.scanned = 0  # bytes of ``answer`` known to hold no newline
         self.cells = 0
         self.n = 0  # number of the last request sent; an answer with another is stale (dropped)
 
@@ -64,13 +65,17 @@ class _Session:
     def take_answer(self) -> dict | None:
         """The answer to the last request if a whole line of it arrived (stale ones dropped); None when none yet.
         Raises ValueError when the channel carried something that is not an answer."""
-        while b"\n" in self.answer:
-            line, _, rest = bytes(self.answer).partition(b"\n")
-            self.answer = bytearray(rest)
+        while True:
+            end = self.answer.find(b"\n", self.scanned)
+            if end < 0:
+                self.scanned = len(self.answer)  # a long answer (an exported state) arrives in many reads
+                return None
+            line = bytes(self.answer[:end])
+            del self.answer[:end + 1]
+            self.scanned = 0
             ans = json.loads(line)
             if isinstance(ans, dict) and ans.get("n") == self.n:
                 return ans
-        return None
 
     def close(self) -> None:
         for fd in (self.req_w, self.ans_r):
@@ -388,7 +393,7 @@ class InterpreterOps(AgentState):
             return {"resumed": False}
         ch.pid = pid
         self._interp = ch
-        ch.answer = bytearray()
+        ch.answer, ch.scanned = bytearray(), 0
         _drain(ch)
         again = self.op_mark({"name": name})  # keep a copy for the next resume
         return {"resumed": True, "marked_again": again["marked"]}
