@@ -38,9 +38,13 @@ modules by name (imported again in the copy, from the copy's own workspace), the
 by their source (defined again), every other value by ``pickle`` (shared references between names kept), and the
 ``random`` generator's state, the working directory, ``sys.path`` and ``os.environ``. What ``pickle`` refuses (open
 files, sockets, generators, threads, lambdas, closures, instances of a class redefined since) is not carried: each
-such name comes back with the reason, and the copy's first cell says so. At most :data:`CARRY_MAX_BYTES` of pickled
-values go (the largest dropped first). Module attributes a cell changed are not carried (the module is imported
-afresh).
+such name comes back with the reason, and the copy's first cell says so, as for a function or class a cell defined
+other than by a top-level statement (inside an ``if``, by ``exec``: a copy could not find it by name). A state is at
+most the request's ``max_bytes`` (the agent's ``INTERPRETER_STATE_BYTES``): values past what the rest leaves are
+dropped, the largest first. Module attributes a cell changed are not carried (the module is imported afresh).
+
+Why one file: the agent runs it as ``python3 -c SOURCE`` inside the sandbox, where nothing of forkyard can be
+imported; every part of the session (cells, copies, the export and import of its state) must travel in that source.
 """
 
 from __future__ import annotations
@@ -59,8 +63,6 @@ import types
 RESUME_SIGNAL = signal.SIGUSR1
 #: The agent: the process that started this session (every copy keeps the value).
 AGENT_PID = os.getppid()
-#: Most bytes of pickled values one export carries (the largest values are dropped first past it).
-CARRY_MAX_BYTES = 8 << 20
 #: The top-level ``def`` and ``class`` statements cells ran: {name: (order, source)}, the latest of each name.
 DEFINITIONS: dict = {}
 
@@ -173,9 +175,61 @@ def _why(exc: BaseException) -> str:
     return text[:200]
 
 
-def export_state(namespace: dict) -> tuple[bytes, list, dict]:
-    """The session's state by value (see the module docstring): ``(bytes, names carried, {name: why not carried})``.
-    The bytes are a pickle of plain data, read by :func:`import_state` only."""
+class _TooLarge(Exception):
+    """A pickle passed its byte budget (raised by :class:`_Budget` while it is written: never materialized whole)."""
+
+
+class _Budget:
+    """A write-only byte sink that raises :class:`_TooLarge` past ``limit`` bytes."""
+
+    def __init__(self, limit: int):
+        self.parts: list = []
+        self.size = 0
+        self.limit = limit
+
+    def write(self, data) -> int:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise _TooLarge(self.size)
+        self.parts.append(bytes(data))
+        return len(data)
+
+
+class _Pickler(pickle.Pickler):
+    """``pickle`` that refuses the functions and classes cells defined other than by a top-level ``def`` / ``class``
+    statement (inside an ``if``, a loop, an ``exec``): a copy could not find them by name (``__main__.f``), and one
+    such reference would make the whole unpickling fail there. The value that holds one is not carried, named."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            name = getattr(obj, "__qualname__", "")
+            if name in DEFINITIONS and sys.modules["__main__"].__dict__.get(name) is not obj:
+                raise pickle.PicklingError(f"it holds an older {name} (redefined since)")
+            if name not in DEFINITIONS:
+                raise pickle.PicklingError(f"{name} is defined in a cell but not by a top-level def or class "
+                                           "statement: a copy cannot find it by name")
+        return NotImplemented
+
+
+def _dumps(value, limit: int) -> bytes:
+    """``value`` pickled (protocol 4, :class:`_Pickler`) within ``limit`` bytes. Raises :class:`_TooLarge` past it, or
+    what pickling raises."""
+    sink = _Budget(limit)
+    _Pickler(sink, protocol=4).dump(value)
+    return b"".join(sink.parts)
+
+
+#: Most names listed with the reason they were not carried (the rest are counted).
+MAX_REASONS = 50
+#: Most bytes of one definition's source carried.
+MAX_SOURCE_BYTES = 256 << 10
+
+
+def export_state(namespace: dict, max_bytes: int) -> tuple[bytes, list, dict]:
+    """The session's state by value (see the module docstring), at most about ``max_bytes`` bytes in all: ``(bytes,
+    names carried, {name: why not carried})``. The bytes are a pickle of plain data, read by :func:`import_state`
+    only. Values go in one pickle (shared references kept); when that fails or passes the budget, one by one, the
+    largest dropped first. Raises only what a value's own code raises past every guard (the caller answers it)."""
     modules, sources, values, dropped = {}, [], {}, {}
     for name, value in list(namespace.items()):
         if name.startswith("__"):
@@ -183,66 +237,105 @@ def export_state(namespace: dict) -> tuple[bytes, list, dict]:
         if isinstance(value, types.ModuleType):
             modules[name] = value.__name__
         elif _defined_here(name, value):
-            sources.append(DEFINITIONS[name] + (name,))
+            if len(DEFINITIONS[name][1]) > MAX_SOURCE_BYTES:
+                dropped[name] = f"its source is longer than {MAX_SOURCE_BYTES} bytes"
+            else:
+                sources.append(DEFINITIONS[name] + (name,))
         else:
-            values[name] = value
-    try:  # all values in one pickle (shared references kept); only when that fails or is too large, one by one
-        blob = pickle.dumps(values, protocol=4)
-    except Exception:  # noqa: BLE001
-        blob = b""
-    if not blob or len(blob) > CARRY_MAX_BYTES:
+            try:
+                size = sys.getsizeof(value)  # a buffer past the budget is not pickled at all (its copy alone could
+            except BaseException:  # noqa: BLE001 -- take the sandbox's memory bound)
+                size = 0
+            if size > max_bytes:
+                dropped[name] = f"too large to carry ({size} bytes in memory; a state is at most {max_bytes})"
+            else:
+                values[name] = value
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        cwd, dropped["(working directory)"] = None, f"not carried: {_why(exc)}"
+    rng = sys.modules.get("random")
+    rest = {"version": 1, "modules": modules, "sources": sorted(sources), "random": rng.getstate() if rng else None,
+            "cwd": cwd, "path": list(sys.path), "environ": dict(os.environ)}
+    budget = max_bytes - len(pickle.dumps(rest, protocol=4)) - 64 * (MAX_REASONS + 1) - 256 * MAX_REASONS
+    blob = b""
+    try:
+        blob = _dumps(values, max(budget, 0))
+    except BaseException:  # noqa: BLE001 -- too large, or a value refused (SystemExit too): one by one
         sizes = {}
         for name, value in list(values.items()):
             try:
-                sizes[name] = len(pickle.dumps(value, protocol=4))
-            except Exception as exc:  # noqa: BLE001 -- whatever pickle raises, the name is not carried
+                sizes[name] = len(_dumps(value, max(budget, 0)))
+            except _TooLarge:
+                dropped[name] = f"too large to carry (more than {max(budget, 0)} bytes pickled)"
+                values.pop(name)
+            except BaseException as exc:  # noqa: BLE001 -- whatever a value's own code raises
                 dropped[name] = _why(exc)
                 values.pop(name)
         total = sum(sizes.values())
         for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
-            if total <= CARRY_MAX_BYTES:
+            if total <= budget:
                 break
             total -= sizes[name]
             values.pop(name)
-            dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {CARRY_MAX_BYTES} in all)"
+            dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {budget} in all)"
         try:
-            blob = pickle.dumps(values, protocol=4)
-        except Exception as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
+            blob = _dumps(values, max(budget, 0))
+        except BaseException as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
             dropped.update({n: _why(exc) for n in values})
             values, blob = {}, pickle.dumps({}, protocol=4)
-    rng = sys.modules.get("random")
-    state = {"version": 1, "modules": modules, "sources": sorted(sources), "values": blob, "dropped": dropped,
-             "random": rng.getstate() if rng is not None else None, "cwd": os.getcwd(), "path": list(sys.path),
-             "environ": dict(os.environ)}
-    return pickle.dumps(state, protocol=4), sorted(modules) + [n for _, _, n in sorted(sources)] + sorted(values), \
-        dropped
+    if len(dropped) > MAX_REASONS:
+        kept = dict(list(dropped.items())[:MAX_REASONS])
+        kept["..."] = f"{len(dropped) - MAX_REASONS} more names not carried"
+        dropped = kept
+    state = dict(rest, values=blob, dropped=dropped)
+    names = sorted(modules) + [n for _, _, n in sorted(sources)] + sorted(values)
+    return pickle.dumps(state, protocol=4), names, dropped
+
+
+def _put_back(key: str, value) -> None:
+    """Put one process-wide part of a carried state back (``environ``, ``path``, ``cwd``, ``random``); None: left."""
+    if value is None:
+        return
+    if key == "environ":
+        os.environ.clear()
+        os.environ.update(value)
+    elif key == "path":
+        sys.path[:] = list(value)
+    elif key == "cwd":
+        os.chdir(value)
+    elif key == "random":
+        import random
+
+        random.setstate(value)
 
 
 def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
     """Put a state of :func:`export_state` into ``namespace`` (a session that has run nothing yet); ``(names
-    carried, {name: why not})``. Never raises."""
+    carried, {name: why not})``. Each part is put back on its own (a working directory gone, a module that no
+    longer imports cost only that part). Never raises."""
     carried: list = []
+    if data.startswith(NO_STATE):  # the agent's note that the snapshot could not take the session's state
+        return [], {"*": data[len(NO_STATE):].decode("utf-8", "replace")[:300]}
     try:
         state = pickle.loads(data)
         dropped = dict(state["dropped"])  # what the export already left out
-        os.environ.clear()
-        os.environ.update(state["environ"])
-        sys.path[:] = state["path"]
-        os.chdir(state["cwd"])
-    except Exception as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 -- a crafted member's code may raise anything
         return [], {"*": f"the carried state cannot be read: {_why(exc)}"}
-    if state.get("random") is not None:
-        import random
-
-        random.setstate(state["random"])
-    for name, module in state["modules"].items():
+    for part, key in (("(environment)", "environ"), ("(sys.path)", "path"), ("(working directory)", "cwd"),
+                      ("(random)", "random")):
+        try:
+            _put_back(key, state.get(key))
+        except BaseException as exc:  # noqa: BLE001
+            dropped[part] = _why(exc)
+    for name, module in dict(state.get("modules") or {}).items():
         try:
             namespace[name] = __import__(module, fromlist=["_"])
             carried.append(name)
         except BaseException as exc:  # noqa: BLE001 -- an import may raise anything, SystemExit included
             dropped[name] = f"import {module}: {_why(exc)}"
     later = []
-    for _, source, name in state["sources"]:
+    for _, source, name in list(state.get("sources") or []):
         try:
             exec(compile(source, "<cell>", "exec"), namespace)
             carried.append(name)
@@ -265,34 +358,68 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
     return carried, dropped
 
 
-def _export_in_child(namespace: dict, answers, n) -> None:
+#: ``oom_score_adj`` of the session (the agent starts it at the most, 1000, as every call; an unprivileged process
+#: may lower its own back to 0) and of an export child: at the sandbox's memory bound the kernel takes the export
+#: child (a copy whose pickling broke copy-on-write) before the session.
+SESSION_OOM_SCORE_ADJ = 900
+EXPORT_OOM_SCORE_ADJ = 1000
+
+
+def _oom_score_adj(value: int) -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        pass
+
+
+#: Exit status of an export child that wrote its answer (any other: the runner answers for it).
+EXPORTED = 77
+#: How a carried member that holds no state starts (then the reason, UTF-8): written by the agent when the session
+#: could not export its state at the snapshot.
+NO_STATE = b"FORKYARD-NO-STATE:"
+
+
+def _export_in_child(namespace: dict, answers, n, max_bytes: int) -> None:
     """Answer an ``export`` request from a throwaway ``os.fork`` child: pickling walks every object (their reference
     counts change), which in this process would write to every page it shares with its waiting copies (each copy
-    would then cost its whole heap); in a child that exits those writes cost nothing after. Waits for the child.
-    The ``random`` module reseeds itself in a forked child: the child puts the session's state back first."""
+    would then cost its whole heap); in a child that exits those writes cost nothing after. The child's output goes
+    to /dev/null (a value's ``__reduce__`` that prints cannot fill the session's pipes), and ``random``, which
+    reseeds itself in a forked child, is put back to the session's state first. Waits for the child; when it ended
+    without answering (killed at the memory bound, ``os._exit`` in a value's code), answers that for it."""
     rng = sys.modules.get("random")
     state = rng.getstate() if rng is not None else None
     pid = os.fork()
     if pid == 0:
-        if rng is not None:
-            rng.setstate(state)
-        try:  # a value's own __reduce__ runs here: it may raise anything
-            data, names, dropped = export_state(namespace)
-            ans = {"ok": True, "data": base64.b64encode(data).decode("ascii"), "carried": names, "dropped": dropped}
-        except BaseException as exc:  # noqa: BLE001
-            ans = {"ok": False, "error": _why(exc)}
         try:
+            _oom_score_adj(EXPORT_OOM_SCORE_ADJ)  # at the memory bound, this child goes before the session
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            if rng is not None:
+                rng.setstate(state)
+            try:  # a value's own __reduce__ runs here: it may raise anything
+                data = export_state(namespace, max_bytes)[0]
+                ans = {"ok": True, "data": base64.b64encode(data).decode("ascii")}
+            except BaseException as exc:  # noqa: BLE001
+                ans = {"ok": False, "error": _why(exc)}
             answers.write(json.dumps({"n": n, **ans}).encode() + b"\n")
+            os._exit(EXPORTED)
         finally:
-            os._exit(0)
-    while True:
+            os._exit(1)
+    status = None
+    while status is None:
         try:
-            os.waitpid(pid, 0)
-            return
+            status = os.waitpid(pid, 0)[1]
         except InterruptedError:
             continue
         except ChildProcessError:
-            return
+            status = 0
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXPORTED):
+        why = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.WEXITSTATUS(status)}")
+        answers.write(json.dumps({"n": n, "ok": False, "error": f"the export ended before it answered ({why}; "
+                                  "the memory bound, or a value's own code)"}).encode() + b"\n")
 
 
 def _fork_template() -> int:
@@ -318,6 +445,7 @@ def _fork_template() -> int:
 
 def main() -> int:
     """Serve cells until the request channel closes."""
+    _oom_score_adj(SESSION_OOM_SCORE_ADJ)
     main_module = types.ModuleType("__main__")  # the cells' module: pickle finds what they define there
     main_module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main_module
@@ -346,7 +474,7 @@ def main() -> int:
             answers.write(json.dumps({"n": req.get("n"), "ok": True}).encode() + b"\n")
             continue
         if req.get("op") == "export":
-            _export_in_child(namespace, answers, req.get("n"))
+            _export_in_child(namespace, answers, req.get("n"), int(req.get("max_bytes") or 0))
             continue
         if req.get("op") == "fork":
             pid = _fork_template()

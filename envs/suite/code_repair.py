@@ -89,7 +89,7 @@ class CodeRepairEnv(SandboxedTextEnv):
     """CodeRepair-v0 (see module docstring).
 
     Args:
-        max_turns: turn budget, 1..50 (default 10; the demonstrator needs 5).
+        max_turns: turn budget, 1..50 (default 10; the demonstrator takes 6: at 3 or fewer left it repairs at once).
         functions: functions in each package, 2..8 (default 4), over two modules.
         per_turn_timeout_s: deadline of each tool call in seconds, in [1, 60] (default 10).
         continue_on_timeout: if True a timed-out call is explained and the episode goes on.

@@ -27,7 +27,7 @@ import subprocess
 import time
 
 from .proc import children_of, kill_descendants, oom_first, parent_of, reap_children, state_of
-from .protocol import MARKER, decode, refused, utf8_cut
+from .protocol import INTERPRETER_STATE_BYTES, MARKER, decode, refused, utf8_cut
 from .state import AgentState
 
 #: Seconds a cell has, after its SIGINT, to stop before its session is killed.
@@ -36,6 +36,12 @@ INTERRUPT_GRACE_S = 1.0
 MAX_MARKS = 8
 #: The signal that resumes a copy; the copy takes it from the agent only (``si_pid``), so a cell cannot wake one.
 RESUME_SIGNAL = signal.SIGUSR1
+#: Longest answer line the agent reads from a session (a cell's answer lists the names a copy carried).
+ANSWER_BYTES = 4 << 20
+#: Longest answer to an ``export``: the state, base64-encoded, and room for the JSON around it.
+EXPORT_ANSWER_BYTES = INTERPRETER_STATE_BYTES * 4 // 3 + (64 << 10)
+#: How a carried member that holds no state starts (then the reason): the runner's ``NO_STATE``.
+NO_STATE = b"FORKYARD-NO-STATE:"
 
 
 class _Session:
@@ -62,12 +68,15 @@ class _Session:
         except OSError:
             return False
 
-    def take_answer(self) -> dict | None:
+    def take_answer(self, limit: int = ANSWER_BYTES) -> dict | None:
         """The answer to the last request if a whole line of it arrived (stale ones dropped); None when none yet.
-        Raises ValueError when the channel carried something that is not an answer."""
+        Raises ValueError when the channel carried something that is not an answer, or a line longer than
+        ``limit`` bytes (a runner a cell rewrote: the agent's memory is the sandbox's too)."""
         while True:
             end = self.answer.find(b"\n", self.scanned)
             if end < 0:
+                if len(self.answer) > limit:
+                    raise ValueError(f"an answer longer than {limit} bytes")
                 self.scanned = len(self.answer)  # a long answer (an exported state) arrives in many reads
                 return None
             line = bytes(self.answer[:end])
@@ -104,6 +113,8 @@ class InterpreterOps(AgentState):
         self._marks: dict[str, tuple[int, _Session]] = {}
         #: An interpreter state by value an unpacked archive carried, for the next session's first cell; None: none.
         self._carried: bytes | None = None
+        #: Why the agent ended the live session between calls (a snapshot it could not take), for the next cell.
+        self._ended_why: str | None = None
 
     def spared(self) -> set[int]:
         """Pids a call's clean-up must not kill: the live session and the copies."""
@@ -140,7 +151,7 @@ class InterpreterOps(AgentState):
 
     def end_interpreter(self) -> None:
         """Kill the session and every copy, close their channels (recycling: nothing of it reaches the next user)."""
-        self._carried = None
+        self._carried = self._ended_why = None
         self.end_session()
         for name in list(self._marks):
             self._drop_mark(name)
@@ -238,7 +249,8 @@ class InterpreterOps(AgentState):
                                              "session prints no longer reaches the caller (os._exit(0) in a cell "
                                              "starts a new interpreter)") if x)
         if started:  # a policy that relies on earlier variables learns what came with a copy, and what is gone
-            msg = "; ".join(x for x in (_started_text(carry, answer), msg) if x)
+            msg = "; ".join(x for x in (_started_text(carry, answer), self._ended_why, msg) if x)
+            self._ended_why = None
         ok = answer.get("ok") if answer else None
         out_ans = {"stdout": stdout, "stderr": stderr, "exit_code": None if ended or timed_out else (0 if ok else 1),
                    "status": "timeout" if timed_out else "ok", "truncated": truncated,
@@ -346,33 +358,47 @@ class InterpreterOps(AgentState):
         if s is None or s.pid is None or state_of(s.pid) in ("Z", "X", None):
             return self._carried
         _signal(s.pid, signal.SIGCONT)
-        answer = self._request(s, {"op": "export"})
+        answer = self._request(s, {"op": "export", "max_bytes": INTERPRETER_STATE_BYTES}, EXPORT_ANSWER_BYTES)
         if answer is None:
             self.end_session()
-            return None
+            self._ended_why = ("the interpreter was ended at a snapshot: it did not export its state (no answer "
+                               "within 5 s: a value's own code that does not return; or an answer past the size "
+                               "bound)")
+            return NO_STATE + b"the session did not export its state (no answer within 5 s, or one past the size " \
+                b"bound); it was ended"
         self._pause()
         try:
-            return base64.b64decode(answer["data"]) if answer and isinstance(answer.get("data"), str) else None
+            data = base64.b64decode(answer["data"]) if isinstance(answer.get("data"), str) else None
         except ValueError:
-            return None
+            data = None
+        if data is None:
+            why = str(answer.get("error") or "the session's answer held no state")[:300]
+            return NO_STATE + f"the session could not export its state ({why})".encode("utf-8", "replace")
+        if len(data) > INTERPRETER_STATE_BYTES:
+            return NO_STATE + f"the session's state took {len(data)} bytes (at most {INTERPRETER_STATE_BYTES})".encode()
+        return data
 
     def carry_in(self, data: bytes | None) -> None:
         """Keep ``data`` (an exported state, or None) for the next session: its first cell imports it first."""
-        self._carried = data
+        self._carried, self._ended_why = data, None
 
-    def _request(self, s: _Session, req: dict) -> dict | None:
-        """Send a request that runs no cell and wait (5 s at most) for its answer; None when none came."""
+    def _request(self, s: _Session, req: dict, limit: int = ANSWER_BYTES) -> dict | None:
+        """Send a request that runs no cell and wait (5 s at most) for its answer, at most ``limit`` bytes; None when
+        none came (or a longer one began)."""
         if not s.send(req):
             return None
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             try:
-                s.answer += os.read(s.ans_r, 65536)
+                chunk = os.read(s.ans_r, 1 << 20)
             except BlockingIOError:
                 time.sleep(0.0005)
                 continue
+            if not chunk:
+                return None  # the channel closed: the session ended
+            s.answer += chunk
             try:
-                got = s.take_answer()
+                got = s.take_answer(limit)
             except ValueError:
                 return None
             if got is not None:
@@ -415,6 +441,8 @@ def _started_text(carry: bytes | None, answer: dict | None) -> str:
     if answer is None or not isinstance(answer.get("carried"), list):
         return "a new interpreter started for this cell; the variables this copy carried were not restored"
     names, dropped = _carry_result(answer)
+    if not names and "*" in dropped:
+        return f"a new interpreter started for this cell in this copy of the sandbox, with no variables: {dropped['*']}"
     text = (f"a new interpreter started for this cell in this copy of the sandbox, with {len(names)} names carried "
             f"by value ({', '.join(names[:20])}{', ...' if len(names) > 20 else ''})")
     if dropped:

@@ -22,6 +22,9 @@ MAX_AREA_ENTRIES = 4096
 PROC_MEMORY_BYTES = 512 << 20
 #: Files each process a call starts may hold open (``RLIMIT_NOFILE``).
 PROC_OPEN_FILES = 256
+#: Most bytes of a live interpreter's state carried by value in a snapshot (the runner fits its values in what the
+#: rest of the state leaves; a larger state is not carried, and the snapshot says why).
+INTERPRETER_STATE_BYTES = 8 << 20
 
 #: Session environment variables a tool call may set: locale, time zone and display only. Everything
 #: else (``LD_*``, ``PATH``, ``HOME``, ``PYTHON*``, ``GCONV_PATH``, ``LOCPATH``, ``MALLOC_*``,

@@ -18,7 +18,7 @@ import stat
 import tarfile
 
 from .fs import TempReadable, clear_dir
-from .protocol import Fail, pages
+from .protocol import INTERPRETER_STATE_BYTES, Fail, pages
 from .state import AgentState
 
 
@@ -128,8 +128,11 @@ class SnapshotOps(AgentState):
         for m in [m for m in members if m.name == SESSION_MEMBER]:
             members.remove(m)
             src = tar.extractfile(m) if tar is not None and m.isreg() else None
-            if src is None or m.size > self.area_bytes:
+            if src is None:
                 raise Fail(f"archive member {SESSION_MEMBER} is not an interpreter state", "refused")
+            if m.size > INTERPRETER_STATE_BYTES:
+                raise Fail(f"archive member {SESSION_MEMBER} holds {m.size} bytes; an interpreter state is at most "
+                           f"{INTERPRETER_STATE_BYTES}", "refused")
             carried = src.read()
         files_seen: set[str] = set()
         usage = {w: [0, 0] for w in self.writable}  # bytes, entries

@@ -48,7 +48,7 @@ def test_variables_persist_and_values_print(cellbox):
     r = cell(cellbox, "print('a'); import sys; print('b', file=sys.stderr); None")
     assert (r.stdout, r.stderr) == ("a\n", "b\n")
     r = cell(cellbox, "open('/proc/self/oom_score_adj').read().split()")  # past the memory bound, the session dies
-    assert r.stdout == "['1000']\n", r  # before the agent (tests/sandbox_server/test_workspace_tools.py)
+    assert r.stdout == "['900']\n", r  # before the agent (0), after an export child (1000)
 
 
 def test_errors_and_exit_keep_the_session(cellbox):
@@ -199,10 +199,54 @@ def test_values_that_will_not_pickle_cost_only_themselves(cellbox):
     [kid] = svc.fork(sid, 1)
     assert time.monotonic() - t0 < 10
     r = svc.exec(kid.id, "run_cell", {"code": "'k' in dir()"})
-    assert r.stdout == "False\n" and "no variables from before" in r.message, r
+    assert r.stdout == "False\n" and "with no variables: the session did not export its state" in r.message, r
     svc.delete(kid.id)
-    r = cell(cellbox, "'k' in dir()")  # the parent's session was ended too (it would not answer)
-    assert r.stdout == "False\n" and "new interpreter" in r.message, r
+    r = cell(cellbox, "'k' in dir()")  # the parent's session was ended too (it would not answer), and is told why
+    assert r.stdout == "False\n" and "it did not export its state (no answer within 5 s" in r.message, r
+
+
+def first_cell(svc, sid, code="sorted(k for k in dir() if not k.startswith('_'))"):
+    """The first cell of the one copy ``fork(1)`` of ``sid`` makes (the copy deleted after)."""
+    [kid] = svc.fork(sid, 1)
+    try:
+        return svc.exec(kid.id, "run_cell", {"code": code})
+    finally:
+        svc.delete(kid.id)
+
+
+def test_what_cannot_be_carried_costs_only_itself(cellbox):
+    """A buffer past the state's bound, a value whose ``__reduce__`` raises SystemExit, a function defined inside an
+    ``if`` (a copy could not find it by name) and a working directory since removed are each named, the rest
+    carried; an export that dies (``os._exit`` in a value's code) costs the copy its variables, told, never the
+    parent's session; a runner a cell rewrote to answer 200 MiB costs the session (told), never the agent, the
+    sandbox or its workspace."""
+    svc, sid = cellbox
+    cell(cellbox, "import os, tempfile\nbig = bytearray(80 << 20)\nclass Quit:\n    def __reduce__(self):\n"
+                  "        raise SystemExit(3)\nq = Quit()\nif True:\n    def hidden():\n        return 1\nv = 7\n"
+                  "d = tempfile.mkdtemp()\nos.chdir(d)\nos.rmdir(d)")
+    r = first_cell(svc, sid)
+    assert r.stdout == "['Quit', 'd', 'os', 'tempfile', 'v']\n", r
+    assert {"big", "q", "hidden", "(working directory)"} <= set(r.not_carried), r.not_carried
+    assert "too large to carry" in r.not_carried["big"] and "SystemExit" in r.not_carried["q"]
+    assert "not by a top-level def" in r.not_carried["hidden"]
+    cell(cellbox, "del big, q, hidden\nos.chdir('/scratch')\nclass Die:\n    def __reduce__(self):\n"
+                  "        os._exit(3)\nx = Die()")
+    t0 = time.monotonic()
+    r = first_cell(svc, sid, "'v' in dir()")
+    assert time.monotonic() - t0 < 4 and r.stdout == "False\n", r
+    assert "with no variables" in r.message and "exit status 3" in r.message, r.message
+    assert cell(cellbox, "v").stdout == "7\n"  # the parent's session kept
+    svc.exec(sid, "write_file", {"path": "precious.txt", "text": "kept"})
+    cell(cellbox, "import sys\nf = sys._getframe()\nwhile '_export_in_child' not in f.f_globals:\n"
+                  "    f = f.f_back\ndef flood(ns, answers, n, limit):\n"
+                  "    os.write(answers.fileno(), b'{\"n\": %d, \"ok\": true, \"data\": \"' % n)\n"
+                  "    for i in range(200):\n        os.write(answers.fileno(), b'A' * (1 << 20))\n"
+                  "f.f_globals['_export_in_child'] = flood\ndel f")
+    r = first_cell(svc, sid, "'v' in dir()")
+    assert r.stdout == "False\n" and "did not export its state" in r.message, r
+    assert svc.exec(sid, "cat", {"path": "precious.txt"}).stdout == "kept"  # not replaced: the agent lived
+    r = cell(cellbox, "'v' in dir()")
+    assert r.stdout == "False\n" and "ended at a snapshot" in r.message, r
 
 
 def test_copies_outlive_a_miss_and_a_crash(cellbox):
