@@ -34,7 +34,7 @@ from sandbox_server.pool import SandboxPool
 from sandbox_server.session_input import (MAX_NAME_BYTES, MAX_PATH_BYTES, check_cwd, check_env, check_families,
                                           check_files)
 from sandbox_server.settings import MAX_WRITE_BYTES, ServiceConfig
-from sandbox_server.snapshots import SnapshotStore
+from sandbox_server.snapshots import SnapshotStore, without_interpreter_state
 from sandbox_server.tools import TOOLS, Tool, ToolResult, ToolSpec, clamp_timeout, tool_specs, validate_call
 
 
@@ -534,7 +534,13 @@ class SandboxService:
         with s.lock:
             self._live(s)
             resume = snap.mark if snap.source == s.id else None  # its own snapshot: the interpreter copy it kept
-            self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data, resume=resume))
+            if resume is None:
+                self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
+            else:  # the copy holds the state: the areas alone go; only when the copy is gone, the state by value too
+                lean = without_interpreter_state(snap.data)
+                if not self._with_replace(s, lambda: self.backend.restore(s.sid, lean, resume=resume)) \
+                        and lean is not snap.data:
+                    self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
             s.state = snap.state.model_copy(deep=True)
             s.restore_point = snap.data
             s.touch()

@@ -7,13 +7,32 @@ and ``expires_at`` are for people (:class:`~sandbox_server.models.SnapshotInfo`)
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 
+from sandbox_server.agent import SESSION_MEMBER
+
 from sandbox_server.errors import LimitExceeded, SandboxNotFound
 from sandbox_server.models import SessionState, SnapshotInfo
+
+
+def without_interpreter_state(data: bytes) -> bytes:
+    """``data`` (a snapshot's tar) without its interpreter state (the member ``SESSION_MEMBER``, which the agent's
+    ``pack`` writes last), for a rollback that resumes the sandbox's own waiting copy and needs only the areas; the
+    tar unchanged when it has none or cannot be read. The member's bytes never cross the agent's pipe then."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            members = tar.getmembers()  # headers only: the data is skipped over
+    except tarfile.TarError:
+        return data
+    last = members[-1] if members else None
+    if last is None or last.name != SESSION_MEMBER:
+        return data
+    return data[:last.offset] + bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
 
 
 @dataclass

@@ -45,10 +45,13 @@ Operations (``op``):
     nanosecond, whatever their modes. A device makes ``pack`` refuse (``error_kind: "unsupported"``) naming the
     path: nothing is ever dropped silently. ``pack`` with ``mark`` first keeps a waiting ``os.fork`` copy of the live
     interpreter under that name; ``unpack`` ends the live interpreter, or with ``resume`` puts that copy in its
-    place (``resumed``: whether it did).
+    place (``resumed``: whether it did). Where a live interpreter ran, ``pack`` adds its state by value as the
+    member :data:`SESSION_MEMBER` (at most :data:`INTERPRETER_STATE_BYTES`); ``unpack`` of an archive with one,
+    where no copy was resumed, keeps it for the next session's first cell.
 ``cell``
     ``code`` run in the sandbox's live Python interpreter (:mod:`.interp`; ``argv`` starts one when none runs):
-    variables persist between cells; answered like ``exec``, plus ``session`` (``kept``, ``started``, ``ended``).
+    variables persist between cells; answered like ``exec``, plus ``session`` (``kept``, ``started``, ``ended``) and,
+    for the first cell of a session that took a carried state, ``carried`` and ``not_carried``.
     Refused unless ``--bounded``.
 ``write``
     ``files``: {relative path: base64 bytes} written under the first writable area (``/scratch``); at
@@ -93,12 +96,13 @@ from .capped import run_capped
 from .cli import main, setup
 from .core import Agent
 from .protocol import (
-    AREA_BYTES, MARKER, MAX_AREA_ENTRIES, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_WRITE_FILES, PAGE_BYTES,
-    SESSION_ENV_NAMES, PathRewriter, decode, env_problems, utf8_cut,
+    AREA_BYTES, INTERPRETER_STATE_BYTES, MARKER, MAX_AREA_ENTRIES, MAX_ENV_VALUE_CHARS, MAX_ENV_VARS, MAX_WRITE_FILES,
+    PAGE_BYTES, SESSION_ENV_NAMES, PathRewriter, decode, env_problems, utf8_cut,
 )
+from .snapshot import SESSION_MEMBER
 
 __all__ = [
-    "AREA_BYTES", "MARKER", "MAX_AREA_ENTRIES", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS", "MAX_WRITE_FILES",
-    "PAGE_BYTES", "SESSION_ENV_NAMES", "Agent", "PathRewriter", "decode", "env_problems", "main", "run_capped",
-    "setup", "utf8_cut",
+    "AREA_BYTES", "INTERPRETER_STATE_BYTES", "MARKER", "MAX_AREA_ENTRIES", "MAX_ENV_VALUE_CHARS", "MAX_ENV_VARS",
+    "MAX_WRITE_FILES", "PAGE_BYTES", "SESSION_ENV_NAMES", "SESSION_MEMBER", "Agent", "PathRewriter", "decode",
+    "env_problems", "main", "run_capped", "setup", "utf8_cut",
 ]

@@ -11,10 +11,14 @@ says which and how).
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
 
 import pytest
 
+from sandbox_server.agent import SESSION_MEMBER
+from sandbox_server.snapshots import without_interpreter_state
 from sandbox_server.tools import TOOLS, ToolRefused, validate_call
 
 
@@ -128,6 +132,10 @@ def test_rollback_resumes_the_interpreter_of_the_snapshot(cellbox):
     svc, sid = cellbox
     cell(cellbox, "import random\nrandom.seed(1)\nhistory = ['before']")
     snap = svc.snapshot(sid)
+    full = svc.snapshot_bytes(snap.id)
+    lean = without_interpreter_state(full)  # what a rollback that resumes the copy sends: the areas alone
+    with tarfile.open(fileobj=io.BytesIO(full)) as a, tarfile.open(fileobj=io.BytesIO(lean)) as b:
+        assert a.getnames()[-1] == SESSION_MEMBER and b.getnames() == a.getnames()[:-1]
     cell(cellbox, "history.append('after'); r1 = random.random()")
     first = cell(cellbox, "r1").stdout
     for _ in range(2):  # as often as asked: each resume leaves the copy in place

@@ -96,8 +96,9 @@ def test_tree_logprobs_entropies_and_gradients_equal_the_flat_ones(arch, max_nod
     assert torch.allclose(tree_lp[inside], flat_lp.detach()[inside], atol=1e-5)
     assert torch.allclose(tree_ent[inside], flat_ent.detach()[inside], atol=1e-5)
     assert not tree_lp[~inside].any()
-    for flat, p in zip(flat_grads, model.parameters(), strict=True):
-        assert torch.allclose(p.grad, flat, rtol=1e-4, atol=1e-6)
+    for flat, p in zip(flat_grads, model.parameters(), strict=True):  # float32 sums in another order: an element
+        scale = max(1.0, flat.abs().max().item())  # near 0 in a tensor of magnitude 13 came 3.8e-6 apart (a bias)
+        assert torch.allclose(p.grad, flat, rtol=1e-4, atol=1e-6 * scale)
 
 
 @settings(max_examples=40, deadline=None)
