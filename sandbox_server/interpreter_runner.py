@@ -34,10 +34,13 @@ that ``pickle`` finds the classes and functions cells define (``__main__.Name``)
 
 **State by value** (:func:`export_state` / :func:`import_state`): a process cannot move into another sandbox (their
 namespaces are not its to enter), so a fork into other sandboxes carries the session's *variables*, not its process:
-modules by name (imported again in the copy, from the copy's own workspace), the functions and classes cells defined
-by their source (defined again), every other value by ``pickle`` (shared references between names kept), and the
-``random`` generator's state, the working directory, ``sys.path`` and ``os.environ``. What ``pickle`` refuses (open
-files, sockets, generators, threads, lambdas, closures, instances of a class redefined since) is not carried: each
+modules by name (imported again in the copy, from the copy's own workspace; one whose file changed since the session
+imported it, from the source as imported: :data:`IMPORTED_SOURCES`), the functions and classes cells defined by
+their source (defined again, output kept out of the cell's) with their defaults and attributes as they are now, every
+other value by ``pickle`` from one pickler (shared references between names kept; one that will not load costs only
+itself), and the ``random`` generator's state, the working directory, ``sys.path`` and ``os.environ``. What
+``pickle`` refuses (open files, sockets, generators, threads, lambdas, closures, instances of a class redefined
+since) is not carried: each
 such name comes back with the reason, and the copy's first cell says so, as for a function or class a cell defined
 other than by a top-level statement (inside an ``if``, by ``exec``: a copy could not find it by name). A state is at
 most the request's ``max_bytes`` (the agent's ``INTERPRETER_STATE_BYTES``): values past what the rest leaves are
@@ -51,6 +54,10 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
 import json
 import os
 import pickle
@@ -148,14 +155,32 @@ def run_cell(code: str, namespace: dict) -> tuple[bool, str | None]:
                 print(repr(value))
         return True, None
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the session goes on
+        _restore_streams()
         _print_exception(exc)
         return False, type(exc).__name__
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except Exception:  # noqa: BLE001 -- a cell may have put anything there (None, a closed file)
                 pass
+        _restore_streams()
+
+
+def _restore_streams() -> None:
+    """Put ``sys.stdout`` / ``sys.stderr`` back on file descriptors 1 / 2 when a cell set them to None, to something
+    without ``write``, or closed them: the session's output goes on reaching the caller (a cell that closed the
+    descriptors themselves is told by the agent instead)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name, None)
+        if stream is not None and callable(getattr(stream, "write", None)) and not getattr(stream, "closed", False):
+            continue
+        try:
+            fresh = open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+        except OSError:
+            continue
+        setattr(sys, name, fresh)
+        setattr(sys, f"__{name}__", fresh)
 
 
 def _defined_here(name: str, value) -> bool:
@@ -211,12 +236,159 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
+def _dump_values(values: dict, limit: int) -> tuple[bytes, list]:
+    """``values`` pickled one after another by one pickler (its memo shared: two names for one object stay one),
+    within ``limit`` bytes in all: ``(bytes, [(name, start, end)])``, each name's pickle at ``bytes[start:end]``.
+    Raises like :func:`_dumps`."""
+    sink = _Budget(limit)
+    pickler = _Pickler(sink, protocol=4)
+    entries = []
+    for name, value in values.items():
+        start = sink.size
+        pickler.dump(value)
+        entries.append((name, start, sink.size))
+    return b"".join(sink.parts), entries
+
+
+def _load_values(blob: bytes, entries: list) -> tuple[dict, dict]:
+    """The values of :func:`_dump_values`: ``({name: value}, {name: why it did not load})``. One unpickler reads
+    them in order; when one fails (a name it refers to that the copy lacks), each is read again on its own, the
+    shared memo carried from one to the next, so that one failure costs that name (and those that share its
+    objects) only."""
+    out: dict = {}
+    try:
+        unpickler = pickle.Unpickler(io.BytesIO(blob))
+        for name, _, _ in entries:
+            out[name] = unpickler.load()
+        return out, {}
+    except BaseException:  # noqa: BLE001 -- a value's own code may raise anything
+        pass
+    out, failed = {}, {}
+    memo: dict = {}
+    for name, start, end in entries:  # pickle's own Python unpickler: its memo is a plain dict, safe to hand on
+        slow = pickle._Unpickler(io.BytesIO(blob[start:end]))  # noqa: SLF001
+        slow.memo = memo  # type: ignore[attr-defined]  # set in its load(); typeshed lists only the C one's
+        try:
+            out[name] = slow.load()
+        except BaseException as exc:  # noqa: BLE001
+            failed[name] = _why(exc)
+        memo = slow.memo  # type: ignore[attr-defined]
+    return out, failed
+
+
 def _dumps(value, limit: int) -> bytes:
     """``value`` pickled (protocol 4, :class:`_Pickler`) within ``limit`` bytes. Raises :class:`_TooLarge` past it, or
     what pickling raises."""
     sink = _Budget(limit)
     _Pickler(sink, protocol=4).dump(value)
     return b"".join(sink.parts)
+
+
+#: The source of each module the session imported from a writable area, as it was read then: {name: (path, bytes)}.
+IMPORTED_SOURCES: dict = {}
+#: Where the session's own modules live (the writable areas).
+WRITABLE_ROOTS = ("/scratch/", "/tmp/")
+
+
+class _RecordingLoader(importlib.machinery.SourceFileLoader):
+    """Loads a module of the writable areas from its source (never a bytecode cache) and records that source in
+    :data:`IMPORTED_SOURCES`, or, given ``source``, loads that text in place of the file's (a copy of a session
+    whose file was edited since it imported it)."""
+
+    def __init__(self, fullname: str, path: str, source: bytes | None = None):
+        super().__init__(fullname, path)
+        self.source = source
+
+    def get_code(self, fullname):
+        data = self.source if self.source is not None else self.get_data(self.path)
+        IMPORTED_SOURCES[self.name] = (self.path, data)
+        return self.source_to_code(data, self.path)
+
+
+class _RecordingFinder:
+    """First on ``sys.meta_path``: the standard path finder's spec, with a :class:`_RecordingLoader` for a source file
+    under :data:`WRITABLE_ROOTS`."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader) \
+                and str(spec.origin).startswith(WRITABLE_ROOTS):
+            spec.loader = _RecordingLoader(name, str(spec.origin))
+        return spec
+
+
+def _stale_modules() -> dict:
+    """{name: (path, source as imported, package?)} of the modules the session imported from the writable areas whose
+    file has changed (or gone) since: a copy loads that source, not the file (as the session still runs it)."""
+    out = {}
+    for name, (path, data) in list(IMPORTED_SOURCES.items()):
+        module = sys.modules.get(name)
+        if module is None or getattr(module, "__file__", None) != path or len(data) > MAX_SOURCE_BYTES:
+            continue
+        try:
+            with open(path, "rb") as f:
+                now = f.read()
+        except OSError:
+            now = None
+        if now != data:
+            out[name] = (path, data, hasattr(module, "__path__"))
+    return out
+
+
+def _load_stale(name: str, path: str, data: bytes, package: bool) -> None:
+    """Make module ``name`` from ``data`` (its source as the exporting session imported it), at ``path``."""
+    parent, _, child = name.rpartition(".")
+    if parent and parent not in sys.modules:
+        importlib.import_module(parent)
+    loader = _RecordingLoader(name, path, data)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader, submodule_search_locations=(
+        [os.path.dirname(path)] if package else None))
+    if spec is None:
+        raise ImportError(f"no module spec for {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+#: Key prefix, among the carried values, of a definition's state (:func:`_definition_state`).
+DEFINITION_STATE = "\x00definition:"
+#: Class attributes never carried as state (the class statement makes them).
+_CLASS_OWN = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__slots__",
+                        "__firstlineno__", "__static_attributes__"})
+
+
+def _definition_state(value) -> dict:
+    """What a function or class a cell defined holds beyond its source: a function's ``__defaults__``,
+    ``__kwdefaults__`` and attributes (``f.calls = 5``; a mutable default that calls changed), a class's attributes
+    that are not functions or descriptors (``K.n += 1``). Put back by :func:`import_state` over the definition the
+    source makes again."""
+    if isinstance(value, types.FunctionType):
+        out = {"defaults": value.__defaults__, "kwdefaults": value.__kwdefaults__}
+        attrs = {k: v for k, v in vars(value).items() if k != "__wrapped__"}
+        if attrs:
+            out["attrs"] = attrs
+        return out if any(v is not None for v in out.values()) else {}
+    if isinstance(value, type):
+        attrs = {k: v for k, v in vars(value).items() if k not in _CLASS_OWN
+                 and not (callable(v) or hasattr(v, "__get__") or isinstance(v, (staticmethod, classmethod)))}
+        return {"attrs": attrs} if attrs else {}
+    return {}
+
+
+def _put_definition_state(target, state: dict) -> None:
+    if "defaults" in state:
+        target.__defaults__ = state["defaults"]
+    if "kwdefaults" in state:
+        target.__kwdefaults__ = state["kwdefaults"]
+    for k, v in (state.get("attrs") or {}).items():
+        setattr(target, k, v)
 
 
 #: Most names listed with the reason they were not carried (the rest are counted).
@@ -232,7 +404,7 @@ def export_state(namespace: dict, max_bytes: int) -> tuple[bytes, list, dict]:
     largest dropped first. Raises only what a value's own code raises past every guard (the caller answers it)."""
     modules, sources, values, dropped = {}, [], {}, {}
     for name, value in list(namespace.items()):
-        if name.startswith("__"):
+        if name.startswith("__") and name.endswith("__"):  # the module's own (__builtins__, __warningregistry__)
             continue
         if isinstance(value, types.ModuleType):
             modules[name] = value.__name__
@@ -241,6 +413,9 @@ def export_state(namespace: dict, max_bytes: int) -> tuple[bytes, list, dict]:
                 dropped[name] = f"its source is longer than {MAX_SOURCE_BYTES} bytes"
             else:
                 sources.append(DEFINITIONS[name] + (name,))
+                extra = _definition_state(value)
+                if extra:  # its defaults and attributes as they are now, not as the source makes them
+                    values[DEFINITION_STATE + name] = extra
         else:
             try:
                 size = sys.getsizeof(value)  # a buffer past the budget is not pickled at all (its copy alone could
@@ -256,11 +431,10 @@ def export_state(namespace: dict, max_bytes: int) -> tuple[bytes, list, dict]:
         cwd, dropped["(working directory)"] = None, f"not carried: {_why(exc)}"
     rng = sys.modules.get("random")
     rest = {"version": 1, "modules": modules, "sources": sorted(sources), "random": rng.getstate() if rng else None,
-            "cwd": cwd, "path": list(sys.path), "environ": dict(os.environ)}
+            "cwd": cwd, "path": list(sys.path), "environ": dict(os.environ), "stale": _stale_modules()}
     budget = max_bytes - len(pickle.dumps(rest, protocol=4)) - 64 * (MAX_REASONS + 1) - 256 * MAX_REASONS
-    blob = b""
     try:
-        blob = _dumps(values, max(budget, 0))
+        blob, entries = _dump_values(values, max(budget, 0))
     except BaseException:  # noqa: BLE001 -- too large, or a value refused (SystemExit too): one by one
         sizes = {}
         for name, value in list(values.items()):
@@ -280,16 +454,19 @@ def export_state(namespace: dict, max_bytes: int) -> tuple[bytes, list, dict]:
             values.pop(name)
             dropped[name] = f"too large to carry ({sizes[name]} bytes pickled; at most {budget} in all)"
         try:
-            blob = _dumps(values, max(budget, 0))
-        except BaseException as exc:  # noqa: BLE001 -- each pickled alone; together they still may not
+            blob, entries = _dump_values(values, max(budget, 0))
+        except BaseException as exc:  # noqa: BLE001 -- each pickled alone; in one stream they still may not
             dropped.update({n: _why(exc) for n in values})
-            values, blob = {}, pickle.dumps({}, protocol=4)
+            values, blob, entries = {}, b"", []
     if len(dropped) > MAX_REASONS:
         kept = dict(list(dropped.items())[:MAX_REASONS])
         kept["..."] = f"{len(dropped) - MAX_REASONS} more names not carried"
         dropped = kept
-    state = dict(rest, values=blob, dropped=dropped)
-    names = sorted(modules) + [n for _, _, n in sorted(sources)] + sorted(values)
+    dropped = {(f"{k[len(DEFINITION_STATE):]} (its defaults and attributes)" if k.startswith(DEFINITION_STATE)
+                else k): v for k, v in dropped.items()}
+    state = dict(rest, values=blob, entries=entries, dropped=dropped)
+    names = sorted(modules) + [n for _, _, n in sorted(sources)] + sorted(n for n in values
+                                                                          if not n.startswith(DEFINITION_STATE))
     return pickle.dumps(state, protocol=4), names, dropped
 
 
@@ -328,6 +505,11 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
             _put_back(key, state.get(key))
         except BaseException as exc:  # noqa: BLE001
             dropped[part] = _why(exc)
+    for name, (path, source, package) in sorted(dict(state.get("stale") or {}).items()):  # parents first
+        try:
+            _load_stale(name, path, source, package)
+        except BaseException as exc:  # noqa: BLE001 -- the module's own code may raise anything
+            dropped[f"(module {name} as imported)"] = _why(exc)
     for name, module in dict(state.get("modules") or {}).items():
         try:
             namespace[name] = __import__(module, fromlist=["_"])
@@ -343,11 +525,12 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
         except BaseException:  # noqa: BLE001 -- e.g. a default value naming a variable not carried yet
             later.append((source, name))
     try:
-        values = pickle.loads(state["values"])
-        namespace.update(values)
-        carried += list(values)
-    except BaseException as exc:  # noqa: BLE001
-        dropped.update({"*values": _why(exc)})
+        values, failed = _load_values(state["values"], list(state["entries"]))
+    except BaseException as exc:  # noqa: BLE001 -- a crafted state
+        values, failed = {}, {"*values": _why(exc)}
+    extras = {k[len(DEFINITION_STATE):]: values.pop(k) for k in list(values) if k.startswith(DEFINITION_STATE)}
+    namespace.update(values)
+    carried += list(values)
     for source, name in later:
         try:
             exec(compile(source, "<cell>", "exec"), namespace)
@@ -355,6 +538,13 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
             DEFINITIONS[name] = (len(DEFINITIONS), source)
         except BaseException as exc:  # noqa: BLE001
             dropped[name] = _why(exc)
+    dropped.update({(f"{k[len(DEFINITION_STATE):]} (its defaults and attributes)" if k.startswith(DEFINITION_STATE)
+                     else k): v for k, v in failed.items()})
+    for name, extra in extras.items():
+        try:
+            _put_definition_state(namespace[name], extra)
+        except BaseException as exc:  # noqa: BLE001
+            dropped[f"{name} (its defaults and attributes)"] = _why(exc)
     return carried, dropped
 
 
@@ -456,6 +646,7 @@ def main() -> int:
     answers = os.fdopen(int(sys.argv[-1]), "wb", buffering=0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, os.getcwd())  # the workspace's modules import, as in a script run from there
+    sys.meta_path.insert(0, _RecordingFinder)  # a copy must run a module as this session imported it
     line = b""
     while True:
         chunk = requests.readline()
@@ -485,8 +676,9 @@ def main() -> int:
             continue
         extra: dict = {}
         if isinstance(req.get("carry"), str):  # a copy's first cell: the state it carries first
-            try:
-                extra["carried"], extra["dropped"] = import_state(base64.b64decode(req["carry"]), namespace)
+            try:  # what re-running definitions and imports prints is not the cell's output
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    extra["carried"], extra["dropped"] = import_state(base64.b64decode(req["carry"]), namespace)
             except ValueError as exc:
                 extra["carried"], extra["dropped"] = [], {"*": f"the carried state is not base64: {exc}"}
         ok, error = run_cell(str(req.get("code", "")), namespace)

@@ -84,8 +84,10 @@ SQL_DB_PATH = "/scratch/db.sqlite"
 _SQL_RUNNER = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("sql_runner.py")).read_text("utf-8")]
 #: The ``workspace`` editor: the same, on :mod:`sandbox_server.workspace_runner`.
 _EDITOR = ["python3", "-I", "-S", "-B", "-c", (Path(__file__).with_name("workspace_runner.py")).read_text("utf-8")]
-#: The ``interpreter`` family's live session: the sandbox's python3 on :mod:`sandbox_server.interpreter_runner`.
-_SESSION = ["python3", "-E", "-s", "-B", "-c",
+#: The ``interpreter`` family's live session: the sandbox's python3 on :mod:`sandbox_server.interpreter_runner`, without
+#: ``-E``: the agent makes its whole environment (no ``PYTHON*`` variable but ``PYTHONHASHSEED=0``, so that string
+#: hashes, and the order of a set of strings, are the same in every session, a copy's and a replay's alike).
+_SESSION = ["python3", "-s", "-B", "-c",
             (Path(__file__).with_name("interpreter_runner.py")).read_text("utf-8")]
 #: How ``run_python`` / ``run_tests`` start the interpreter: no ``PYTHON*`` variables, no user site, no bytecode
 #: written (the working directory stays importable, as a test suite needs).

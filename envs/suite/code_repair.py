@@ -10,9 +10,11 @@ sandbox service's ``workspace`` tool family (opt-in: the env creates its sandbox
 fork clones the sandbox, so each branch continues from the files as the episode left them, edits included, and
 from the live Python session's variables (the ``interpreter`` family: each copy's session takes them by value, see
 :mod:`sandbox_server.interpreter_runner`): a branch's next ``python()`` reads as it would had the episode been
-replayed up to the fork, unless a variable could not be carried (an open file, a generator: the observation then
-names it). A module the session imported is imported afresh in a copy, from the copy's files: a cell that reloads
-the module it probes (as the menu's probe does) reads alike either way.
+replayed up to the fork (a module imported before an edit runs as imported, defaults and attributes of the cells'
+functions and classes are kept, one string hash seed), unless a variable could not be carried (an open file, a
+generator, a thread: the observation then names it). Not named, and different from a replay: attributes a cell set
+on a module, state inside a decorator's wrapper (an ``lru_cache``'s cache), the iteration order of a set (rebuilt by
+insertion), a warning shown once (the warnings registry starts empty), a class redefined after its subclasses.
 
 Actions (forkyard's one action format; positional or keyword arguments; paths relative to the workspace):
 
@@ -299,18 +301,21 @@ class CodeRepairEnv(SandboxedTextEnv):
 
 
 def _session_notes(res: Any) -> list[str]:
-    """Notes of a ``python()`` call on the live session (``ToolResult.session``, ``carried``, ``not_carried``): a new
-    session with no variables, one in a copy that could not carry every variable (named), one the cell ended. A copy's
-    session that carried everything gets no note: it reads as the replayed episode's kept session does."""
+    """Notes of a ``python()`` call on the live session (``ToolResult.session``, ``carried``, ``not_carried``,
+    ``message``): a new session with no variables, one in a copy that could not carry every variable (each named),
+    one the cell ended (the sandbox's reason), and what the sandbox said of a kept session (a cell that closed its
+    output). A copy's session that carried everything gets no note: it reads as the replayed episode's kept session
+    does."""
     session = getattr(res, "session", None)
+    said = [f"[{res.message}]"] if res.message and res.status != "timeout" else []  # the sandbox's own words
     if session == "ended":
-        return ["[the cell ended the Python session: its variables are gone]"]
+        return said or ["[the cell ended the Python session: its variables are gone]"]
     if session != "started":
-        return []
+        return said
     carried, lost = getattr(res, "carried", None), getattr(res, "not_carried", None) or {}
     if carried is None:
         return ["[a new Python session: no variables from before]"]
-    if lost:
+    if lost:  # every name the sandbox listed (at most 50, then a count)
         return ["[a new Python session in this copy of the episode; not carried: "
-                + "; ".join(f"{k} ({v})" for k, v in sorted(lost.items())[:8]) + "]"]
+                + "; ".join(f"{k} ({v})" for k, v in sorted(lost.items())) + "]"]
     return []

@@ -209,6 +209,8 @@ class InterpreterOps(AgentState):
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TZ": "UTC",
                    "HOME": self.writable[0] if self.writable else "/tmp"}
             env.update(req.get("env") or {})
+            env = {k: v for k, v in env.items() if not k.startswith("PYTHON")}
+            env["PYTHONHASHSEED"] = "0"  # one string hash in every session: a set prints alike in a copy and a replay
             try:
                 self._interp = self._start(argv, env)
             except (OSError, ValueError, subprocess.SubprocessError) as exc:

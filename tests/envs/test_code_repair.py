@@ -163,6 +163,14 @@ def test_forks_carry_the_live_python_session(env):
             k.close()
 
 
+def test_a_python_session_survives_its_own_mistakes_and_says_why_it_ended(env):
+    env.reset(seed=17)
+    env.step("python('import sys\\nsys.stdout = None')")
+    assert "\n2\n" in env.step("python('1 + 1')")[0]  # the session put its output back
+    ended = env.step("python('import os\\nos._exit(1)')")[0]
+    assert "[the cell ended the interpreter (os._exit" in ended, ended  # the sandbox's own reason
+
+
 def test_a_snapshot_carries_the_edits_and_the_gate(env):
     env.reset(seed=14)
     fix = env._repairs()[0]

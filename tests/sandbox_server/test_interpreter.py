@@ -41,7 +41,7 @@ def test_the_family_is_opt_in():
     with pytest.raises(ToolRefused, match="interpreter family"):
         validate_call("run_cell", {"code": "1"}, families=["workspace"])
     call = validate_call("run_cell", {"code": "x = 1"}, families=["interpreter"])
-    assert call.code == "x = 1" and call.argv[:2] == ["python3", "-E"]
+    assert call.code == "x = 1" and call.argv[:3] == ["python3", "-s", "-B"]
 
 
 def test_variables_persist_and_values_print(cellbox):
@@ -257,6 +257,26 @@ def test_what_cannot_be_carried_costs_only_itself(cellbox):
     assert r.stdout == "False\n" and "ended at a snapshot" in r.message, r
 
 
+def test_a_copy_reads_as_the_session_it_came_from(cellbox):
+    """What re-running definitions would get wrong, a copy gets right: a mutable default and a default taken from a
+    variable since changed, function and class attributes, a private name, a module the session imported before its
+    file was edited (the copy runs the source as imported), the order of a set of strings (one hash seed); and what
+    re-running prints (a decorator, a class body, a module) never reaches the copy's output."""
+    svc, sid = cellbox
+    svc.exec(sid, "write_file", {"path": "mod.py", "text": "print('importing mod')\ndef f():\n    return 'old'\n"})
+    cell(cellbox, "def acc(v, bag=[]):\n    bag.append(v)\n    return bag\nacc(1); acc(2)\ny0 = 1\n"
+                  "def g(x=y0):\n    return x\ny0 = 2\ndef h():\n    pass\nh.calls = 5\n"
+                  "class K:\n    print('class body runs')\n    n = 0\nK.n += 1\n__secret = 3\n"
+                  "import mod\nfrom mod import f\nwords = {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}")
+    svc.exec(sid, "write_file", {"path": "mod.py", "text": "def f():\n    return 'new'\n"})
+    probe = "acc(3), g(), h.calls, K.n, __secret, f(), mod.f(), list(words)"
+    want = cell(cellbox, probe).stdout
+    assert "[1, 2, 3]" in want and "'old', 'old'" in want, want
+    cell(cellbox, "acc.__defaults__[0].pop()")  # back to the state the copy will carry
+    r = first_cell(svc, sid, probe)
+    assert r.stdout == want and r.not_carried == {}, r
+
+
 def test_copies_outlive_a_miss_and_a_crash(cellbox):
     """A rollback to a snapshot whose copy was dropped, and a crash of the live session, lose only the live
     session's variables: the other snapshots' copies still resume."""
@@ -293,7 +313,7 @@ def test_a_cell_cannot_wake_or_fake_a_copy(cellbox):
                       "for p in os.listdir('/proc'):\n"
                       "    if p.isdigit() and int(p) != me:\n"
                       "        try:\n"
-                      "            if open(f'/proc/{p}/cmdline','rb').read().startswith(b'python3\\x00-E'):\n"
+                      "            if open(f'/proc/{p}/cmdline','rb').read().startswith(b'python3\\x00-s\\x00-B'):\n"
                       "                os.kill(int(p), signal.SIGCONT); os.kill(int(p), signal.SIGUSR1)\n"
                       "                kids.append(p)\n"
                       "        except OSError:\n"
