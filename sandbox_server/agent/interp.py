@@ -10,6 +10,9 @@ running never runs between calls (never beside a snapshot or another tool). A ce
 interrupted (SIGINT: ``KeyboardInterrupt`` in the cell, the session kept) and, when it does not stop within
 :data:`INTERRUPT_GRACE_S`, the session is killed (its variables are gone; the answer says so). Output is
 captured like ``exec``'s: at most ``cap_bytes`` of stdout (the cell is interrupted at the cap), 16 KiB of stderr.
+For a copy of the sandbox elsewhere, :meth:`InterpreterOps.export_session` asks the session for its state by value
+(at most :data:`~.protocol.INTERPRETER_STATE_BYTES`; the answer is read no further than that), which ``pack`` puts
+in the archive; :meth:`InterpreterOps.carry_in` keeps what an ``unpack`` brought for the next session's first cell.
 Standard library only.
 
 Why one file: the session, its copies and the channels they share are one set of handles whose life is one
