@@ -25,8 +25,9 @@ Channels (file descriptors the agent opens and passes, named by the last two arg
 A cell runs as IPython runs one: its statements in the session's ``__main__`` namespace, and when its last statement
 is an expression, that value's ``repr`` printed (unless None). An exception prints its traceback (without this
 runner's frames) to stderr and the session goes on; ``SystemExit`` (``exit()``, ``sys.exit``) is reported the same
-way and does not end the session; SIGINT (the agent's first step at a cell's deadline) raises ``KeyboardInterrupt``
-in the cell. A cell that ends the process (``os._exit``, a crash, the memory bound) ends the session: the agent
+way and does not end the session; SIGINT (the agent's first step at a cell's deadline or its output cap) raises
+``KeyboardInterrupt`` in the cell's code only (one that arrives as the cell ends is dropped: :func:`_on_sigint`). A
+cell that ends the process (``os._exit``, a crash, the memory bound) ends the session: the agent
 says so, and the next cell starts a new one with no variables.
 
 The session's namespace is the ``__dict__`` of the module ``sys.modules["__main__"]``, as in a script or IPython, so
@@ -142,17 +143,33 @@ def _print_exception(exc: BaseException) -> None:
     sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
 
 
+#: Whether a cell's own code runs now: SIGINT (the agent's, at a deadline or the output cap) interrupts only then.
+IN_CELL = [False]
+
+
+def _on_sigint(signum, frame) -> None:
+    """SIGINT's handler: ``KeyboardInterrupt`` in a cell's code; dropped anywhere else (an interrupt sent as the cell
+    ended, which would otherwise land in this runner's answer or its wait for the next request and end the
+    session)."""
+    if IN_CELL[0]:
+        raise KeyboardInterrupt
+
+
 def run_cell(code: str, namespace: dict) -> tuple[bool, str | None]:
     """Run one cell in ``namespace``; ``(ok, error name or None)``. Never raises (but for a process exit)."""
     try:
         body, last = _compile(code)
-        if body is not None:
-            exec(body, namespace)
-        if last is not None:
-            value = eval(last, namespace)
-            if value is not None:
-                namespace["_"] = value
-                print(repr(value))
+        IN_CELL[0] = True
+        try:
+            if body is not None:
+                exec(body, namespace)
+            if last is not None:
+                value = eval(last, namespace)
+                if value is not None:
+                    namespace["_"] = value
+                    print(repr(value))
+        finally:
+            IN_CELL[0] = False
         return True, None
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the session goes on
         _restore_streams()
@@ -644,7 +661,7 @@ def main() -> int:
     streams = _streams()  # the agent's output pipes
     requests = os.fdopen(int(sys.argv[-2]), "rb")
     answers = os.fdopen(int(sys.argv[-1]), "wb", buffering=0)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _on_sigint)
     sys.path.insert(0, os.getcwd())  # the workspace's modules import, as in a script run from there
     sys.meta_path.insert(0, _RecordingFinder)  # a copy must run a module as this session imported it
     line = b""
