@@ -509,8 +509,6 @@ def import_state(data: bytes, namespace: dict) -> tuple[list, dict]:
     carried, {name: why not})``. Each part is put back on its own (a working directory gone, a module that no
     longer imports cost only that part). Never raises."""
     carried: list = []
-    if data.startswith(NO_STATE):  # the agent's note that the snapshot could not take the session's state
-        return [], {"*": data[len(NO_STATE):].decode("utf-8", "replace")[:300]}
     try:
         state = pickle.loads(data)
         dropped = dict(state["dropped"])  # what the export already left out
@@ -582,9 +580,6 @@ def _oom_score_adj(value: int) -> None:
 
 #: Exit status of an export child that wrote its answer (any other: the runner answers for it).
 EXPORTED = 77
-#: How a carried member that holds no state starts (then the reason, UTF-8): written by the agent when the session
-#: could not export its state at the snapshot.
-NO_STATE = b"FORKYARD-NO-STATE:"
 
 
 def _export_in_child(namespace: dict, answers, n, max_bytes: int) -> None:

@@ -178,9 +178,9 @@ class CodeRepairEnv(SandboxedTextEnv):
                 format_action("replace", bug["path"], bug["buggy"], bug["wrong"])]
 
     def _probe(self) -> str:
-        """The menu's ``python()`` probe: the module with the bug reloaded (a copy's session imports it afresh, a
-        replayed one holds the module as first imported: reloaded, both read the files as they are now) and its
-        buggy function called on a visible test's arguments."""
+        """The menu's ``python()`` probe: the module with the bug reloaded (the session holds it as first imported,
+        before any repair: reloaded, it reads the file as it is now) and its buggy function called on a visible
+        test's arguments."""
         bug = self._task["bug"]
         module = bug["path"].removesuffix(".py").replace("/", ".")
         return format_action("python", f"import importlib, {module} as m\nimportlib.reload(m)\nm.{bug['probe']}")
@@ -231,9 +231,9 @@ class CodeRepairEnv(SandboxedTextEnv):
             body = _RAN_IN.sub(r"\1", body)
         if call.name == "run_tests" and res.status == "ok":
             body += "\n" + ("[the tests pass]" if res.exit_code == 0 else "[some tests fail]")
-        notes = _session_notes(res) if call.name == "python" else []
-        if call.name == "python":
-            body = (res.stdout + res.stderr).rstrip("\n") or "(no output)"
+        notes: list[str] = []
+        if call.name == "python":  # its own notes say what the sandbox's message would
+            body, notes = (res.stdout + res.stderr).rstrip("\n") or "(no output)", _session_notes(res)
         return self._tool_outcome(f"[turn {self._turn + 1}] {call.text()}\n", body, res, notes)
 
     def _submit(self, call: ToolCall) -> Outcome:

@@ -43,7 +43,8 @@ RESUME_SIGNAL = signal.SIGUSR1
 ANSWER_BYTES = 4 << 20
 #: Longest answer to an ``export``: the state, base64-encoded, and room for the JSON around it.
 EXPORT_ANSWER_BYTES = INTERPRETER_STATE_BYTES * 4 // 3 + (64 << 10)
-#: How a carried member that holds no state starts (then the reason): the runner's ``NO_STATE``.
+#: How a carried member that holds no state starts (then the reason, UTF-8): written by :meth:`export_session` when
+#: the session could not export its state; a copy's first cell then reports the reason and imports nothing.
 NO_STATE = b"FORKYARD-NO-STATE:"
 
 
@@ -223,8 +224,11 @@ class InterpreterOps(AgentState):
         s = self._interp
         assert s.pid is not None
         carry, self._carried = (self._carried if started else None), (None if started else self._carried)
+        note = carry[len(NO_STATE):].decode("utf-8", "replace")[:300] if carry and carry.startswith(NO_STATE) else None
         _signal(s.pid, signal.SIGCONT)  # stopped between calls
-        answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap, carry)
+        answer, out, err, truncated, timed_out = self._run(s, code, t0 + max(0.0, timeout), cap,
+                                                           None if note is not None else carry)
+        report = {"carried": [], "dropped": {"*": note}} if note is not None else answer  # what the copy took
         ended = answer is None
         if ended:
             self.end_session()
@@ -254,7 +258,7 @@ class InterpreterOps(AgentState):
                                              "session prints no longer reaches the caller (os._exit(0) in a cell "
                                              "starts a new interpreter)") if x)
         if started:  # a policy that relies on earlier variables learns what came with a copy, and what is gone
-            msg = "; ".join(x for x in (_started_text(carry, answer), self._ended_why, msg) if x)
+            msg = "; ".join(x for x in (_started_text(carry, report), self._ended_why, msg) if x)
             self._ended_why = None
         ok = answer.get("ok") if answer else None
         out_ans = {"stdout": stdout, "stderr": stderr, "exit_code": None if ended or timed_out else (0 if ok else 1),
@@ -262,7 +266,7 @@ class InterpreterOps(AgentState):
                    "duration_s": time.monotonic() - t0, "message": msg,
                    "session": "ended" if ended else ("started" if started else "kept")}
         if carry is not None:
-            names, dropped = _carry_result(answer)
+            names, dropped = _carry_result(report)
             out_ans.update(carried=names, not_carried=dropped)
         return out_ans
 
