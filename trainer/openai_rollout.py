@@ -104,7 +104,8 @@ class OpenAIPolicy:
 
     def request(self, messages: list[dict[str, Any]], seed: int) -> tuple[ServerRecord, dict[str, Any]]:
         """One sampling request for ``messages``: ``(record, assistant message to append)``.
-        Raises httpx.HTTPError on a transport failure or an HTTP error status."""
+        Raises httpx.HTTPError on a transport failure; httpx.HTTPStatusError on an HTTP error status, its message
+        ending with the server's answer (up to 1,000 characters: why it refused, e.g. a prompt past its context)."""
         body: dict[str, Any] = {"model": self.model, "seed": seed, **self.sampling, **self.extra_body}
         if self.api == "chat":
             body.update(messages=messages, logprobs=True)
@@ -114,7 +115,9 @@ class OpenAIPolicy:
         else:
             body.update(prompt=self.render(messages), logprobs=1)
             r = self.http.post("completions", json=body)
-        r.raise_for_status()
+        if r.is_error:
+            raise httpx.HTTPStatusError(f"{r.status_code} from {r.request.url}: {r.text[:1000]}", request=r.request,
+                                        response=r)
         data = r.json()
         choice = data["choices"][0]
         if self.api == "chat":

@@ -134,7 +134,11 @@ class ClosingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server has stopped: the client sees its connection closed
+                client.close()
+                continue
             answered = threading.Event()
             threading.Thread(target=self._up, args=(client, upstream, answered), daemon=True).start()
             threading.Thread(target=self._down, args=(upstream, client, answered), daemon=True).start()
@@ -164,8 +168,10 @@ class ClosingProxy:
                     self.cut += 1
                     client.shutdown(socket.SHUT_RDWR)
                     break
-                client.sendall(data)
+                # Set before the bytes go: once the client has the answer it may send its next request at once,
+                # and _up must already count this connection as one that carried an answer.
                 answered.set()
+                client.sendall(data)
         except OSError:
             pass
 

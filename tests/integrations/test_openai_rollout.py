@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 
+import httpx
 import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed (make installs it)")
@@ -37,7 +38,10 @@ pytestmark = pytest.mark.slow
 def served(tmp_path_factory):
     """(base URL, model folder) of `transformers serve FOLDER` on a free loopback port."""
     run = tmp_path_factory.mktemp("oa")
-    cfg = TextTrainConfig(arch="llama", sft_steps=80, max_turns=3, d_model=32, n_layers=1, n_heads=2, run_dir=str(run))
+    # context 1024: the first request (ClueProbe's prompt and its two tool schemas) is 522 tokens, and since
+    # 5.25 the server refuses a prompt plus max_tokens past the model's positions (400) instead of running it
+    cfg = TextTrainConfig(arch="llama", sft_steps=80, max_turns=3, d_model=32, n_layers=1, n_heads=2, context=1024,
+                          run_dir=str(run))
     sft(cfg)
     folder = str(run / "sft")
     port = free_port()
@@ -69,6 +73,9 @@ def test_chat_rollouts_with_tools_map_every_answer_to_an_env_action(served):
     assert [s.action for s in again.steps] == [s.action for s in ro.steps]
     with pytest.raises(ValueError, match="no sampled token ids"):
         require_token_ids(ro)  # the server returned text: never trained on
+    # a refusal carries the server's reason: here a prompt past the model's 1024 positions
+    with pytest.raises(httpx.HTTPStatusError, match=r"^400 from .*chat/completions: .*at most 1024"):
+        policy.request([{"role": "user", "content": "probe " * 1200}], 0)
     env.close()
 
 
