@@ -45,7 +45,9 @@ class _Session:
     state: SessionState
     created_at: float  # wall time (seconds since the epoch): shown to people only
     last_used_at: float  # wall time: shown to people only
-    restore_point: bytes | None = None  # tar the sandbox is rebuilt from if its agent hangs
+    #: What the sandbox is rebuilt from if its agent hangs: a tar of its areas, or (a copy-on-write fork's copy) the
+    #: fork's layer (:class:`~sandbox_server.backends.layers.LayerRef`, which gives its tar).
+    restore_point: Any = None
     lock: threading.RLock = field(default_factory=threading.RLock)
     deleted: bool = False
     #: ``time.monotonic()`` of the last use: the idle TTL is measured on it, never on the wall clock (an NTP
@@ -58,10 +60,11 @@ class _Session:
         self.last_used_at = time.time()
 
 
-#: Snapshots from this size (bytes of tar) up are forked by the backend's own copy where it has one
-#: (:meth:`LocalBackend.copy_areas`); smaller ones by the agents' tar, which costs less than a copy process per child
-#: there (measured, local: fork(4) of a near-empty workspace 6.8 ms by tar, 10.7 ms by host copy; fork(8) of 1 MiB
-#: 270 ms by tar, 122 ms by host copy).
+#: Areas from this size (bytes of tar; of files, for a layer) up are forked by the backend's own means where it has
+#: them (:meth:`LocalBackend.freeze`: a copy-on-write layer; :meth:`LocalBackend.copy_areas`: a host copy per child);
+#: smaller ones by the agents' tar, which costs less than a copy process there (measured, local: fork(8) of an empty
+#: workspace 11.7 ms by tar, 21 ms by layer; fork(4) of a near-empty one 6.8 ms by tar, 10.7 ms by host copy; fork(8)
+#: of 1 MiB 270 ms by tar, 122 ms by host copy, 42 ms by layer).
 HOST_COPY_MIN_BYTES = 256 << 10
 
 
@@ -396,8 +399,9 @@ class SandboxService:
             self.pool.release(new)
             self._live(s)
         s.sid = new
-        if s.restore_point:
-            self.backend.restore(s.sid, s.restore_point)
+        if s.restore_point:  # the tar, or a fork's layer (LayerRef) as its tar
+            rp = s.restore_point
+            self.backend.restore(s.sid, rp if isinstance(rp, bytes) else rp.tar())
 
     def _with_replace(self, s: _Session, fn: Any, refused: type[SandboxError] = SandboxError) -> Any:
         """``fn()``; if the sandbox hung or died, replace it from its restore point and try once more.
@@ -438,9 +442,10 @@ class SandboxService:
             data = self._with_replace(s, lambda: self.backend.snapshot(s.sid, mark=mark), SnapshotUnsupported)
             s.restore_point = data
             state = s.state.model_copy(deep=True)
+            layer = self._freeze(s)  # the same areas as a layer too, for a rollback or a clone in place of the tar
         if not claim(cancel):
             raise ServiceUnavailable("the request was abandoned before its snapshot was stored", retry_after_s=1.0)
-        snap = self.snapshots.put(s.id, data, state, ttl_s or self.config.snapshot_ttl_s, mark=mark)
+        snap = self.snapshots.put(s.id, data, state, ttl_s or self.config.snapshot_ttl_s, mark=mark, layer=layer)
         self._gauges()
         return snap.info()
 
@@ -457,15 +462,34 @@ class SandboxService:
         self.snapshots.delete(snapshot_id)
         self._gauges()
 
+    def _freeze(self, s: _Session) -> Any:
+        """Session ``s``'s areas frozen in place into a copy-on-write layer (:meth:`LocalBackend.freeze`), or None: the
+        backend makes none, the areas are small (:data:`HOST_COPY_MIN_BYTES`), or the sandbox has the
+        ``interpreter`` family (its live interpreter's state rides in the tar by value). The caller holds ``s.lock``.
+
+        Raises:
+            SandboxError: the freeze failed midway; the sandbox was replaced from its restore point.
+        """
+        freeze = getattr(self.backend, "freeze", None)
+        if freeze is None or "interpreter" in s.state.families:
+            return None
+        try:
+            return freeze(s.sid, HOST_COPY_MIN_BYTES)
+        except AgentFailed as exc:
+            self._replace(s)
+            raise SandboxError(f"the sandbox failed while its areas were frozen ({exc}); it was replaced from its "
+                               "last snapshot") from None
+
+    def _stand_on(self, layer: Any) -> Any:
+        """A fill for :meth:`_clone`: the new sandboxes stand on ``layer`` (:meth:`LocalBackend.share_areas`; the
+        backend that made the layer has it)."""
+        share: Any = getattr(self.backend, "share_areas", None)
+        return lambda sids: share(layer, sids)
+
     def _clone_data(self, data: bytes, state: SessionState, n: int, cancel: CancelToken | None,
                     source: str | None = None) -> builtins.list[SandboxInfo]:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
-            raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
-        if n > self.pool.max_total:  # can never succeed: a client error, not a 503 to retry
-            raise ToolRefused(f"n={n} copies cannot fit a pool of at most {self.pool.max_total} sandboxes "
-                              "(FORKYARD_MAX_TOTAL)")
-        sids = self.pool.acquire_many(n)
-
+        """``n`` sandboxes restored to the tar ``data`` (the areas of a large ``source`` copied by the backend where
+        it can, :meth:`LocalBackend.copy_areas`), registered with ``state``."""
         def fill(sid: str) -> None:  # a large source's areas copied by the backend where it can, else the snapshot
             # (always the snapshot where an interpreter's state may ride in it: a host copy of the areas leaves it out)
             copy = (getattr(self.backend, "copy_areas", None)
@@ -473,15 +497,31 @@ class SandboxService:
             if source is None or copy is None or not copy(source, sid):
                 self.backend.restore(sid, data)
 
+        def fill_all(sids: builtins.list[str]) -> None:
+            list(self._fanout.map(fill, sids)) if len(sids) > 1 else fill(sids[0])
+
+        return self._clone(state, n, cancel, fill_all if data else None, data)
+
+    def _clone(self, state: SessionState, n: int, cancel: CancelToken | None, fill: Any,
+               restore_point: Any) -> builtins.list[SandboxInfo]:
+        """``n`` sandboxes from the pool, ``fill(sids)``-ed (all or none), registered with ``state`` and
+        ``restore_point``. Raises ToolRefused (``n``), ServiceUnavailable, SandboxError (the fill failed)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CLONES:
+            raise ToolRefused(f"n must be an integer between 1 and {MAX_CLONES}, got {n!r}")
+        if n > self.pool.max_total:  # can never succeed: a client error, not a 503 to retry
+            raise ToolRefused(f"n={n} copies cannot fit a pool of at most {self.pool.max_total} sandboxes "
+                              "(FORKYARD_MAX_TOTAL)")
+        sids = self.pool.acquire_many(n)
         try:
-            if data:
-                list(self._fanout.map(fill, sids)) if n > 1 else fill(sids[0])
+            if fill is not None:
+                fill(sids)
         except Exception as exc:
             failed = isinstance(exc, (AgentTimeout, AgentFailed))
             for sid in sids:
                 self.pool.release(sid, reusable=not failed)
             raise SandboxError(f"could not restore the clones: {exc}") from None
-        return [self._info(s) for s in self._register(sids, [state.model_copy(deep=True) for _ in sids], data, cancel)]
+        states = [state.model_copy(deep=True) for _ in sids]
+        return [self._info(s) for s in self._register(sids, states, restore_point, cancel)]
 
     def clone(self, snapshot_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """``n`` new sandboxes from the warm pool restored to a snapshot, independent of each other
@@ -492,37 +532,49 @@ class SandboxService:
         """
         t0 = time.perf_counter()
         snap = self.snapshots.get(snapshot_id)
-        out = self._clone_data(snap.data, snap.state, n, cancel)
+        if snap.layer is not None:  # copy-on-write: each clone stands on the snapshot's layer
+            out = self._clone(snap.state, n, cancel, self._stand_on(snap.layer), snap.data)
+        else:
+            out = self._clone_data(snap.data, snap.state, n, cancel)
         self.metrics.fork_s.labels("clone").observe(time.perf_counter() - t0)
         return out
 
     def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """Snapshot + clone in one call (the snapshot is not stored; it is each copy's restore point). Where the
-        backend can copy the sandbox's areas itself (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar)
-        the copies are made so, the sandbox's calls waiting meanwhile; else the snapshot is restored into each. A
-        sandbox with the ``interpreter`` family always goes by the snapshot: its live interpreter's state rides in it
-        by value, and each copy's first cell starts from those variables.
+        backend makes copy-on-write layers (:meth:`LocalBackend.freeze`, root with overlayfs) the areas are copied
+        once into a layer that every copy mounts under its own overlay (:mod:`sandbox_server.backends.layers`; the
+        layer is the copies' restore point); else, where the backend copies areas itself
+        (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar), the copies are made so; else the snapshot is
+        restored into each. The sandbox's calls wait meanwhile. A sandbox with the ``interpreter`` family always goes
+        by the snapshot: its live interpreter's state rides in it by value, and each copy's first cell starts from
+        those variables.
         Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
         with s.lock:  # held until the copies are made: they copy the snapshot's state, never a later one
             self._live(s)
-            data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
+            layer = self._freeze(s)
             state = s.state.model_copy(deep=True)
-            s.touch()
-            out = self._clone_data(data, state, n, cancel, source=s.sid)
+            if layer is not None:  # copy-on-write: one copy of the areas, mounted under an overlay in each copy
+                s.touch()
+                out = self._clone(state, n, cancel, self._stand_on(layer), layer)
+            else:
+                data = self._with_replace(s, lambda: self.backend.snapshot(s.sid), SnapshotUnsupported)
+                s.touch()
+                out = self._clone_data(data, state, n, cancel, source=s.sid)
         self.metrics.fork_s.labels("fork").observe(time.perf_counter() - t0)
         return out
 
     def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxInfo:
         """Put a sandbox back, in place, to a stored snapshot: its writable areas replaced by the snapshot's (the
-        agent's ``unpack``), its state (cwd, env, metadata, families) set to the snapshot's, the snapshot its new
-        restore point. The sandbox keeps its id; any snapshot of this server will do (one of another sandbox too).
-        Nothing a call started survives the call, so the areas are all there is to put back, but for the live
-        interpreter of a sandbox with the ``interpreter`` family: rolled back to one of its own snapshots, the
-        waiting copy of the interpreter kept with that snapshot takes the live one's place (the process as it was
-        then); otherwise the live interpreter ends and the next cell starts a new one with the variables the
-        snapshot carried by value (:mod:`sandbox_server.interpreter_runner`).
+        agent's ``unpack``; on the local backend, a snapshot that froze its areas into a copy-on-write layer is
+        stood on instead, :meth:`LocalBackend.restand`: nothing unpacked), its state (cwd, env, metadata, families)
+        set to the snapshot's, the snapshot its new restore point. The sandbox keeps its id; any snapshot of this
+        server will do (one of another sandbox too). Nothing a call started survives the call, so the areas are all
+        there is to put back, but for the live interpreter of a sandbox with the ``interpreter`` family: rolled back to
+        one of its own snapshots, the waiting copy of the interpreter kept with that snapshot takes the live one's
+        place (the process as it was then); otherwise the live interpreter ends and the next cell starts a new one
+        with the variables the snapshot carried by value (:mod:`sandbox_server.interpreter_runner`).
 
         Raises:
             SandboxNotFound: unknown sandbox or snapshot (HTTP 404).
@@ -534,7 +586,16 @@ class SandboxService:
         with s.lock:
             self._live(s)
             resume = snap.mark if snap.source == s.id else None  # its own snapshot: the interpreter copy it kept
-            if resume is None:
+            restand = getattr(self.backend, "restand", None) if snap.layer is not None else None
+            stood = False  # copy-on-write: the sandbox stands on the snapshot's layer, over a new empty upper
+            if resume is None and restand is not None and "interpreter" not in s.state.families:
+                try:
+                    stood = restand(s.sid, snap.layer)
+                except AgentFailed:  # its areas may be unusable: a new sandbox, which the tar restores below
+                    self._replace(s)
+            if stood:
+                pass
+            elif resume is None:
                 self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
             else:  # the copy holds the state: the areas alone go; only when the copy is gone, the state by value too
                 lean = without_interpreter_state(snap.data)

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sandbox_server.agent import SESSION_MEMBER
 
@@ -50,6 +51,9 @@ class StoredSnapshot:
     #: The name under which the source sandbox keeps a waiting copy of its live interpreter taken with this
     #: snapshot (a rollback of that sandbox resumes it), or None.
     mark: str | None = None
+    #: The same areas frozen in place into a copy-on-write layer (:class:`~sandbox_server.backends.layers.LayerRef`,
+    #: local backend): a rollback or a clone stands the sandbox on it instead of unpacking ``data``. None elsewhere.
+    layer: Any = None
 
     def info(self) -> SnapshotInfo:
         """Its :class:`SnapshotInfo` (the state copied)."""
@@ -74,15 +78,16 @@ class SnapshotStore:
         return len(self._snapshots)
 
     def put(self, source: str, data: bytes, state: SessionState, ttl_s: float,
-            mark: str | None = None) -> StoredSnapshot:
-        """Store a snapshot of sandbox ``source`` for ``ttl_s`` seconds.
+            mark: str | None = None, layer: Any = None) -> StoredSnapshot:
+        """Store a snapshot of sandbox ``source`` for ``ttl_s`` seconds (``layer``: :attr:`StoredSnapshot.layer`).
 
         Raises:
             LimitExceeded: it would take the live snapshots past ``max_bytes`` (nothing is stored).
         """
         wall, now = time.time(), time.monotonic()
         snap = StoredSnapshot(id="snap-" + uuid.uuid4().hex[:16], source=source, data=data, state=state,
-                              created_at=wall, expires_at=wall + ttl_s, deadline=now + ttl_s, mark=mark)
+                              created_at=wall, expires_at=wall + ttl_s, deadline=now + ttl_s, mark=mark,
+                              layer=layer)
         with self._mu:
             held = sum(len(v.data) for v in self._snapshots.values() if v.deadline > now)
             if held + len(data) > self.max_bytes:

@@ -3,7 +3,9 @@
 Read-only root, ``network_mode=none``, all capabilities dropped, ``no-new-privileges``, a non-root user,
 pids / memory / CPU limits, tmpfs ``/scratch`` and ``/tmp``, the ``forkyard.sandbox`` label. The server talks
 to the container's agent through its attached stdio. Orphan clean-up removes only containers whose owning
-process is gone (:meth:`DockerBackend.cleanup_orphans`).
+process is gone (:meth:`DockerBackend.cleanup_orphans`). A server that runs as root beside the engine (its
+containers' processes seen in its own ``/proc``) forks large areas copy-on-write (:mod:`.layers`), as the local
+backend does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from sandbox_server.agent import MAX_AREA_ENTRIES, MAX_WRITE_FILES
@@ -24,8 +27,9 @@ from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH
 from sandbox_server.errors import EngineUnavailable, SandboxNotFound
 from sandbox_server.settings import cache_dir
 from sandbox_server.backends.base import (
-    AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record,
+    AgentBackend, Channel, LABEL, OWNER_LABELS, machine_id, owner_alive, owner_record, process_start,
 )
+from sandbox_server.backends.layers import LayeredAreas, Layers
 from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, parse_size
 
 
@@ -46,7 +50,7 @@ def _close_attach_socket(sock: Any) -> None:
             pass
 
 
-class DockerBackend(AgentBackend):
+class DockerBackend(LayeredAreas, AgentBackend):
     """Sandboxes as hardened Docker containers whose main process is the agent.
 
     Args:
@@ -87,6 +91,13 @@ class DockerBackend(AgentBackend):
             raise EngineUnavailable(f"the Docker engine does not answer: {exc}") from None
         self._containers: dict[str, Any] = {}
         self._socks: dict[str, Any] = {}
+        self._pids: dict[str, tuple[int, int]] = {}  # sandbox id -> (host pid of its container's init, its start)
+        #: Copy-on-write forks (:mod:`.layers`): the helper enters the containers' mount namespaces through /proc, so
+        #: only a root server beside its engine (each container's init found in /proc with the container's cgroup).
+        self.layers_unavailable = Layers.available()
+        self._layers_root = Path(tempfile.gettempdir()) / f"forkyard-layers-{self.instance}" \
+            if self.layers_unavailable is None else None  # made by the helper's first start
+        self._layers = Layers(self._layers_root, self.area_bytes) if self._layers_root is not None else None
 
     def describe(self) -> str:
         """The backend and its isolation mode in words."""
@@ -200,6 +211,8 @@ class DockerBackend(AgentBackend):
                 self._channels[sid] = Channel(raw.sendall, recv, demux=True)
             self._ping(sid, 15.0)
             self._warm(sid)
+            if self._layers is not None:
+                self._ns_pid(sid)  # found once now (an engine call), not in the fork that first needs it
         except Exception as exc:
             self.destroy(sid)
             try:
@@ -208,6 +221,33 @@ class DockerBackend(AgentBackend):
                 pass
             raise EngineUnavailable(f"sandbox container did not come up: {exc}") from None
         return sid
+
+    def _ns_pid(self, sid: str) -> int | None:
+        """Host pid of the init process of sandbox ``sid``'s container (its mount namespace is the sandbox's), or None:
+        gone, or not a process of this host's ``/proc`` (an engine elsewhere: its ``/proc/<pid>/cgroup`` must name
+        the container)."""
+        with self._mu:
+            c = self._containers.get(sid)
+            known = self._pids.get(sid)
+        if c is None:
+            return None
+        if known is not None and process_start(known[0]) == known[1]:
+            return known[0]
+        try:
+            c.reload()
+            pid = int(c.attrs["State"]["Pid"])
+            with open(f"/proc/{pid}/cgroup") as f:
+                if c.id not in f.read():
+                    return None
+        except Exception:  # noqa: BLE001 - the engine or the process went away: no layers for it
+            return None
+        start = process_start(pid)
+        if start is None:
+            return None
+        with self._mu:
+            if sid in self._containers:
+                self._pids[sid] = (pid, start)
+        return pid
 
     def container(self, sid: str) -> Any:
         """The docker SDK container object of sandbox ``sid``. Raises SandboxNotFound."""
@@ -218,7 +258,9 @@ class DockerBackend(AgentBackend):
 
     def destroy(self, sid: str) -> None:
         """Remove the container (force) and close its stream (idempotent)."""
+        self._forget_layers(sid)
         with self._mu:
+            self._pids.pop(sid, None)
             c = self._containers.pop(sid, None)
             sock = self._socks.pop(sid, None)
             self._channels.pop(sid, None)
@@ -283,6 +325,9 @@ class DockerBackend(AgentBackend):
             self.client.close()
         except Exception:
             pass
+        self._close_layers()
+        if self._layers_root is not None:
+            shutil.rmtree(self._layers_root, ignore_errors=True)
 
 
 def _age_s(c: Any) -> float:

@@ -10,8 +10,8 @@ orphan clean-up removes only what a dead process left (:meth:`LocalBackend.clean
 
 Why one file: a local sandbox's life is one sequence over the same few handles (its folder, its bubblewrap
 process, its control group, its agent's mount namespace): the argv that confines it, its start inside its group, the
-host copy of its areas, its end, and the clean-up of what a dead server left; split, each part would reach into the
-others' handles.
+host copy of its areas (or the copy-on-write layer it mounts, :mod:`.layers`), its end, and the clean-up of what a dead
+server left; split, each part would reach into the others' handles.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from sandbox_server.agent_bundle import SANDBOX_AGENT_PATH, agent_zipapp
 from sandbox_server.errors import AgentFailed, EngineUnavailable, IsolationUnavailable
 from sandbox_server.settings import cache_dir, corpus_dir
 from sandbox_server.backends.cgroups import SandboxGroup, available, remove_orphan_groups, remove_owner_groups
-from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record
+from sandbox_server.backends.base import AgentBackend, Channel, owner_alive, owner_record, process_start
+from sandbox_server.backends.layers import LayeredAreas, Layers
 from sandbox_server.backends.limits import SANDBOX_MEMORY, SANDBOX_PIDS, parse_size
 
 
@@ -89,7 +90,7 @@ INSTALL_HINT = ("install bubblewrap (`apt-get install bubblewrap`; `make run` an
                 "LocalBackend(unsafe_no_isolation=True) (server: --unsafe-no-isolation)")
 
 
-class LocalBackend(AgentBackend):
+class LocalBackend(LayeredAreas, AgentBackend):
     """Sandboxes as local agent subprocesses (the embedded default; no Docker needed), isolated by bubblewrap.
 
     Args:
@@ -159,7 +160,12 @@ class LocalBackend(AgentBackend):
         tmp.write_text(json.dumps({**owner_record(), "server_name": server_name, "created_at": time.time()}))
         os.replace(tmp, self.state_dir / "owner.json")
         self._procs: dict[str, subprocess.Popen] = {}
+        self._agents: dict[str, tuple[int, int]] = {}  # sandbox id -> (its agent's host pid, that process's start)
         self._closed = False
+        #: Copy-on-write forks (:mod:`.layers`): None without isolation or where they cannot be made (not root, no
+        #: overlayfs); forks then copy the areas into each copy (:meth:`copy_areas`).
+        self.layers_unavailable = "no isolation" if unsafe_no_isolation else Layers.available()
+        self._layers = Layers(self.state_dir / "layers", self.area_bytes) if self.layers_unavailable is None else None
         # bubblewrap's --die-with-parent kills a sandbox when the *thread* that started it exits (the parent-
         # death signal follows the thread): every agent is started from this one long-lived thread, so a
         # sandbox outlives the request or pool thread that asked for it (recycled sandboxes serve many).
@@ -299,13 +305,23 @@ class LocalBackend(AgentBackend):
             return None
         with self._mu:
             proc = self._procs.get(sid)
-        stack = [proc.pid] if proc is not None else []
+            known = self._agents.get(sid)
+        if proc is None:
+            return None
+        if known is not None and process_start(known[0]) == known[1]:  # the same process: its pid was not reused
+            return f"/proc/{known[0]}/root"
+        stack = [proc.pid]
         while stack:  # bubblewrap, its init, then the agent
             pid = stack.pop()
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().split(b"\x00")
                 if not cmd[0].endswith(b"bwrap") and SANDBOX_AGENT_PATH.encode() in cmd:
+                    start = process_start(pid)
+                    if start is not None:
+                        with self._mu:
+                            if sid in self._procs:
+                                self._agents[sid] = (pid, start)
                     return f"/proc/{pid}/root"
                 for task in os.listdir(f"/proc/{pid}/task"):
                     with open(f"/proc/{pid}/task/{task}/children") as f:
@@ -345,10 +361,19 @@ class LocalBackend(AgentBackend):
                 raise AgentFailed(f"copying the sandbox's /{area} failed: {r.stderr.strip()[-300:]}")
         return True
 
+    def _agent_pid(self, sid: str) -> int | None:
+        """Host pid of the sandbox's agent process (inside bubblewrap), or None (gone, or not root)."""
+        root = self._areas_root(sid)
+        return int(root.split("/")[2]) if root and root.startswith("/proc/") else None
+
+    _ns_pid = _agent_pid  # LayeredAreas: a process in the sandbox's mount namespace
+
     def destroy(self, sid: str) -> None:
         """Kill the agent and its process group and remove the sandbox directory (idempotent)."""
+        self._forget_layers(sid)
         with self._mu:
             proc = self._procs.pop(sid, None)
+            self._agents.pop(sid, None)
             self._channels.pop(sid, None)
             group = self._groups.pop(sid, None)
         if group is not None:
@@ -421,6 +446,8 @@ class LocalBackend(AgentBackend):
         self._closed = True
         super().close()
         self._spawner.shutdown(wait=True)
+        if self._layers is not None:
+            self._layers.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.unbounded_reason is None:
             remove_owner_groups(self._group_owner)
