@@ -390,7 +390,8 @@ class SandboxService:
         return res
 
     def _replace(self, s: _Session) -> None:
-        """Swap a hung or dead sandbox for a fresh one restored to the session's restore point."""
+        """Swap a hung or dead sandbox for a fresh one restored to the session's restore point. Raises SandboxError
+        when the restore point could not be read (a fork's layer gone with its mount helper): the new one is empty."""
         old = s.sid
         self.metrics.replaced.inc()
         new = self.pool.acquire()
@@ -401,7 +402,13 @@ class SandboxService:
         s.sid = new
         if s.restore_point:  # the tar, or a fork's layer (LayerRef) as its tar
             rp = s.restore_point
-            self.backend.restore(s.sid, rp if isinstance(rp, bytes) else rp.tar())
+            try:
+                data = rp if isinstance(rp, bytes) else rp.tar()
+            except OSError as exc:  # the layer went with a mount helper that ended
+                s.restore_point = None
+                raise SandboxError(f"the sandbox failed and was replaced, but its restore point could not be read "
+                                   f"({exc}): its areas are empty") from None
+            self.backend.restore(s.sid, data)
 
     def _with_replace(self, s: _Session, fn: Any, refused: type[SandboxError] = SandboxError) -> Any:
         """``fn()``; if the sandbox hung or died, replace it from its restore point and try once more.

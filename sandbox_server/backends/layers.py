@@ -43,6 +43,7 @@ class Layer:
 
     def __init__(self, layers: "Layers", name: str):
         self.layers, self.name = layers, name
+        self.generation = layers.generation  # the helper that holds it (a restarted helper holds none of before)
         self.users: set[str] = set()  # sandboxes whose areas stand on it (its frozen source and its copies)
         self.holds = 0  # live LayerRefs
         self._tar: bytes | None = None
@@ -55,7 +56,7 @@ class Layer:
             if self._tar is None:
                 from sandbox_server.agent.snapshot import SnapshotOps
 
-                self.layers._call({"op": "view", "name": self.name})
+                self.layers._call({"op": "view", "name": self.name}, self)
                 try:
                     base = self.layers.host_path(self.name)
                     ops = SnapshotOps({a: f"{base}{a}" for a in AREAS}, [], list(AREAS))
@@ -63,7 +64,7 @@ class Layer:
                 except Exception as exc:  # the agent's Fail too: the layer is unreadable
                     raise OSError(f"the fork's layer cannot be read: {exc}") from None
                 finally:
-                    self.layers._call({"op": "unview", "name": self.name})
+                    self.layers._call({"op": "unview", "name": self.name}, self)
             return self._tar
 
 
@@ -100,8 +101,14 @@ class Layers:
         self._helper: subprocess.Popen | None = None
         self._helper_pid = 0
         self._helper_mu = threading.Lock()
-        #: Layers to drop, named by :meth:`_drop` (which may run in a finalizer, anywhere): sent with the next call.
+        #: How many times the helper was restarted: a layer of an earlier helper is gone with it.
+        self.generation = 0
+        #: Layers to drop, named by :meth:`_maybe_drop` (which may run in a finalizer, anywhere): sent with the next
+        #: call, which a flusher thread makes at once (an idle server holds no dropped layer).
         self._drops: list[str] = []
+        self._flush_wanted = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
 
     @staticmethod
     def available() -> str | None:
@@ -136,12 +143,23 @@ class Layers:
             raise OSError("the mount helper did not start")
         self._helper_pid = int(ans["pid"])
 
-    def _call(self, req: dict) -> dict:
-        """One request to the helper (started on first use). Raises OSError with the helper's error. A helper that
-        ended took its layers with it: the sandboxes on them fail their next reset and are destroyed."""
+    def _call(self, req: dict, layer: Layer | None = None) -> dict:
+        """One request to the helper (started on first use) about ``layer`` (if any). Raises OSError with the helper's
+        error, or when ``layer`` was held by a helper that ended (killed: it took its layers with it; the sandboxes
+        standing on them keep their mounts but are destroyed, never recycled, when released)."""
         with self._helper_mu:
             if self._helper is None or self._helper.poll() is not None:
+                lost = self._helper is not None
                 self._start()
+                if lost:
+                    self.generation += 1
+                    with self.mu:
+                        self._frozen |= set(self._by_user)
+                        self._drops.clear()
+                    log.warning("the mount helper ended: its layers are gone; %d sandboxes standing on them will be "
+                                "destroyed when released", len(self._by_user))
+            if layer is not None and layer.generation != self.generation:
+                raise OSError("the layer was held by a mount helper that ended")
             assert self._helper is not None and self._helper.stdin is not None and self._helper.stdout is not None
             drops, self._drops[:] = list(self._drops), []
             try:
@@ -163,6 +181,13 @@ class Layers:
             raise OSError(ans.get("error") or "the mount helper failed")
         return ans
 
+    def _check_current(self, sid: str) -> None:
+        """Raise OSError when ``sid`` stands on a layer of a helper that ended (its mounts are not this helper's)."""
+        with self.mu:
+            entry = self._by_user.get(sid)
+        if entry is not None and entry[0].generation != self.generation:
+            raise OSError("it stands on a layer of a mount helper that ended")
+
     def _stand(self, sid: str, layer: Layer, pid: int) -> None:
         """Record that ``sid`` now stands on ``layer`` (and no longer on the one it stood on)."""
         with self.mu:
@@ -177,9 +202,10 @@ class Layers:
         """Freeze sandbox ``sid``'s areas (its agent: host process ``pid``) in place into a new layer, and return a
         hold on it; the sandbox goes on over the layer. Raises OSError: refused before anything changed (a stack too
         deep) or failed midway (the sandbox's areas may then be unusable: replace it)."""
+        self._check_current(sid)
         layer = Layer(self, uuid.uuid4().hex[:16])
         ref = LayerRef(layer)
-        self._call({"op": "freeze", "pid": pid, "name": layer.name, "area_bytes": self.area_bytes})
+        self._call({"op": "freeze", "pid": pid, "name": layer.name, "area_bytes": self.area_bytes}, layer)
         with self.mu:
             self._frozen.add(sid)
         self._stand(sid, layer, pid)
@@ -193,7 +219,7 @@ class Layers:
         todo = {sid: pid for sid, pid in targets.items() if sid not in busy}
         try:
             failed = self._call({"op": "share", "name": ref.layer.name, "pids": list(todo.values()),
-                                 "area_bytes": self.area_bytes})["failed"]
+                                 "area_bytes": self.area_bytes}, ref.layer)["failed"]
         except OSError as exc:
             failed = {str(pid): str(exc) for pid in todo.values()}
         for sid, pid in todo.items():
@@ -206,7 +232,9 @@ class Layers:
         """Put sandbox ``sid``'s areas (its agent: host process ``pid``) back to ``ref``'s layer, over an empty upper
         (a rollback; nothing copied). Raises OSError: refused before anything changed, or (its message ending
         ``[changed]``) failed midway: the sandbox's areas may then be unusable (replace it)."""
-        ans = self._call({"op": "restand", "pid": pid, "name": ref.layer.name, "area_bytes": self.area_bytes})
+        self._check_current(sid)
+        ans = self._call({"op": "restand", "pid": pid, "name": ref.layer.name, "area_bytes": self.area_bytes},
+                         ref.layer)
         if ans.get("covered"):
             with self.mu:
                 self._frozen.add(sid)
@@ -239,8 +267,23 @@ class Layers:
             return sid in self._by_user
 
     def _maybe_drop(self, layer: Layer) -> None:  # with self.mu held
-        if not layer.users and not layer.holds:
+        if not layer.users and not layer.holds and layer.generation == self.generation:
             self._drops.append(layer.name)  # sent with the next call: no call from here (a finalizer may run here)
+            self._flush_wanted.set()
+            if self._flusher is None and not self._closed:
+                self._flusher = threading.Thread(target=self._flush, name="forkyard-layer-drops", daemon=True)
+                self._flusher.start()
+
+    def _flush(self) -> None:
+        """Send the pending drops whenever there are some (the flusher thread), until :meth:`close`."""
+        while not self._closed:
+            self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if self._drops and not self._closed:
+                try:
+                    self._call({"op": "ping"})
+                except OSError:
+                    pass  # the helper is gone, and its layers with it
 
     def _drop_hold(self, layer: Layer) -> None:
         with self.mu:
@@ -249,6 +292,8 @@ class Layers:
 
     def close(self) -> None:
         """Stop the helper: every layer goes with it (the sandboxes are gone by then)."""
+        self._closed = True
+        self._flush_wanted.set()
         with self._helper_mu:
             if self._helper is not None:
                 try:
@@ -305,7 +350,7 @@ class LayeredAreas:
         except OSError as exc:
             if "[changed]" in str(exc):
                 raise AgentFailed(f"freezing the areas of {sid} failed midway: {exc}") from None
-            log.warning("could not freeze the areas of %s (its copies will be copied instead): %s", sid, exc)
+            log.info("could not freeze the areas of %s (its copies are copied instead): %s", sid, exc)
             return None
 
     def share_areas(self, ref: LayerRef, sids: list[str]) -> None:

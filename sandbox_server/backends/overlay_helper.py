@@ -51,7 +51,7 @@ SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT, SYS_MOUNT_
 OPEN_TREE_CLONE, O_CLOEXEC, AT_EMPTY_PATH, AT_FDCWD = 1, 0o2000000, 0x1000, -100
 MOVE_MOUNT_F_EMPTY_PATH, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSOPEN_CLOEXEC, FSMOUNT_CLOEXEC = 0x4, 1, 6, 1, 1
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x8, 0x20, 0x4000, 0x40000
 MNT_DETACH, CLONE_NEWNS, EINVAL = 0x2, 0x20000, 22
 #: The areas a layer holds.
 AREAS = ("/scratch", "/tmp")
@@ -60,9 +60,14 @@ UPPER, WORK, LOWER = ".forkyard-upper", ".forkyard-work", ".forkyard-lower"
 #: Overlayfs takes at most this many layers below; a sandbox frozen again on a stack this deep is refused (its
 #: copies are then made by a copy of its files).
 MAX_DEPTH = 64
+#: A sandbox's frozen layers hold at most this many areas' size in all (its tops stay in its memory, covered, for
+#: its life): past it a freeze is refused and its copies are made by a copy of its files.
+FROZEN_AREAS = 4
 #: Overlay options: a folder renamed in a copy is renamed (not refused with EXDEV: ``redirect_dir``), and a file with
 #: hard links copied up once for all its names (``index``).
 OPTIONS = "redirect_dir=on,index=on"
+#: The mount flags a remount keeps (a remount sets the mount's flags to those it is given).
+_KEEP = 0x2 | 0x4 | 0x8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
 _SAFE = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -97,6 +102,19 @@ def _clone(fd: int, path: str = "") -> int:
 
 def _attach(tree: int, where: str) -> None:
     _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, where.encode(), MOVE_MOUNT_F_EMPTY_PATH), "move_mount")
+
+
+def _read_only(area: str) -> None:
+    """Make the file system mounted at ``area`` read-only (the superblock: every mount of it, and every descriptor
+    open on it). Raises OSError (EBUSY: a file of it is open for writing)."""
+    _check(_libc.mount(None, area.encode(), None, ctypes.c_ulong(MS_REMOUNT | MS_RDONLY | _KEEP), None),
+           f"make {area} read-only")
+
+
+def _used(where: str | int) -> int:
+    """Bytes in use in the file system of ``where`` (a path or a descriptor)."""
+    st = os.fstatvfs(where) if isinstance(where, int) else os.statvfs(where)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def _new_tmpfs(size: int, mode: int) -> int:
@@ -152,6 +170,7 @@ class Helper:
         self.layers: dict[str, dict[str, list[str]]] = {}
         self.stacks: dict[int, tuple[str, dict[str, tuple[int, bool]]]] = {}
         self.frozen: set[int] = set()
+        self.frozen_bytes: dict[int, int] = {}  # pid -> bytes its frozen tops held when frozen (they stay: covered)
         self.own_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         self.own_root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -202,31 +221,45 @@ class Helper:
             self.frozen.add(pid)
 
     def freeze(self, pid: int, name: str, size: int) -> None:
-        """Raises OSError, its message ending ``[changed]`` when the sandbox's areas changed before it failed."""
+        """Raises OSError, its message ending ``[changed]`` when the sandbox's areas changed before it failed.
+
+        The tmpfs that becomes the layer's top is made read-only as a file system (``MS_REMOUNT|MS_RDONLY``), not
+        only as the mounts this process makes: a descriptor the sandbox opened on it before (a cwd, a folder, a
+        process that survived) can then change nothing in it. Refused while a file of it is open for writing."""
         below_layer, stack = self.stacks.get(pid, ("", {}))
         uppers = {area: fd for area, (fd, _) in stack.items()}
         for area in AREAS:
             depth = len(self.layers[below_layer][area]) if below_layer else 0
             if depth + 1 > MAX_DEPTH:
                 raise OSError(f"{area} stands on {depth} layers already")
-        os.stat(f"/proc/{pid}/ns/mnt")
+        held = self.frozen_bytes.get(pid, 0)
+        adding = sum(_used(uppers[a]) if a in uppers else _used(f"/proc/{pid}/root{a}") for a in AREAS)
+        if held + adding > FROZEN_AREAS * size:
+            raise OSError(f"its frozen layers would hold {held + adding} bytes, past {FROZEN_AREAS} areas' size")
         top_dir = f"{self.root}/{name}"
         os.mkdir(top_dir, 0o700)
         self.layers[name] = layer = {}
         changed = False
+        made_ro: list[str] = []  # plain areas made read-only (put back on a refusal before anything else changed)
+        tops: dict[str, int] = {}
         new_uppers: dict[str, tuple[int, bool]] = {}
         try:
-            for area in AREAS:  # the layer: the areas' current tops, read-only, on clones of what they stood on
+            for area in AREAS:  # the layer's tops: read-only file systems from here
                 with _Inside(pid, self.own_ns, self.own_root):
-                    upper = uppers.get(area, -1)
-                    top = _clone(upper) if upper >= 0 else _clone(AT_FDCWD, area)
+                    if area in uppers:  # the overlay's upper folder; the overlay goes (covered below the new one)
+                        tops[area] = _clone(uppers[area])
+                        changed = True
+                        _check(_libc.umount2(area.encode(), MNT_DETACH), f"umount the overlay of {area}")
+                        _read_only(area)
+                    else:  # the area's own tmpfs
+                        _read_only(area)
+                        made_ro.append(area)
+                        tops[area] = _clone(AT_FDCWD, area)
+            for area in AREAS:  # the layer: each top on clones of what it stood on, mounted here
                 paths = [f"{top_dir}/{area.strip('/')}-{i}" for i in
                          range(1 + (len(self.layers[below_layer][area]) if below_layer else 0))]
-                try:
-                    os.mkdir(paths[0], 0o700)
-                    _attach(top, paths[0])
-                finally:
-                    os.close(top)
+                os.mkdir(paths[0], 0o700)
+                _attach(tops[area], paths[0])
                 layer[area] = paths[:1]
                 for src, dst in zip(self.layers[below_layer][area] if below_layer else [], paths[1:], strict=True):
                     os.mkdir(dst, 0o700)
@@ -238,16 +271,21 @@ class Helper:
                     layer[area].append(dst)
             for area in AREAS:  # the sandbox goes on over the layer
                 changed = True
-                if area in uppers:
-                    with _Inside(pid, self.own_ns, self.own_root):
-                        _libc.umount2(area.encode(), MNT_DETACH)  # its overlay (covered by the new one otherwise)
                 new_uppers[area] = (self._overlay(pid, area, name, size, own_tmpfs=False), False)
         except BaseException as exc:
             for fd, _ in new_uppers.values():
                 os.close(fd)
+            if not changed and made_ro:
+                with _Inside(pid, self.own_ns, self.own_root):
+                    for area in made_ro:
+                        _libc.mount(None, area.encode(), None, ctypes.c_ulong(MS_REMOUNT | _KEEP), None)
             self.drop(name)
             raise OSError(f"{type(exc).__name__}: {exc}{' [changed]' if changed else ''}") from None
+        finally:
+            for fd in tops.values():
+                os.close(fd)
         self.frozen.add(pid)
+        self.frozen_bytes[pid] = held + adding
         self._stand(pid, name, new_uppers)
 
     def share(self, pid: int, name: str, size: int) -> None:
@@ -328,6 +366,7 @@ class Helper:
             os.close(fd)
         if not frozen:
             self.frozen.discard(pid)
+            self.frozen_bytes.pop(pid, None)
 
     def view(self, name: str) -> None:
         """Show layer ``name`` read-only at ``ROOT/name/view/<area>``."""
@@ -344,7 +383,7 @@ class Helper:
                     os.close(clone)
             else:
                 _check(_libc.mount(b"overlay", where.encode(), b"overlay",
-                                   ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC | 1),  # 1: MS_RDONLY
+                                   ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY),
                                    f"lowerdir={':'.join(paths)},redirect_dir=follow".encode()), "mount the view")
 
     def unview(self, name: str) -> None:
@@ -378,6 +417,8 @@ class Helper:
         elif op == "restand":
             self.restand(int(req["pid"]), _name(req["name"]), int(req["area_bytes"]))
             return {"ok": True, "covered": int(req["pid"]) in self.frozen}
+        elif op == "ping":
+            pass
         elif op == "unshare":
             self.unshare(int(req["pid"]))
         elif op == "forget":

@@ -161,12 +161,11 @@ def test_copies_are_recycled_plain_the_source_is_destroyed_and_the_layers_go(svc
         pid = backend._ns_pid(s)
         with open(f"/proc/{pid}/mountinfo") as f:
             points = [(line.split()[4], line.split(" - ")[1].split()[0]) for line in f]
-        areas = [p for p in points if p[0].startswith(("/scratch", "/tmp"))]
+        areas = sorted(p for p in points if p[0].startswith(("/scratch", "/tmp")))
         assert areas == [("/scratch", "tmpfs"), ("/tmp", "tmpfs")]
         assert os.listdir(f"/proc/{pid}/root/scratch") == [] and os.listdir(f"/proc/{pid}/root/tmp") == []
-    gc.collect()  # the sessions' restore points (holds on the layer) are gone
-    assert layers._call({"op": "unview", "name": "0"})["ok"] and layers._drops == []  # sends the pending drops
-    assert os.listdir(f"/proc/{layers._helper_pid}/root{layers.root}") == []  # every layer dropped
+    gc.collect()  # the sessions' restore points (holds on the layer) are gone: the flusher drops the layers
+    assert wait_for(lambda: layers._drops == [] and os.listdir(f"/proc/{layers._helper_pid}/root{layers.root}") == [])
 
 
 def test_a_copy_whose_agent_died_is_rebuilt_from_the_layer(svc):
@@ -259,3 +258,80 @@ def test_a_rollback_or_a_clone_of_a_frozen_snapshot_stands_on_its_layer(svc):
             svc.delete(x)
         svc.delete_snapshot(snap.id)
     assert wait_for(lambda: copy_sid in svc.pool._idle)  # its own tmpfs held its upper: recycled plain
+
+
+def test_a_mount_helper_killed_costs_its_layers_never_a_copy_s_files(svc):
+    """The helper holds the layers; killed, it takes them along: the copies keep their files (their mounts are their
+    own), a fork of a sandbox standing on a lost layer copies instead, the sandboxes on lost layers are destroyed when
+    released (never recycled with stale mounts), and a new helper makes new layers."""
+    layers = svc.backend._layers
+    sid = shaped(svc)
+    before = members(svc, sid)
+    kids = [k.id for k in svc.fork(sid, 2)]
+    os.kill(layers._helper_pid, 9)
+    time.sleep(0.2)
+    try:
+        for k in kids:
+            assert members(svc, k) == before
+        again = svc.fork(sid, 1)[0].id  # its source stands on a lost layer: copied, not frozen
+        kids.append(again)
+        assert members(svc, again) == before and not layers.mounts(svc._session(again).sid)
+        fresh = shaped(svc)
+        kids.append(fresh)
+        frozen = svc.fork(fresh, 1)[0].id  # a new helper, a new layer
+        kids.append(frozen)
+        assert layers.mounts(svc._session(frozen).sid) and layers.generation >= 1
+    finally:
+        lost = [svc._session(k).sid for k in kids[:2]]
+        for k in kids:
+            svc.delete(k)
+        svc.delete(sid)
+    assert wait_for(lambda: not any(s in svc.pool._idle for s in lost) and
+                    all(svc.backend._ns_pid(s) is None for s in lost))
+
+
+def test_a_descriptor_opened_before_the_freeze_cannot_change_the_layer(svc):
+    """A process that outlives the freeze holding a folder of the frozen tmpfs (an interpreter's waiting copy, kept by
+    a snapshot and resumed by a rollback after the sandbox lost the family and was forked) writes nothing into the
+    layer: the frozen tmpfs is read-only as a file system, not only as the helper's mounts."""
+    a = svc.create(cwd="/scratch", families=["workspace", "interpreter"]).id
+    b = shaped(svc)
+    kids: list[str] = []
+    try:
+        cell = svc.exec(a, "run_cell", {"code": "import os\nfd = os.open('/scratch', os.O_RDONLY | os.O_DIRECTORY)"})
+        assert cell.status == "ok", cell
+        own = svc.snapshot(a).id  # keeps a waiting copy of the interpreter, fd open
+        svc.rollback(a, svc.snapshot(b).id)  # a: b's files and families (no interpreter); the waiting copy stays
+        before = members(svc, a)
+        kids = [k.id for k in svc.fork(a, 2)]  # a's own tmpfs frozen into the layer
+        svc.rollback(a, own)  # the waiting copy resumes, fd still on the frozen tmpfs
+        out = svc.exec(a, "run_cell", {"code": "os.open('planted.txt', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)"})
+        assert "Read-only file system" in out.stdout + out.stderr + out.message
+        for k in kids:
+            assert members(svc, k) == before
+    finally:
+        for x in [*kids, a, b]:
+            svc.delete(x)
+
+
+def test_the_layers_a_sandbox_froze_stay_bounded_and_forks_go_on(svc):
+    """Each freeze keeps what the sandbox wrote since the last one in its memory (a covered, read-only tmpfs); past
+    4 areas' size in all the next freeze is refused and the fork copies instead: rewriting 12 MiB between 6 forks
+    leaves the sandbox able to use its memory, and every copy holds what it should."""
+    sid = svc.create(cwd="/scratch", families=["workspace"]).id
+    layers, kids = svc.backend._layers, []
+    try:
+        for i in range(6):
+            svc.exec(sid, "remove", {"path": f"blob{i - 1}"})
+            svc.write_files(sid, {f"blob{i}/a": bytes([i]) * (6 << 20)})  # one write takes at most 8 MiB
+            svc.write_files(sid, {f"blob{i}/b": bytes([i]) * (6 << 20)})
+            kid = svc.fork(sid, 1)[0].id
+            assert svc.exec(kid, "ls", {"path": "."}).stdout.split() == [f"blob{i}"]
+            kids.append(kid)
+        assert not layers.mounts(svc._session(kids[-1]).sid)  # copied: the freeze was refused
+        big = "b = bytearray(96 << 20)\nprint(len(b))\n"  # memory left beside what was frozen (cgroup 256 MiB)
+        assert svc.exec(sid, "write_file", {"path": "m.py", "text": big}).exit_code == 0
+        assert svc.exec(sid, "run_python", {"path": "m.py"}).stdout.strip() == str(96 << 20)
+    finally:
+        for x in [*kids, sid]:
+            svc.delete(x)

@@ -240,8 +240,9 @@ def _members(svc, sid) -> list[tuple]:
 
 def test_a_fork_copies_the_changed_workspace_exactly_and_the_copies_stay_apart(box):
     """What the episode wrote (a file, a hard link, a symbolic link, an empty folder, modes, times, a file in /tmp)
-    is in every copy as in the original, whichever way the backend copies (the local backend on the host with
-    ``cp -a``, Docker through the agents' tar); a write in one copy reaches no other."""
+    is in every copy as in the original, whichever way the backend copies (a root server: copy-on-write layers,
+    tests/sandbox_server/test_cow_layers.py; else the local backend's ``cp -a`` on the host or the agents' tar); a write
+    in one copy reaches no other."""
     svc, sid, _ = box
     out = script(box, "shape.py", "import os\nos.makedirs('/scratch/w/empty', exist_ok=True)\n"
                  "open('/scratch/w/a.txt', 'w').write('alpha')\nos.link('/scratch/w/a.txt', '/scratch/w/hard')\n"
@@ -249,7 +250,7 @@ def test_a_fork_copies_the_changed_workspace_exactly_and_the_copies_stay_apart(b
                  "os.utime('/scratch/w/a.txt', (1e9, 1e9))\nos.utime('/scratch/w/empty', (2e9, 2e9))\n"
                  "open('/tmp/t.txt', 'w').write('tmp')\nopen('/scratch/w/big.bin', 'wb').write(os.urandom(300_000))\n")
     assert out.exit_code == 0, out
-    assert len(svc.export(sid)) >= HOST_COPY_MIN_BYTES  # large enough for the local backend's host copy
+    assert len(svc.export(sid)) >= HOST_COPY_MIN_BYTES  # large enough for layers (or the local backend's host copy)
     before = _members(svc, sid)
     assert any(m[0].endswith("w/hard") and m[1] == b"1" for m in before)  # a hard link in the tar
     assert any(m[0].endswith("t.txt") and m[6] == b"tmp" for m in before)  # /tmp is carried too
