@@ -16,6 +16,9 @@
   :class:`PoolExhausted` (HTTP 503 with ``Retry-After``) within ``acquire_timeout_s``; it never hangs.
 
 Every method blocks (engine calls included); run them off the event loop.
+
+Why one file: idle, busy, starting and recycling sandboxes are one state under one condition variable, which every
+hand-out, release, start, recycle and refill reads and changes together.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ What a copy writes goes to its own upper tmpfs (of the area's size, so its bound
 
 Needs root and overlayfs (the sandboxes' mount namespaces are entered): :meth:`Layers.available` says why not
 otherwise, and the backend then copies as before.
+
+Why one file: the layers, the holds on them, the helper's client and the backends' side (:class:`LayeredAreas`) share
+one bookkeeping under one lock (which sandbox stands on which layer, which are frozen, which layers are to drop, which
+helper made them); split, each part would reach into the others' state.
 """
 
 from __future__ import annotations

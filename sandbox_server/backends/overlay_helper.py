@@ -36,6 +36,9 @@ server has many), and a helper that stays up costs one process start in all inst
 attached inside the area before the overlay is mounted: the kernel takes an overlay's layers only from mounts of the
 namespace it is mounted in (the overlay then holds its own private copies of them). Standard library only (it runs
 with ``-I -S``); Linux >= 5.12 (the new mount API and ``mount_setattr``).
+
+Why one file: it runs as a script with ``-I -S`` (no site, no package), so it can import nothing of forkyard, and
+every operation reads and changes the same state (the layers it holds, each sandbox's stack).
 """
 
 from __future__ import annotations
