@@ -61,7 +61,7 @@ class _Session:
 
 
 #: Areas from this size (bytes of tar; of files, for a layer) up are forked by the backend's own means where it has
-#: them (:meth:`LocalBackend.freeze`: a copy-on-write layer; :meth:`LocalBackend.copy_areas`: a host copy per child);
+#: them (:meth:`LayeredAreas.freeze`: a copy-on-write layer; :meth:`LocalBackend.copy_areas`: a host copy per child);
 #: smaller ones by the agents' tar, which costs less than a copy process there (measured, local: fork(8) of an empty
 #: workspace 11.7 ms by tar, 21 ms by layer; fork(4) of a near-empty one 6.8 ms by tar, 10.7 ms by host copy; fork(8)
 #: of 1 MiB 270 ms by tar, 122 ms by host copy, 42 ms by layer).
@@ -470,7 +470,7 @@ class SandboxService:
         self._gauges()
 
     def _freeze(self, s: _Session) -> Any:
-        """Session ``s``'s areas frozen in place into a copy-on-write layer (:meth:`LocalBackend.freeze`), or None: the
+        """Session ``s``'s areas frozen in place into a copy-on-write layer (:meth:`LayeredAreas.freeze`), or None: the
         backend makes none, the areas are small (:data:`HOST_COPY_MIN_BYTES`), or the sandbox has the
         ``interpreter`` family (its live interpreter's state rides in the tar by value). The caller holds ``s.lock``.
 
@@ -488,7 +488,7 @@ class SandboxService:
                                "last snapshot") from None
 
     def _stand_on(self, layer: Any) -> Any:
-        """A fill for :meth:`_clone`: the new sandboxes stand on ``layer`` (:meth:`LocalBackend.share_areas`; the
+        """A fill for :meth:`_clone`: the new sandboxes stand on ``layer`` (:meth:`LayeredAreas.share_areas`; the
         backend that made the layer has it)."""
         share: Any = getattr(self.backend, "share_areas", None)
         return lambda sids: share(layer, sids)
@@ -548,11 +548,11 @@ class SandboxService:
 
     def fork(self, sandbox_id: str, n: int = 1, *, cancel: CancelToken | None = None) -> builtins.list[SandboxInfo]:
         """Snapshot + clone in one call (the snapshot is not stored; it is each copy's restore point). Where the
-        backend makes copy-on-write layers (:meth:`LocalBackend.freeze`, root with overlayfs) the areas are copied
-        once into a layer that every copy mounts under its own overlay (:mod:`sandbox_server.backends.layers`; the
-        layer is the copies' restore point); else, where the backend copies areas itself
-        (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar), the copies are made so; else the snapshot is
-        restored into each. The sandbox's calls wait meanwhile. A sandbox with the ``interpreter`` family always goes
+        backend makes copy-on-write layers (:meth:`LayeredAreas.freeze`, root with overlayfs) the areas are frozen in
+        place into a layer that every copy mounts under its own overlay, nothing copied
+        (:mod:`sandbox_server.backends.layers`; the layer is the copies' restore point); else, where the backend
+        copies areas itself (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar), the copies are made so;
+        else the snapshot is restored into each. The sandbox's calls wait meanwhile. A sandbox with the ``interpreter`` family always goes
         by the snapshot: its live interpreter's state rides in it by value, and each copy's first cell starts from
         those variables.
         Raises like :meth:`clone`."""
@@ -574,8 +574,8 @@ class SandboxService:
 
     def rollback(self, sandbox_id: str, snapshot_id: str) -> SandboxInfo:
         """Put a sandbox back, in place, to a stored snapshot: its writable areas replaced by the snapshot's (the
-        agent's ``unpack``; on the local backend, a snapshot that froze its areas into a copy-on-write layer is
-        stood on instead, :meth:`LocalBackend.restand`: nothing unpacked), its state (cwd, env, metadata, families)
+        agent's ``unpack``; a snapshot that froze its areas into a copy-on-write layer is stood on instead,
+        :meth:`LayeredAreas.restand`: nothing unpacked), its state (cwd, env, metadata, families)
         set to the snapshot's, the snapshot its new restore point. The sandbox keeps its id; any snapshot of this
         server will do (one of another sandbox too). Nothing a call started survives the call, so the areas are all
         there is to put back, but for the live interpreter of a sandbox with the ``interpreter`` family: rolled back to
@@ -600,10 +600,9 @@ class SandboxService:
                     stood = restand(s.sid, snap.layer)
                 except AgentFailed:  # its areas may be unusable: a new sandbox, which the tar restores below
                     self._replace(s)
-            if stood:
-                pass
-            elif resume is None:
-                self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
+            if resume is None:
+                if not stood:
+                    self._with_replace(s, lambda: self.backend.restore(s.sid, snap.data))
             else:  # the copy holds the state: the areas alone go; only when the copy is gone, the state by value too
                 lean = without_interpreter_state(snap.data)
                 if not self._with_replace(s, lambda: self.backend.restore(s.sid, lean, resume=resume)) \

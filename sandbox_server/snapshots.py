@@ -52,7 +52,7 @@ class StoredSnapshot:
     #: snapshot (a rollback of that sandbox resumes it), or None.
     mark: str | None = None
     #: The same areas frozen in place into a copy-on-write layer (:class:`~sandbox_server.backends.layers.LayerRef`,
-    #: local backend): a rollback or a clone stands the sandbox on it instead of unpacking ``data``. None elsewhere.
+    #: a root server): a rollback or a clone stands the sandbox on it instead of unpacking ``data``. None elsewhere.
     layer: Any = None
 
     def info(self) -> SnapshotInfo:

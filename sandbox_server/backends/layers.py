@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sandbox_server.errors import AgentFailed
 
-from .overlay_helper import AREAS, LOWER, UPPER, WORK
+from .overlay_helper import AREAS, LOWER, UPPER, WORK, _used
 
 log = logging.getLogger(__name__)
 
@@ -309,15 +309,14 @@ class Layers:
 
 
 def _used_bytes(folders: list[str]) -> int:
-    """Bytes in use in the file systems of ``folders`` (``statvfs``: each area is a tmpfs of its own; 0 for one that
-    cannot be read)."""
+    """Bytes in use in the file systems of ``folders`` (:func:`.overlay_helper._used`; 0 for one that cannot be
+    read)."""
     total = 0
     for folder in folders:
         try:
-            st = os.statvfs(folder)
+            total += _used(folder)
         except OSError:
             continue
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
     return total
 
 

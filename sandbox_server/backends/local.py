@@ -446,8 +446,7 @@ class LocalBackend(LayeredAreas, AgentBackend):
         self._closed = True
         super().close()
         self._spawner.shutdown(wait=True)
-        if self._layers is not None:
-            self._layers.close()
+        self._close_layers()
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.unbounded_reason is None:
             remove_owner_groups(self._group_owner)
