@@ -552,9 +552,9 @@ class SandboxService:
         place into a layer that every copy mounts under its own overlay, nothing copied
         (:mod:`sandbox_server.backends.layers`; the layer is the copies' restore point); else, where the backend
         copies areas itself (:meth:`LocalBackend.copy_areas`: on the host, no agent's tar), the copies are made so;
-        else the snapshot is restored into each. The sandbox's calls wait meanwhile. A sandbox with the ``interpreter`` family always goes
-        by the snapshot: its live interpreter's state rides in it by value, and each copy's first cell starts from
-        those variables.
+        else the snapshot is restored into each. The sandbox's calls wait meanwhile. A sandbox with the
+        ``interpreter`` family always goes by the snapshot: its live interpreter's state rides in it by value, and
+        each copy's first cell starts from those variables.
         Raises like :meth:`clone`."""
         t0 = time.perf_counter()
         s = self._session(sandbox_id)
